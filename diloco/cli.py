@@ -1,0 +1,37 @@
+"""The `diloco` command line: one entry point for users, containers and tests.
+
+Each subcommand lives in the module that owns it and registers itself through an
+`add_*_parser(subparsers)` function; heavy imports (JAX, grpc, kopf) happen inside
+the handlers so `diloco --help` and `diloco validate` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from diloco import commands
+    from diloco.sim import cli as sim_cli
+
+    parser = argparse.ArgumentParser(
+        prog="diloco",
+        description="Decoupled DiLoCo: asynchronous, fault-tolerant LLM pre-training.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parsers(sub)
+    sim_cli.add_simulate_parser(sub)
+    sim_cli.add_bandwidth_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Subcommand registration. Handlers import their component lazily so `diloco --help` and
+`diloco validate` start fast and never load JAX or gRPC."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest")
+    p.add_argument("file", help="YAML manifest")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="run a job on this machine: one syncer and a process per learner")
+    p.add_argument("file", help="YAML manifest")
+    p.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
+    p.set_defaults(func=lambda a: _call("diloco.local.runner", "main", a))
+
+    p = sub.add_parser("learner", help="run one learner (container entry point)")
+    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
+    p.add_argument("--group", required=True, help="learner group name")
+    p.add_argument("--index", type=int, required=True, help="replica index within the group")
+    p.add_argument("--syncer", required=True, help="syncer address host:port")
+    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
+    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
+    p.add_argument("--restart", type=int, default=0, help="restart count (varies the data order)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
+    p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a))
+
+    p = sub.add_parser("syncer", help="run the syncer (container entry point)")
+    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
+    p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
+    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
+    p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
+
+
+def _call(module: str, func: str, args: argparse.Namespace) -> int:
+    import importlib
+
+    return int(getattr(importlib.import_module(module), func)(args) or 0)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from diloco.spec import SpecError, load_job
+
+    try:
+        job = load_job(args.file)
+    except SpecError as exc:
+        for line in exc.problems:
+            print(line, file=sys.stderr)
+        return 2
+    spec = job.spec
+    print(
+        f"{args.file}: valid {job.kind} {job.metadata.name!r}: "
+        f"{spec.total_learners} learners in {len(spec.learner_groups)} group(s), "
+        f"quorum {spec.syncer.quorum}, {spec.syncer.fragments} fragments, {spec.syncer.compression}"
+    )
+    return 0

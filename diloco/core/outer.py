@@ -1,0 +1,38 @@
+"""The outer optimizer: SGD with Nesterov momentum, one state per fragment (SPEC §2 step 6).
+
+b ← μ·b + Δ;  Θ ← Θ − lr·(Δ + μ·b).  The state is plain arrays so it checkpoints
+with the global fragments and restores bit-for-bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class NesterovSGD:
+    learning_rate: float = 0.7  # DiLoCo's outer lr
+    momentum: float = 0.9  # DiLoCo's Nesterov momentum
+    buffers: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def step(self, params: Mapping[str, np.ndarray], outer_grad: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Return the updated tensors of one fragment; momentum buffers update in place."""
+        out: dict[str, np.ndarray] = {}
+        lr, mu = np.float32(self.learning_rate), np.float32(self.momentum)
+        for name, delta in outer_grad.items():
+            buf = self.buffers.get(name)
+            if buf is None:
+                buf = self.buffers[name] = np.zeros_like(params[name], dtype=np.float32)
+            buf *= mu
+            buf += delta
+            out[name] = params[name] - lr * (delta + mu * buf)
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {name: buf.copy() for name, buf in self.buffers.items()}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        self.buffers = {name: np.array(buf, dtype=np.float32) for name, buf in state.items()}

@@ -1,0 +1,1 @@
+"""`diloco run`: a job as local processes, with chaos, live progress, summary and plots."""

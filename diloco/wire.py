@@ -1,0 +1,89 @@
+"""The gRPC wire: stubs generated from `diloco/proto/diloco.proto`, chunking and auth.
+
+Stubs are generated on first import (and at image build time, `python -m diloco.wire`)
+with the grpcio-tools that is installed, so they always match the installed grpcio and
+protobuf instead of pinning the versions that happened to generate a committed copy.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+CHUNK_BYTES = 1 << 20  # 1 MiB chunks stream at loopback speed (SPEC §5); big messages do not
+MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
+TOKEN_HEADER = "authorization"
+
+_PROTO_DIR = Path(__file__).resolve().parent / "proto"
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),  # notice a dead peer within seconds, not minutes
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+def _generate() -> None:
+    """Run protoc into a temporary tree and move the results in atomically."""
+    from grpc_tools import protoc
+
+    root = _PROTO_DIR.parent.parent
+    with tempfile.TemporaryDirectory(dir=_PROTO_DIR) as tmp:
+        include = Path(protoc.__file__).resolve().parent / "_proto"
+        rc = protoc.main([
+            "protoc", f"-I{root}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+            str(_PROTO_DIR.relative_to(root) / "diloco.proto"),
+        ])
+        if rc != 0:
+            raise RuntimeError(f"protoc failed with exit code {rc} on {_PROTO_DIR / 'diloco.proto'}")
+        for name in ("diloco_pb2.py", "diloco_pb2_grpc.py"):
+            os.replace(Path(tmp) / "diloco" / "proto" / name, _PROTO_DIR / name)
+
+
+def _load() -> tuple[ModuleType, ModuleType]:
+    proto, stub = _PROTO_DIR / "diloco.proto", _PROTO_DIR / "diloco_pb2_grpc.py"
+    if not stub.exists() or stub.stat().st_mtime < proto.stat().st_mtime:
+        try:
+            _generate()
+        except OSError as exc:
+            raise RuntimeError(
+                f"cannot write gRPC stubs next to {proto} ({exc}); run `python -m diloco.wire` "
+                "once as a user who can write there (the images do this at build time)"
+            ) from exc
+    return importlib.import_module("diloco.proto.diloco_pb2"), importlib.import_module("diloco.proto.diloco_pb2_grpc")
+
+
+pb, rpc = _load()
+
+
+def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    view = memoryview(blob)
+    for start in range(0, len(view), size):
+        yield view[start : start + size]
+    if not view:
+        yield view
+
+
+def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((TOKEN_HEADER, f"Bearer {token}"),)
+
+
+def token_matches(metadata: object, token: str) -> bool:
+    """Constant-time comparison of the caller's bearer token with the job's."""
+    presented = ""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == TOKEN_HEADER and isinstance(value, str):
+            presented = value.removeprefix("Bearer ")
+    return hmac.compare_digest(presented.encode(), token.encode())
+
+
+if __name__ == "__main__":
+    _generate()
+    print(f"generated gRPC stubs in {_PROTO_DIR}")

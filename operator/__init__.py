@@ -1,0 +1,1 @@
+"""The kopf operator: reconciles DecoupledDiLoCoJob resources into learner StatefulSets and a syncer."""

@@ -1,0 +1,99 @@
+"""`diloco syncer`: the syncer process (the container's command, and the local runner's).
+
+Restores the newest valid checkpoint (or initialises the model from the job's seed),
+serves gRPC, merges on its own thread, checkpoints on a schedule and on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from prometheus_client import start_http_server
+
+from diloco.spec import DecoupledDiLoCoJob
+from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.metrics import SyncerMetrics
+from diloco.syncer.service import SyncerCore, SyncerServicer
+from diloco.syncer.state import GlobalModel
+from diloco.wire import GRPC_OPTIONS, rpc
+
+log = logging.getLogger("diloco.syncer")
+
+
+def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> GlobalModel:
+    """Resume from the newest valid checkpoint, else start from the seed every learner shares."""
+    from diloco.trainer.model import init_params, shapes
+
+    params = {k: v.__array__() for k, v in init_params(job.spec.model, job.spec.data.seed).items()}
+    if store is not None:
+        loaded, skipped = store.load_latest()
+        for line in skipped:
+            log.error("skipping corrupt checkpoint %s", line)
+        if loaded is not None:
+            model = GlobalModel.from_state(job.spec.syncer, loaded.arrays, loaded.meta, shapes(params))
+            log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
+            return model
+    return GlobalModel.fresh(job.spec.syncer, params)
+
+
+def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
+          checkpoint_dir: str | None, host: str = "[::]") -> None:
+    store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
+    metrics = SyncerMetrics()
+    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics)
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
+    workers = 4 * max(job.spec.total_learners, 1) + 8  # join + push + subscribe per learner, plus status
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
+    rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise SystemExit(f"syncer: cannot listen on port {port}")
+    server.start()
+    log.info("syncer %s listening on %d (incarnation %s, %d fragments)", job.metadata.name, bound,
+             core.incarnation, core.model.plan.num_fragments)
+    print(f"SYNCER_READY port={bound} incarnation={core.incarnation}", flush=True)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def merge_loop() -> None:
+        # Woken by every accepted push; otherwise sleeps until the next grace deadline.
+        while not stop.is_set():
+            core.merge_ready()
+            with core.lock:
+                if not core.book.ready(core.clock(), core.active_learners()):
+                    delay = core.next_wakeup() - core.clock()
+                    core.lock.wait(timeout=min(max(delay, 0.001), 0.5))
+
+    threading.Thread(target=merge_loop, name="merge", daemon=True).start()
+    interval = job.spec.syncer.checkpoint_interval_seconds
+    next_ckpt = time.monotonic() + interval
+    while not stop.wait(timeout=max(0.05, min(1.0, next_ckpt - time.monotonic()))):
+        if time.monotonic() >= next_ckpt:
+            core.checkpoint()
+            next_ckpt = time.monotonic() + interval
+    log.info("stopping: final checkpoint")
+    core.stopping = True
+    with core.lock:
+        core.lock.notify_all()
+    core.merge_ready()
+    core.checkpoint()
+    server.stop(grace=2).wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    from diloco.launch import load_config, read_token
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s syncer %(levelname)s %(message)s")
+    job = load_config(args.config)
+    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir)
+    return 0

@@ -1,0 +1,321 @@
+"""The syncer's gRPC service: join, push, subscribe, status; a merge loop; checkpoints.
+
+Threads: gRPC handlers validate and admit contributions under one lock; one merge
+thread closes rounds when the `RoundBook` says so and publishes; subscribers wait on
+a condition for any fragment newer than what they have sent. Every RPC checks the
+job token first; anything malformed is refused before it touches the global state.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from diloco.core.codecs import CodecError, decode_tensors, encoded_size
+from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Verdict
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.metrics import SyncerMetrics
+from diloco.syncer.state import GlobalModel, Tensors
+from diloco.wire import chunks, pb, token_matches
+
+log = logging.getLogger("diloco.syncer")
+MAX_ID = 128
+
+
+class Refused(Exception):
+    """A request refused before it touched the global state; carries the gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, reason: str, outcome: str = "invalid"):
+        super().__init__(reason)
+        self.code, self.reason, self.outcome = code, reason, outcome
+
+
+@dataclass
+class LearnerInfo:
+    region: str = ""
+    joins: int = 0
+    contributions: int = 0
+    tokens: int = 0
+    last_seen: float = 0.0
+    loss: float = float("nan")
+    subscriptions: int = 0
+
+
+@dataclass
+class Published:
+    version: int
+    blob: bytes
+
+
+@dataclass
+class SyncerCore:
+    """Everything but the transport: admission, merging, publishing, checkpoints."""
+
+    spec: SyncerSpec
+    model: GlobalModel
+    store: CheckpointStore | None
+    metrics: SyncerMetrics
+    clock: Callable[[], float] = time.monotonic
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    lock: threading.Condition = field(default_factory=threading.Condition)
+    learners: dict[str, LearnerInfo] = field(default_factory=dict)
+    refused: int = 0
+    bytes_received: int = 0
+    bytes_sent: int = 0
+    last_publish: float = 0.0
+    checkpoint_version: int = 0
+    stopping: bool = False
+
+    def __post_init__(self) -> None:
+        g = self.spec.grace_window
+        policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds,
+                             self.spec.staleness.max_versions, self.spec.staleness.policy)
+        self.book: RoundBook[Tensors] = RoundBook(self.model.plan.num_fragments, policy, self.model.versions)
+        self.published = [Published(v, self.model.fragment_blob(p)) for p, v in enumerate(self.model.versions)]
+        self.last_publish = self.clock()
+        self.max_push_bytes = [
+            sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
+            for p in range(self.model.plan.num_fragments)
+        ]
+        self.metrics.outer_version.set(sum(self.model.versions))
+
+    # -- admission -----------------------------------------------------------------
+
+    def admit(self, header: pb.PushHeader, blob: bytes) -> pb.PushReply:
+        """Validate one push and offer it to its round; state changes only if accepted."""
+        self.check_header(header)
+        p = header.fragment
+        try:
+            tensors = decode_tensors(blob, self.model.shapes(p))
+        except CodecError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {p}: {exc}") from None
+        for name, arr in tensors.items():
+            if not np.all(np.isfinite(arr)):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"outer gradient of {name!r} holds NaN or Inf",
+                              "nonfinite")
+        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors)
+        with self.lock:
+            info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
+            info.last_seen, info.loss = self.clock(), header.loss
+            self.book.observe_step_time(header.step_seconds)
+            offer = self.book.offer(c, self.clock())
+            if offer.verdict is not Verdict.ACCEPTED:
+                self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
+                return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
+            info.contributions += 1
+            self.bytes_received += len(blob)
+            self.metrics.bytes_received.inc(len(blob))
+            self.metrics.contributions.labels("accepted").inc()
+            self.metrics.staleness.observe(offer.lag)
+            self.lock.notify_all()
+            return pb.PushReply(accepted=True, version=self.model.versions[p])
+
+    def count_refusal(self, outcome: str) -> None:
+        with self.lock:
+            self.refused += 1
+        self.metrics.contributions.labels(outcome).inc()
+
+    def check_header(self, h: pb.PushHeader) -> None:
+        """Raise Refused if a push header is unacceptable (checked before reading the body)."""
+        problem, code = None, grpc.StatusCode.INVALID_ARGUMENT
+        if not h.learner or len(h.learner) > MAX_ID or len(h.region) > MAX_ID:
+            problem = "learner id must be 1-128 characters"
+        elif h.incarnation != self.incarnation:
+            problem = f"syncer restarted (incarnation {self.incarnation}); rejoin"
+            code = grpc.StatusCode.FAILED_PRECONDITION
+        elif h.fragment >= self.model.plan.num_fragments:
+            problem = f"unknown fragment {h.fragment}; this job has {self.model.plan.num_fragments}"
+        elif h.total_bytes > self.max_push_bytes[h.fragment]:
+            problem = (f"push of {h.total_bytes} bytes exceeds the {self.max_push_bytes[h.fragment]}-byte "
+                       f"bound of fragment {h.fragment}")
+        elif not np.isfinite(h.step_seconds) or h.step_seconds < 0 or h.steps < 1:
+            problem = "steps must be >= 1 and step_seconds finite and non-negative"
+        if problem:
+            raise Refused(code, problem)
+
+    # -- merging and publishing ----------------------------------------------------
+
+    def active_learners(self) -> set[str]:
+        return {name for name, info in self.learners.items() if info.subscriptions > 0}
+
+    def merge_ready(self) -> list[int]:
+        """Close and apply every round that is due; returns the fragments published."""
+        done = []
+        with self.lock:
+            now = self.clock()
+            for p in self.book.ready(now, self.active_learners()):
+                t0 = self.clock()
+                deadline = self.book.deadline(p) or now
+                closed = self.book.close(p)
+                result = self.model.apply(closed)
+                blob = self.model.fragment_blob(p)
+                self.published[p] = Published(result.version, blob)
+                self.book.published(p, self.clock() - t0)
+                for c in closed.contributions:
+                    self.learners[c.learner].tokens += c.tokens
+                self.last_publish = self.clock()
+                self.metrics.merges.inc()
+                self.metrics.tokens.inc(result.tokens)
+                self.metrics.quorum_size.observe(len(closed.contributions))
+                self.metrics.grace_wait.observe(max(0.0, now - (deadline - self.book.timings.grace(self.book.policy))))
+                self.metrics.outer_version.set(sum(self.model.versions))
+                self.metrics.step_seconds.set(self.book.timings.step.get())
+                self.metrics.last_publish.set(time.time())
+                done.append(p)
+            if done:
+                self.lock.notify_all()
+        return done
+
+    def next_wakeup(self) -> float:
+        with self.lock:
+            deadlines = [d for p in range(self.model.plan.num_fragments) if (d := self.book.deadline(p)) is not None]
+        return min(deadlines) if deadlines else self.clock() + 0.5
+
+    def checkpoint(self) -> bool:
+        """Write a checkpoint; on failure log a clear error, keep the previous one, keep going."""
+        if self.store is None:
+            return False
+        with self.lock:
+            arrays, meta = self.model.state()
+            arrays = {k: v.copy() for k, v in arrays.items()}
+            version = sum(self.model.versions)
+        try:
+            path = self.store.save(arrays, meta)
+        except OSError as exc:
+            self.metrics.checkpoint_errors.inc()
+            log.error("checkpoint failed in %s: %s; the previous checkpoint is intact, training goes on",
+                      self.store.dir, exc)
+            return False
+        self.checkpoint_version = version
+        log.info("checkpoint %s at outer version %d", path.name, version)
+        return True
+
+    # -- subscriptions -------------------------------------------------------------
+
+    def updates(self, learner: str, known: list[int], alive: Callable[[], bool]) -> Iterator[tuple[int, Published]]:
+        """Yield (fragment, published) whenever a fragment is newer than what the learner has."""
+        known = list(known) + [-1] * (len(self.published) - len(known))
+        while alive() and not self.stopping:
+            with self.lock:
+                fresh = [p for p, pub in enumerate(self.published) if pub.version > known[p]]
+                if not fresh:
+                    self.lock.wait(timeout=1.0)
+                    continue
+                items = [(p, self.published[p]) for p in fresh]
+            for p, pub in items:
+                known[p] = pub.version
+                yield p, pub
+
+    def count_sent(self, n: int) -> None:
+        with self.lock:
+            self.bytes_sent += n
+        self.metrics.bytes_sent.inc(n)
+
+
+class SyncerServicer:
+    """The transport: token check, chunk assembly, status. All decisions are in SyncerCore."""
+
+    def __init__(self, core: SyncerCore, token: str):
+        self.core, self.token = core, token
+
+    def _auth(self, context: grpc.ServicerContext) -> None:
+        if not token_matches(context.invocation_metadata(), self.token):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+
+    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[pb.JoinChunk]:
+        self._auth(context)
+        core = self.core
+        if not request.learner or len(request.learner) > MAX_ID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner id must be 1-128 characters")
+        theirs = {t.name: tuple(t.shape) for t in request.tensors}
+        if theirs != core.model.shapes():
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "the learner's model does not match the syncer's (different spec.model?)")
+        with core.lock:
+            blob = core.model.full_blob()
+            versions = list(core.model.versions)
+            info = core.learners.setdefault(request.learner, LearnerInfo())
+            info.region, info.last_seen = request.region, core.clock()
+            info.joins += 1
+        core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
+        log.info("learner %s joined (%s, join #%d)", request.learner, request.region, info.joins)
+        header = pb.JoinHeader(
+            incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
+            fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
+            codec=core.spec.compression, block_size=core.spec.block_size,
+        )
+        core.count_sent(len(blob))
+        for i, part in enumerate(chunks(blob)):
+            yield pb.JoinChunk(header=header if i == 0 else None, data=bytes(part))
+
+    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        self._auth(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a push starts with a header")
+        header = first.header
+        try:
+            self.core.check_header(header)
+            buf = bytearray(first.data)
+            for chunk in request_iterator:
+                buf += chunk.data
+                if len(buf) > header.total_bytes:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"push is larger than its declared {header.total_bytes} bytes")
+            if len(buf) != header.total_bytes:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"push is truncated: {len(buf)} of {header.total_bytes} declared bytes")
+            return self.core.admit(header, bytes(buf))
+        except Refused as exc:
+            self.core.count_refusal(exc.outcome)
+            context.abort(exc.code, exc.reason)
+            raise  # abort raises; this keeps type checkers honest
+
+    def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
+        self._auth(context)
+        core = self.core
+        if request.incarnation != core.incarnation:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"syncer restarted (incarnation {core.incarnation}); rejoin")
+        with core.lock:
+            info = core.learners.setdefault(request.learner, LearnerInfo())
+            info.subscriptions += 1
+            core.metrics.active.set(len(core.active_learners()))
+        try:
+            for p, pub in core.updates(request.learner, list(request.known_versions), context.is_active):
+                sent = 0
+                for part in chunks(pub.blob):
+                    sent += len(part)
+                    yield pb.Published(fragment=p, version=pub.version, total_bytes=len(pub.blob),
+                                       data=bytes(part), last=sent >= len(pub.blob), incarnation=core.incarnation)
+                core.count_sent(len(pub.blob))
+        finally:
+            with core.lock:
+                info.subscriptions -= 1
+                core.metrics.active.set(len(core.active_learners()))
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        self._auth(context)
+        core = self.core
+        with core.lock:
+            now = core.clock()
+            learners = [
+                pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
+                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss)
+                for n, i in sorted(core.learners.items())
+            ]
+            return pb.StatusReply(
+                incarnation=core.incarnation, versions=list(core.model.versions),
+                outer_steps=core.model.outer_steps, tokens_merged=core.model.tokens_merged,
+                active_learners=len(core.active_learners()), learners=learners,
+                seconds_since_publish=now - core.last_publish, checkpoint_version=core.checkpoint_version,
+                grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
+                contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
+            )

@@ -1,0 +1,101 @@
+"""RDA and weighted-average invariants, token weights and the Nesterov outer step."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diloco.core.merge import merge_fragment, rda, token_weights, weighted_average
+from diloco.core.outer import NesterovSGD
+
+cases = st.tuples(st.integers(1, 8), st.integers(1, 50), st.integers(0, 2**32 - 1))
+
+
+def make(m: int, n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    deltas = [rng.standard_normal(n).astype(np.float32) * rng.uniform(0.1, 3.0) for _ in range(m)]
+    weights = rng.uniform(0.1, 5.0, m)
+    return deltas, weights
+
+
+@settings(max_examples=80, deadline=None)
+@given(cases)
+def test_rda_norm_is_weighted_mean_norm(case) -> None:
+    deltas, w = make(*case)
+    out = rda(deltas, w)
+    expected = np.dot(w, [np.linalg.norm(d) for d in deltas]) / w.sum()
+    assert np.linalg.norm(out) == pytest.approx(expected, rel=1e-4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases)
+def test_rda_permutation_invariant_and_scale_equivariant(case) -> None:
+    deltas, w = make(*case)
+    perm = np.random.default_rng(case[2]).permutation(len(deltas))
+    base = rda(deltas, w)
+    np.testing.assert_allclose(rda([deltas[i] for i in perm], w[perm]), base, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(rda([3.5 * d for d in deltas], w), 3.5 * base, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(rda(deltas, 7.0 * w), base, rtol=1e-4, atol=1e-5)  # weights scale-free
+
+
+@settings(max_examples=40, deadline=None)
+@given(cases)
+def test_identical_inputs_give_that_input(case) -> None:
+    m, n, seed = case
+    d = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    w = np.random.default_rng(seed + 1).uniform(0.1, 2.0, m)
+    np.testing.assert_allclose(rda([d] * m, w), d, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weighted_average([d] * m, w), d, rtol=1e-5, atol=1e-6)
+
+
+def test_rda_keeps_norm_where_average_shrinks() -> None:
+    rng = np.random.default_rng(0)
+    deltas = [rng.standard_normal(10_000).astype(np.float32) for _ in range(16)]  # ~orthogonal
+    w = np.ones(16)
+    avg, merged = weighted_average(deltas, w), rda(deltas, w)
+    mean_norm = np.mean([np.linalg.norm(d) for d in deltas])
+    assert np.linalg.norm(avg) == pytest.approx(mean_norm / 4, rel=0.05)  # 1/sqrt(16)
+    assert np.linalg.norm(merged) == pytest.approx(mean_norm, rel=1e-4)
+    cos = np.dot(avg, merged) / np.linalg.norm(avg) / np.linalg.norm(merged)
+    assert cos > 0.999  # norms are alike here, so nearly the same direction: RDA fixes the radius
+
+
+def test_zero_vectors_and_single_contributor() -> None:
+    z = np.zeros(5, np.float32)
+    assert np.array_equal(rda([z, z], [1, 1]), z)
+    d = np.arange(5, dtype=np.float32)
+    np.testing.assert_allclose(rda([d, z], [1, 1]), d / 2 * 1.0 * 1, rtol=1e-6)  # radius halves
+    np.testing.assert_allclose(rda([d], [3.0]), d, rtol=1e-6)
+    np.testing.assert_allclose(rda([d, -d], [1, 1]), z)  # opposite directions cancel
+
+
+def test_token_weights() -> None:
+    w = token_weights([1000, 1000, 500, 0], [10, 5, 5, 0])
+    assert list(w) == [100_000, 200_000, 50_000, 0]  # bigger batches count more
+    assert list(token_weights([1000, 0], [10, 0], enabled=False)) == [1, 0]
+    with pytest.raises(ValueError):
+        rda([np.ones(2)], [0.0])
+
+
+def test_merge_fragment_uses_plain_average_for_embeddings() -> None:
+    a = {"embed/embedding": np.array([1.0, 0.0], np.float32), "h/kernel": np.array([1.0, 0.0], np.float32)}
+    b = {"embed/embedding": np.array([0.0, 1.0], np.float32), "h/kernel": np.array([0.0, 1.0], np.float32)}
+    out = merge_fragment([a, b], [1, 1], "rda", plain_average={"embed/embedding"})
+    np.testing.assert_allclose(out["embed/embedding"], [0.5, 0.5])
+    np.testing.assert_allclose(out["h/kernel"], [np.sqrt(0.5), np.sqrt(0.5)], rtol=1e-6)
+    with pytest.raises(ValueError, match="disagree"):
+        merge_fragment([a, {"h/kernel": a["h/kernel"]}], [1, 1])
+
+
+def test_nesterov_matches_formula_and_round_trips_state() -> None:
+    opt = NesterovSGD(0.7, 0.9)
+    theta = {"w": np.array([1.0, 2.0], np.float32)}
+    d1, d2 = np.array([0.1, -0.2], np.float32), np.array([0.3, 0.0], np.float32)
+    t1 = opt.step(theta, {"w": d1})
+    np.testing.assert_allclose(t1["w"], theta["w"] - 0.7 * (d1 + 0.9 * d1), rtol=1e-6)
+    clone = NesterovSGD(0.7, 0.9)
+    clone.load_state_dict(opt.state_dict())
+    t2, t2c = opt.step(t1, {"w": d2}), clone.step(t1, {"w": d2})
+    b = 0.9 * d1 + d2
+    np.testing.assert_allclose(t2["w"], t1["w"] - 0.7 * (d2 + 0.9 * b), rtol=1e-6)
+    np.testing.assert_array_equal(t2["w"], t2c["w"])

@@ -1,0 +1,1 @@
+"""The learner: a Flax transformer LM on its own data shard, running the Decoupled DiLoCo loop."""

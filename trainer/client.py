@@ -1,0 +1,289 @@
+"""The learner's side of the wire: join, a background sender and a background subscriber.
+
+The training loop never waits on the network: it drops outer gradients into the
+sender's mailbox (the newest per fragment wins, since each is cumulative since its
+anchor) and picks up published fragments from the inbox at step boundaries. Both
+threads reconnect with capped exponential backoff while the loop keeps training.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from diloco.core.codecs import decode_tensors
+from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+
+log = logging.getLogger("diloco.learner")
+FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
+
+
+class Unauthenticated(RuntimeError):
+    """The syncer refused the job token: retrying cannot help."""
+
+
+@dataclass
+class JoinState:
+    incarnation: str
+    versions: list[int]
+    fragments: list[list[str]]
+    params: dict[str, np.ndarray]
+    codec: str
+    block_size: int
+
+
+@dataclass
+class Outgoing:
+    fragment: int
+    base_version: int
+    steps: int
+    tokens: int
+    step_seconds: float
+    loss: float
+    blob: bytes
+    train_seconds: float  # the learner's cumulative training time when this was made
+    incarnation: str  # the syncer incarnation whose anchors the outer gradient is against
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with jitter, so restarted learners do not stampede."""
+
+    base: float = 0.2
+    cap: float = 5.0
+    attempt: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next(self) -> float:
+        self.attempt += 1
+        return min(self.cap, self.base * 2 ** (self.attempt - 1)) * (0.5 + self.rng.random() / 2)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class SyncerClient:
+    def __init__(self, address: str, token: str, learner: str, region: str,
+                 on_event: Callable[..., None] = lambda *a, **k: None):
+        self.address, self.learner, self.region = address, learner, region
+        self.metadata = auth_metadata(token)
+        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.stub = rpc.SyncerStub(self.channel)
+        self.emit = on_event
+        self.incarnation = ""
+        self.lock = threading.Condition()
+        self.outbox: dict[int, Outgoing] = {}
+        self.inbox: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self.rejoined: JoinState | None = None
+        self.known_versions: list[int] = []
+        self.stopping = threading.Event()
+        self.sending = False
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.acked_train_seconds = 0.0
+        self.expected_shapes: dict[str, tuple[int, ...]] = {}
+        self.threads: list[threading.Thread] = []
+        self._rejoining = threading.Lock()
+
+    # -- join ------------------------------------------------------------------------
+
+    def join(self, shapes: dict[str, tuple[int, ...]], timeout: float = 30.0) -> JoinState:
+        request = pb.JoinRequest(
+            learner=self.learner, region=self.region,
+            tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())],
+        )
+        header, buf = None, bytearray()
+        for chunk in self.stub.Join(request, metadata=self.metadata, timeout=timeout):
+            if chunk.HasField("header"):
+                header = chunk.header
+            buf += chunk.data
+        if header is None or len(buf) != header.total_bytes:
+            raise ConnectionError("join stream ended early")
+        params = decode_tensors(bytes(buf), shapes)
+        self.bytes_received += len(buf)
+        self.expected_shapes = dict(shapes)
+        with self.lock:
+            self.incarnation = header.incarnation
+            self.known_versions = list(header.versions)
+            self.inbox.clear()
+            self.outbox.clear()
+        return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
+                         params, header.codec, header.block_size)
+
+    def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            try:
+                return self.join(shapes)
+            except grpc.RpcError as exc:
+                if exc.code() in FATAL:
+                    raise Unauthenticated(exc.details()) from None
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise RuntimeError(f"syncer refused to admit this learner: {exc.details()}") from None
+                wait = backoff.next()
+                log.warning("join failed (%s); retrying in %.1fs", exc.code().name, wait)
+            except ConnectionError as exc:
+                wait = backoff.next()
+                log.warning("join failed (%s); retrying in %.1fs", exc, wait)
+            self.stopping.wait(wait)
+        raise RuntimeError("stopped before joining")
+
+    # -- background threads ----------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._send_loop, "sender"), (self._subscribe_loop, "subscriber")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def submit(self, item: Outgoing) -> None:
+        with self.lock:
+            self.outbox[item.fragment] = item
+            self.lock.notify_all()
+
+    def take_updates(self) -> tuple[JoinState | None, dict[int, tuple[int, dict[str, np.ndarray]]]]:
+        """Everything that arrived since the last step boundary: a full re-join, or fragments."""
+        with self.lock:
+            rejoined, self.rejoined = self.rejoined, None
+            updates, self.inbox = self.inbox, {}
+        return rejoined, updates
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the outbox is empty and nothing is in flight (used on SIGTERM)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.outbox or self.sending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.lock.wait(remaining)
+        return True
+
+    def close(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            self.lock.notify_all()
+        self.channel.close()
+
+    def _send_loop(self) -> None:
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            with self.lock:
+                while not self.outbox and not self.stopping.is_set():
+                    self.lock.wait(0.5)
+                if self.stopping.is_set():
+                    return
+                fragment = min(self.outbox, key=lambda p: self.outbox[p].base_version)
+                item = self.outbox.pop(fragment)
+                if item.incarnation != self.incarnation:
+                    continue  # made against a syncer that has since restarted: worthless
+                self.sending = True
+            try:
+                reply = self.stub.Push(self._push_chunks(item), metadata=self.metadata, timeout=60)
+                backoff.reset()
+                self.bytes_sent += len(item.blob)
+                if reply.accepted:
+                    self.acked_train_seconds = max(self.acked_train_seconds, item.train_seconds)
+                else:
+                    self.emit("push_refused", fragment=item.fragment, reason=reply.reason)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._request_rejoin(item.incarnation)
+                elif code in FATAL:
+                    self.emit("fatal", reason=f"syncer refused the token: {exc.details()}")
+                    self.stopping.set()
+                elif code == grpc.StatusCode.INVALID_ARGUMENT:
+                    self.emit("push_refused", fragment=item.fragment, reason=exc.details())
+                else:  # unreachable: keep the newest version of this fragment for later
+                    with self.lock:
+                        self.outbox.setdefault(item.fragment, item)
+                    self.stopping.wait(backoff.next())
+            finally:
+                with self.lock:
+                    self.sending = False
+                    self.lock.notify_all()
+
+    def _push_chunks(self, item: Outgoing):
+        header = pb.PushHeader(
+            learner=self.learner, region=self.region, incarnation=item.incarnation, fragment=item.fragment,
+            base_version=item.base_version, steps=item.steps, tokens=item.tokens,
+            step_seconds=item.step_seconds, total_bytes=len(item.blob), loss=item.loss,
+        )
+        for i, part in enumerate(chunks(item.blob)):
+            yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
+
+    def _request_rejoin(self, stale: str) -> None:
+        """The syncer restarted: pull its whole state; the loop adopts it at a step boundary.
+        Sender and subscriber may both notice; the second finds the work done."""
+        with self._rejoining:
+            if self.incarnation != stale:
+                return
+            self._rejoin()
+
+    def _rejoin(self) -> None:
+        try:
+            state = self.join_with_retry(self.expected_shapes)
+        except (RuntimeError, Unauthenticated) as exc:
+            self.emit("fatal", reason=str(exc))
+            self.stopping.set()
+            return
+        with self.lock:
+            self.rejoined = state
+        self.emit("rejoined", incarnation=state.incarnation)
+
+    def _subscribe_loop(self) -> None:
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            with self.lock:
+                incarnation = self.incarnation
+                request = pb.SubscribeRequest(learner=self.learner, incarnation=incarnation,
+                                              known_versions=list(self.known_versions))
+            try:
+                self._consume(self.stub.Subscribe(request, metadata=self.metadata), backoff)
+            except grpc.RpcError as exc:
+                if self.stopping.is_set():
+                    return
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    self._request_rejoin(incarnation)
+                    continue
+                if exc.code() in FATAL:
+                    self.emit("fatal", reason=f"syncer refused the token: {exc.details()}")
+                    self.stopping.set()
+                    return
+                wait = backoff.next()
+                self.emit("disconnected", reason=exc.code().name, retry_seconds=round(wait, 2))
+                self.stopping.wait(wait)
+
+    def _consume(self, stream, backoff: Backoff) -> None:
+        buf, current = bytearray(), None
+        for msg in stream:
+            backoff.reset()
+            if current != (msg.fragment, msg.version):
+                buf, current = bytearray(), (msg.fragment, msg.version)
+            buf += msg.data
+            if not msg.last:
+                continue
+            self.bytes_received += len(buf)
+            with self.lock:
+                names = None
+                if msg.incarnation == self.incarnation and msg.fragment < len(self.known_versions):
+                    names = self.expected_shapes
+            if names is None:
+                continue
+            tensors = decode_tensors(bytes(buf))
+            if any(n not in names or names[n] != t.shape for n, t in tensors.items()):
+                log.error("ignoring published fragment %d with unexpected tensors", msg.fragment)
+                continue
+            with self.lock:
+                if msg.version > self.known_versions[msg.fragment]:
+                    self.known_versions[msg.fragment] = msg.version
+                    self.inbox[msg.fragment] = (msg.version, tensors)
+            buf = bytearray()
