@@ -39,6 +39,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
     p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
 
+    p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
+    p.set_defaults(func=lambda a: _call("diloco.operator.crd", "main", a))
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument("--namespace", default=None, help="watch one namespace (default: all)")
+    p.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
+    p.set_defaults(func=lambda a: _call("diloco.operator.main", "main", a))
+
 
 def _call(module: str, func: str, args: argparse.Namespace) -> int:
     import importlib
