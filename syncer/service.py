@@ -8,6 +8,7 @@ job token first; anything malformed is refused before it touches the global stat
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -78,7 +79,7 @@ class SyncerCore:
         g = self.spec.grace_window
         policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds,
                              self.spec.staleness.max_versions, self.spec.staleness.policy)
-        self.book: RoundBook[Tensors] = RoundBook(self.model.plan.num_fragments, policy, self.model.versions)
+        self.book: RoundBook[Tensors] = RoundBook(self.model.plan.num_fragments, policy)
         self.published = [Published(v, self.model.fragment_blob(p)) for p, v in enumerate(self.model.versions)]
         self.last_publish = self.clock()
         self.max_push_bytes = [
@@ -106,7 +107,7 @@ class SyncerCore:
             info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
             info.last_seen, info.loss = self.clock(), header.loss
             self.book.observe_step_time(header.step_seconds)
-            offer = self.book.offer(c, self.clock())
+            offer = self.book.offer(c, self.clock(), self.model.versions[p])
             if offer.verdict is not Verdict.ACCEPTED:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
@@ -154,11 +155,11 @@ class SyncerCore:
             for p in self.book.ready(now, self.active_learners()):
                 t0 = self.clock()
                 deadline = self.book.deadline(p) or now
-                closed = self.book.close(p)
+                closed = self.book.close(p, self.model.versions[p])
                 result = self.model.apply(closed)
                 blob = self.model.fragment_blob(p)
                 self.published[p] = Published(result.version, blob)
-                self.book.published(p, self.clock() - t0)
+                self.book.published(self.clock() - t0)
                 for c in closed.contributions:
                     self.learners[c.learner].tokens += c.tokens
                 self.last_publish = self.clock()
@@ -264,8 +265,8 @@ class SyncerServicer:
         header = first.header
         try:
             self.core.check_header(header)
-            buf = bytearray(first.data)
-            for chunk in request_iterator:
+            buf = bytearray()
+            for chunk in itertools.chain([first], request_iterator):
                 buf += chunk.data
                 if len(buf) > header.total_bytes:
                     raise Refused(grpc.StatusCode.INVALID_ARGUMENT,

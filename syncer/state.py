@@ -127,10 +127,14 @@ class GlobalModel:
         got = {k: tuple(v.shape) for k, v in params.items()}
         if got != dict(expect):
             raise ValueError("checkpoint tensors do not match the job's model (different spec.model?)")
-        versions = [int(v) for v in meta["versions"]]  # type: ignore[union-attr]
-        model = cls(spec, params, versions)
+        model = cls(spec, params, [0] * spec.fragments)
         if meta.get("plan") != model.plan.to_dict():
             raise ValueError("checkpoint fragment plan differs from the job's spec.syncer fragments")
+        versions = meta.get("versions")
+        if not isinstance(versions, list) or len(versions) != spec.fragments or any(
+                not isinstance(v, int) or v < 0 for v in versions):
+            raise ValueError("checkpoint versions are malformed")
+        model.versions[:] = versions
         for p, opt in enumerate(model.optimizers):
             prefix = f"momentum/{p}/"
             opt.load_state_dict({k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)})

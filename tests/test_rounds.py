@@ -5,8 +5,8 @@ import pytest
 from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Timings, Verdict
 
 
-def push(book: RoundBook, learner: str, t: float, fragment: int = 0, base: int = 0, steps: int = 4):
-    return book.offer(Contribution(learner, fragment, base, steps, steps * 1024, None), t)
+def push(book: RoundBook, learner: str, t: float, fragment: int = 0, base: int = 0, steps: int = 4, current: int = 0):
+    return book.offer(Contribution(learner, fragment, base, steps, steps * 1024, None), t, current)
 
 
 def test_grace_formula_and_clamps() -> None:
@@ -28,9 +28,10 @@ def test_k1_closes_after_grace_not_before() -> None:
     push(book, "b", 100.6)
     assert book.ready(100.79, active) == []
     assert book.ready(100.8, active) == [0]
-    closed = book.close(0)
+    closed = book.close(0, version=0)
     assert [c.learner for c in closed.contributions] == ["a", "b"]
-    assert book.published(0, sync_seconds=0.05) == 1
+    book.published(sync_seconds=0.05)
+    assert book.timings.sync.get() == 0.05 and book.ready(200.0, active) == []
 
 
 def test_everyone_in_closes_immediately_and_quorum_k2_waits() -> None:
@@ -42,20 +43,20 @@ def test_everyone_in_closes_immediately_and_quorum_k2_waits() -> None:
     assert book.deadline(0) == pytest.approx(3.0 + 10.0)  # 0.8*(2*10) = 16, capped at one step
     push(book, "c", 4.0)
     assert book.ready(4.0, {"a", "b", "c"}) == [0]
-    closed = book.close(0)
+    closed = book.close(0, version=0)
     assert closed.quorum_seconds == 3.0
     assert book.timings.quorum.get() == 3.0
 
 
 def test_staleness_policies() -> None:
-    book: RoundBook = RoundBook(1, RoundPolicy(max_staleness=2, stale_policy="downweight"), versions=[5])
-    assert push(book, "a", 0, base=5).verdict is Verdict.ACCEPTED
-    assert push(book, "b", 0, base=4).verdict is Verdict.ACCEPTED
-    assert push(book, "c", 0, base=2).verdict is Verdict.STALE
-    assert push(book, "d", 0, base=6).verdict is Verdict.FUTURE
-    assert book.close(0).scales == [1.0, 0.5]
-    drop: RoundBook = RoundBook(1, RoundPolicy(stale_policy="drop"), versions=[5])
-    assert push(drop, "a", 0, base=4).verdict is Verdict.STALE
+    book: RoundBook = RoundBook(1, RoundPolicy(max_staleness=2, stale_policy="downweight"))
+    assert push(book, "a", 0, base=5, current=5).verdict is Verdict.ACCEPTED
+    assert push(book, "b", 0, base=4, current=5).verdict is Verdict.ACCEPTED
+    assert push(book, "c", 0, base=2, current=5).verdict is Verdict.STALE
+    assert push(book, "d", 0, base=6, current=5).verdict is Verdict.FUTURE
+    assert book.close(0, version=5).scales == [1.0, 0.5]
+    drop: RoundBook = RoundBook(1, RoundPolicy(stale_policy="drop"))
+    assert push(drop, "a", 0, base=4, current=5).verdict is Verdict.STALE
 
 
 def test_newer_push_supersedes_and_rounds_are_per_fragment() -> None:
@@ -63,7 +64,7 @@ def test_newer_push_supersedes_and_rounds_are_per_fragment() -> None:
     push(book, "a", 0.0, fragment=1, steps=4)
     push(book, "a", 1.0, fragment=1, steps=8)
     assert book.ready(1.0, {"x"}) == [1]  # no step time known yet: grace 0, fragment 0 has nothing
-    closed = book.close(1)
+    closed = book.close(1, version=0)
     assert len(closed.contributions) == 1 and closed.contributions[0].steps == 8
     with pytest.raises(RuntimeError):
-        book.close(0)
+        book.close(0, version=0)

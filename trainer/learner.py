@@ -77,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     def eval_loss(params):
         return jnp.mean(jnp.stack([model.loss_fn(cfg, params, b) for b in evals]))
 
+    # Compile before joining, so the state we pull is fresh when training starts.
+    opt_state = tx.init(params)
+    jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng)))
+    jax.block_until_ready(eval_loss(params))
+
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
     client = SyncerClient(args.syncer, token, learner_id, group.region, on_event=emit)

@@ -142,7 +142,8 @@ def _quantize(flat: np.ndarray, block: int, qmax: int, pack4: bool) -> bytes:
     q = blocks * inv[:, None]  # in [-qmax, qmax] up to rounding; NaN input gives a NaN scale
     if pack4:
         q += np.float32(8.5)  # floor(v + 8.5) rounds to nibbles 1..15; 0 (= -8) is never written
-        u = q.astype(np.uint8).reshape(-1, 2)
+        with np.errstate(invalid="ignore"):  # NaN input: the NaN scale already marks it bad
+            u = q.astype(np.uint8).reshape(-1, 2)
         packed = u[:, 1] << 4
         packed |= u[:, 0]
         return scale.tobytes() + packed.tobytes()

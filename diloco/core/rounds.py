@@ -100,21 +100,18 @@ class Closed(Generic[Payload]):
 
 
 class RoundBook(Generic[Payload]):
-    """Open rounds and versions of all P fragments."""
+    """Open rounds of all P fragments. Versions belong to the global model and come in
+    as `current`, so there is one source of truth for them."""
 
-    def __init__(self, num_fragments: int, policy: RoundPolicy, versions: list[int] | None = None):
+    def __init__(self, num_fragments: int, policy: RoundPolicy):
         if num_fragments < 1:
             raise ValueError("need at least one fragment")
         self.policy = policy
-        self.versions = list(versions) if versions is not None else [0] * num_fragments
-        if len(self.versions) != num_fragments:
-            raise ValueError("one version per fragment")
         self.timings = Timings()
         self._rounds: list[_Round[Payload]] = [_Round() for _ in range(num_fragments)]
 
-    def offer(self, c: Contribution[Payload], now: float) -> Offer:
-        """Admit a contribution to its fragment's open round, or say why not."""
-        current = self.versions[c.fragment]
+    def offer(self, c: Contribution[Payload], now: float, current: int) -> Offer:
+        """Admit a contribution made against `c.base_version` while the fragment is at `current`."""
         lag = current - c.base_version
         if lag < 0:
             return Offer(Verdict.FUTURE, lag, f"base version {c.base_version} is ahead of {current}; rejoin")
@@ -150,12 +147,11 @@ class RoundBook(Generic[Payload]):
                 out.append(p)
         return out
 
-    def close(self, fragment: int) -> Closed[Payload]:
-        """Take the round's contributions; the next round of this fragment starts empty."""
+    def close(self, fragment: int, version: int) -> Closed[Payload]:
+        """Take the round's contributions (to merge into `version`); the next round starts empty."""
         rnd = self._rounds[fragment]
         if rnd.quorum_at is None or rnd.first_at is None:
             raise RuntimeError(f"fragment {fragment} has not reached quorum")
-        version = self.versions[fragment]
         entries = sorted(rnd.entries.values(), key=lambda c: c.learner)
         scales = [self._scale(version - c.base_version) for c in entries]
         quorum_seconds = rnd.quorum_at - rnd.first_at
@@ -163,11 +159,9 @@ class RoundBook(Generic[Payload]):
         self._rounds[fragment] = _Round()
         return Closed(fragment, version, entries, scales, quorum_seconds)
 
-    def published(self, fragment: int, sync_seconds: float) -> int:
-        """Record a publish: bump the version and learn how long merging took."""
+    def published(self, sync_seconds: float) -> None:
+        """Learn how long merging and publishing took (ξ_sync)."""
         self.timings.sync.update(sync_seconds)
-        self.versions[fragment] += 1
-        return self.versions[fragment]
 
     def observe_step_time(self, seconds: float) -> None:
         if seconds > 0:

@@ -1,0 +1,111 @@
+"""The end of a local run: evaluate the global model, write summary.json and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from diloco.local.tracker import RunTracker
+from diloco.spec import DecoupledDiLoCoJob
+from diloco.syncer.checkpoint import CheckpointStore
+
+
+def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
+    """Held-out loss (nats per byte) on the same fixed windows the learners use."""
+    import jax
+    import jax.numpy as jnp
+
+    from diloco.trainer import data, model
+
+    spec = job.spec
+    _, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
+    batches = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, spec.model.context + 1)
+    loss = jax.jit(lambda p, b: model.loss_fn(spec.model, p, b))
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    return float(np.mean([float(loss(p, jnp.asarray(b))) for b in batches]))
+
+
+def global_params(out: Path) -> dict[str, np.ndarray] | None:
+    loaded, _ = CheckpointStore(out / "checkpoints").load_latest()
+    if loaded is None:
+        return None
+    return {k.removeprefix("param/"): v for k, v in loaded.arrays.items() if k.startswith("param/")}
+
+
+def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,
+                 failure: str | None = None) -> dict[str, Any]:
+    from diloco.trainer.model import init_params
+
+    initial = evaluate(job, {k: np.asarray(v) for k, v in init_params(job.spec.model, job.spec.data.seed).items()})
+    final_params = global_params(out)
+    final = evaluate(job, final_params) if final_params is not None else float("nan")
+    sent, received = tracker.bytes()
+    learner_kills = sum(1 for _, target in tracker.kills if target in tracker.slots)
+    summary: dict[str, Any] = {
+        "job": job.metadata.name,
+        "learners": len(tracker.slots),
+        "initial_eval_loss": initial,
+        "final_eval_loss": final,
+        "tokens_merged": tracker.tokens_merged,
+        "outer_versions": tracker.outer_versions,
+        "outer_steps": tracker.outer_steps,
+        "learner_kills": learner_kills,
+        "syncer_kills": sum(1 for _, target in tracker.kills if target == "syncer"),
+        "readmissions": tracker.readmissions(),
+        "goodput": tracker.goodput(wall),
+        "bytes_sent": sent,
+        "bytes_received": received,
+        "contributions_refused": tracker.refused,
+        "max_publish_gap_seconds": tracker.max_publish_gap,
+        "wall_seconds": wall,
+        "tokens_per_second": tracker.tokens_merged / wall if wall > 0 else 0.0,
+    }
+    if failure:
+        summary["failure"] = failure
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot(tracker, out, initial)
+    return summary
+
+
+def plot(tracker: RunTracker, out: Path, initial: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in tracker.slots:
+        pts = [(tracker.tokens_at(t), loss) for t, n, loss in tracker.evals if n == name]
+        if pts:
+            ax.plot(*zip(*pts), marker=".", lw=1, label=name)
+    ax.axhline(initial, color="grey", ls="--", lw=1, label="initial model")
+    ax.set_xlabel("tokens merged by the syncer")
+    ax.set_ylabel("held-out loss (nats/byte)")
+    ax.set_title("Eval loss against tokens")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "eval_loss.png", dpi=110)
+    plt.close(fig)
+
+    t0 = min([inc.joined_at for s in tracker.slots.values() for inc in s.incarnations] + [t for t, _ in tracker.kills] or [0.0])
+    t_end = max([t for t, _, _ in tracker.status] + [t0])
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(tracker.slots)))
+    colors = {"up": "tab:green", "down": "tab:red"}
+    for row, slot in enumerate(tracker.slots.values()):
+        spans = list(slot.intervals)
+        if slot.up and slot.incarnations:
+            spans.append((slot.incarnations[-1].joined_at, t_end, "up"))
+        for start, end, state in spans:
+            ax.barh(row, end - start, left=start - t0, color=colors[state], height=0.6)
+        for inc in slot.incarnations:
+            if inc.restart > 0:
+                ax.plot(inc.joined_at - t0, row, marker="^", color="black", ms=6)
+    ax.set_yticks(range(len(tracker.slots)), list(tracker.slots))
+    ax.set_xlabel("seconds (green up, red down, ▲ re-admitted)")
+    ax.set_title("Learner timeline")
+    fig.tight_layout()
+    fig.savefig(out / "timeline.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,173 @@
+"""`diloco run FILE`: the same manifest a cluster takes, as processes on this machine.
+
+One syncer, one process per learner replica (each pinned to a core), chaos as the
+manifest says (SIGKILL a learner, restart it after the delay as a StatefulSet would),
+a live view, and in --out: events.jsonl, summary.json and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+
+from diloco.chaos import ChaosMonkey
+from diloco.launch import TOKEN_ENV, load_config
+from diloco.local.procs import Child, Supervisor, diloco_argv, free_port
+from diloco.local.tracker import RunTracker
+from diloco.spec import DecoupledDiLoCoJob, dump_job
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+
+POLL_SECONDS = 1.0  # status poll: often enough for the progress view, cheap for the syncer
+
+
+class LocalRun:
+    def __init__(self, job: DecoupledDiLoCoJob, out: Path, max_seconds: float | None):
+        self.job, self.out = job, out
+        spec = job.spec
+        limits = [s for s in (max_seconds, spec.training.duration_seconds, spec.run_policy.active_deadline_seconds) if s]
+        self.max_seconds = min(limits) if limits else None
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "logs").mkdir(exist_ok=True)
+        self.config = out / "job.yaml"
+        self.config.write_text(yaml.safe_dump(dump_job(job), sort_keys=False))
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        env = dict(os.environ, **{TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"})
+        self.sup = Supervisor(env)
+        self.sup.add(Child("syncer", "syncer", diloco_argv(
+            "syncer", "--config", str(self.config), "--port", str(self.port),
+            "--metrics-port", str(free_port()), "--checkpoint-dir", str(out / "checkpoints")),
+            out / "logs" / "syncer.log"))
+        ncpu = len(os.sched_getaffinity(0))
+        for i, (group, index) in enumerate((g, k) for g in spec.learner_groups for k in range(g.replicas)):
+            name = f"{group.name}-{index}"
+            self.sup.add(Child(name, "learner", diloco_argv(
+                "learner", "--config", str(self.config), "--group", group.name, "--index", str(index),
+                "--syncer", f"127.0.0.1:{self.port}", "--metrics-port", str(free_port()), "--cpus", str(i % ncpu)),
+                out / "logs" / f"{name}.log"))
+        self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
+        self.events = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
+        self.stub = rpc.SyncerStub(self.channel)
+        self.stopping = False
+        self.failure: str | None = None
+
+    def record(self, event: dict[str, Any]) -> None:
+        self.events.write(json.dumps(event) + "\n")
+        self.tracker.observe(event)
+
+    def runner_event(self, event: str, **fields: Any) -> None:
+        self.record({"t": time.time(), "event": event, "source": "runner", **fields})
+
+    def poll_status(self) -> None:
+        try:
+            reply = self.stub.Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=2.0)
+        except grpc.RpcError:
+            return
+        self.runner_event("status", versions=list(reply.versions), outer_steps=reply.outer_steps,
+                          tokens_merged=reply.tokens_merged, active_learners=reply.active_learners,
+                          seconds_since_publish=reply.seconds_since_publish, incarnation=reply.incarnation,
+                          bytes_received=reply.bytes_received, bytes_sent=reply.bytes_sent,
+                          refused=reply.contributions_refused)
+
+    def run(self, view: Any) -> dict[str, Any]:
+        spec = self.job.spec
+        t0 = time.time()
+        self.runner_event("start", job=self.job.metadata.name, learners=spec.total_learners, port=self.port)
+        self.sup.start("syncer")
+        for name, c in self.sup.children.items():
+            if c.kind == "learner":
+                self.sup.start(name)
+        monkey = ChaosMonkey.seeded(spec.chaos, start=t0)
+        targets = set(spec.chaos.targets)
+        next_poll = t0
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        try:
+            while not self.stopping:
+                now = time.time()
+                self._drain()
+                self._restart_due(now)
+                self.failure = self._detect_crashes(now)
+                if self.failure:
+                    self.runner_event("failed", reason=self.failure)
+                    break
+                eligible = [n for n, c in self.sup.children.items()
+                            if c.alive and (c.kind + "s" in targets or c.kind in targets)]
+                down = sum(1 for c in self.sup.children.values() if c.down_since is not None)
+                victim = monkey.pick(now, eligible, down)
+                if victim:
+                    self.sup.kill(victim)
+                    self.runner_event("kill", target=victim, signal="SIGKILL")
+                if now >= next_poll:
+                    self.poll_status()
+                    next_poll = now + POLL_SECONDS
+                view.update(self.tracker, now - t0, self.max_seconds)
+                if self.max_seconds and now - t0 >= self.max_seconds:
+                    break
+                budget = spec.training.token_budget
+                if budget and self.tracker.tokens_merged >= budget:
+                    self.runner_event("budget_reached", tokens_merged=self.tracker.tokens_merged)
+                    break
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            self.runner_event("interrupted")
+        return self.finish(t0)
+
+    def _drain(self) -> None:
+        while not self.sup.events.empty():
+            self.record(self.sup.events.get_nowait())
+
+    def _restart_due(self, now: float) -> None:
+        delay = self.job.spec.chaos.restart_delay_seconds
+        for name, c in self.sup.children.items():
+            if c.down_since is not None and now - c.down_since >= delay:
+                c.restarts += 1
+                self.sup.start(name, ["--restart", str(c.restarts)] if c.kind == "learner" else None)
+                self.runner_event("restart", target=name, restarts=c.restarts)
+
+    def _detect_crashes(self, now: float) -> str | None:
+        """A child that exits on its own is restarted like a killed one, up to backoffLimit;
+        a configuration or authentication failure (exit 2 or 3) ends the run at once."""
+        for name, c in self.sup.children.items():
+            if c.down_since is None and c.proc is not None and c.proc.poll() is not None:
+                code = c.proc.returncode
+                self.runner_event("exited", target=name, returncode=code)
+                if c.restarts >= self.job.spec.run_policy.backoff_limit or code in (2, 3):
+                    return f"{name} exited with code {code}; see {c.log_path}"
+                c.down_since = now
+        return None
+
+    def finish(self, t0: float) -> dict[str, Any]:
+        self.sup.stop_all(("learner",))
+        self._drain()
+        self.poll_status()
+        self.sup.stop_all(("syncer",))
+        self._drain()
+        wall = time.time() - t0
+        self.runner_event("stop", wall_seconds=wall)
+        self.events.close()
+        self.channel.close()
+        from diloco.local.report import write_report
+
+        return write_report(self.job, self.out, self.tracker, wall, self.failure)
+
+
+def main(args: argparse.Namespace) -> int:
+    from diloco.local.view import make_view
+
+    job = load_config(args.file)
+    out = Path(args.out or Path("runs") / job.metadata.name)
+    run = LocalRun(job, out, args.max_seconds)
+    with make_view(live=not args.no_live, job=job) as view:
+        summary = run.run(view)
+    view.final(summary, out)
+    return 1 if summary.get("failure") else 0

@@ -1,0 +1,166 @@
+"""Folds the event stream of a local run into what the view and the summary show.
+
+Pure bookkeeping over events (each has `t`, `event` and `source`), so it can be
+replayed from events.jsonl and tested without processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Incarnation:
+    """One process lifetime of a learner."""
+
+    restart: int
+    joined_at: float
+    join_eval: float
+    end: float | None = None
+    killed: bool = False
+    train_seconds: float = 0.0
+    acked_train_seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    steps: int = 0
+
+
+@dataclass
+class Slot:
+    name: str
+    incarnations: list[Incarnation] = field(default_factory=list)
+    up: bool = False
+    down_at: float | None = None
+    intervals: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, state)
+
+    @property
+    def current(self) -> Incarnation | None:
+        return self.incarnations[-1] if self.incarnations and self.up else None
+
+
+@dataclass
+class RunTracker:
+    learners: list[str]
+    slots: dict[str, Slot] = field(init=False)
+    kills: list[tuple[float, str]] = field(default_factory=list)
+    evals: list[tuple[float, str, float]] = field(default_factory=list)
+    status: list[tuple[float, int, int]] = field(default_factory=list)  # (t, tokens_merged, versions)
+    tokens_merged: int = 0
+    outer_versions: int = 0
+    outer_steps: int = 0
+    active_learners: int = 0
+    syncer_incarnations: set[str] = field(default_factory=set)
+    syncer_up_since: float | None = None
+    some_up_since: float | None = None
+    max_publish_gap: float = 0.0
+    last_chaos: str = ""
+    refused: int = 0
+
+    def __post_init__(self) -> None:
+        self.slots = {n: Slot(n) for n in self.learners}
+
+    @property
+    def up_count(self) -> int:
+        return sum(s.up for s in self.slots.values())
+
+    def observe(self, e: dict[str, Any]) -> None:
+        t, kind, src = float(e.get("t", 0.0)), e.get("event"), e.get("source")
+        if src in self.slots:
+            self._learner_event(self.slots[src], t, kind, e)
+        elif src == "runner":
+            self._runner_event(t, kind, e)
+
+    def _learner_event(self, slot: Slot, t: float, kind: Any, e: dict[str, Any]) -> None:
+        if kind == "joined":
+            if self.up_count == 0:
+                self.some_up_since = t
+            slot.incarnations.append(Incarnation(int(e.get("restart", 0)), t, float(e.get("eval_loss", "nan"))))
+            if slot.down_at is not None:
+                slot.intervals.append((slot.down_at, t, "down"))
+                slot.down_at = None
+            slot.up = True
+        elif kind in ("progress", "exit") and slot.incarnations:
+            inc = slot.incarnations[-1]
+            inc.train_seconds = float(e.get("train_seconds", inc.train_seconds))
+            inc.acked_train_seconds = float(e.get("acked_train_seconds", inc.acked_train_seconds))
+            inc.bytes_sent = int(e.get("bytes_sent", inc.bytes_sent))
+            inc.bytes_received = int(e.get("bytes_received", inc.bytes_received))
+            inc.steps = int(e.get("step", inc.steps))
+            if kind == "exit":
+                self._down(slot, t, killed=False)
+        elif kind == "eval":
+            self.evals.append((t, slot.name, float(e["eval_loss"])))
+
+    def _down(self, slot: Slot, t: float, killed: bool) -> None:
+        if slot.up and slot.incarnations:
+            inc = slot.incarnations[-1]
+            inc.end, inc.killed = t, killed
+            slot.intervals.append((inc.joined_at, t, "up"))
+        slot.up = False
+        slot.down_at = t
+
+    def _runner_event(self, t: float, kind: Any, e: dict[str, Any]) -> None:
+        target = e.get("target")
+        if kind == "kill":
+            self.kills.append((t, str(target)))
+            self.last_chaos = f"killed {target}"
+            if target in self.slots:
+                self._down(self.slots[target], t, killed=True)
+            elif target == "syncer":
+                self.syncer_up_since = None
+        elif kind == "exited" and target in self.slots:
+            self._down(self.slots[target], t, killed=True)
+        elif kind == "restart":
+            self.last_chaos = f"restarted {target}"
+        elif kind == "status":
+            self._status(t, e)
+
+    def _status(self, t: float, e: dict[str, Any]) -> None:
+        incarnation = str(e.get("incarnation", ""))
+        if incarnation not in self.syncer_incarnations:
+            self.syncer_incarnations.add(incarnation)
+            self.syncer_up_since = t
+        self.tokens_merged = int(e["tokens_merged"])
+        self.outer_versions = int(sum(e["versions"]))
+        self.outer_steps = int(e["outer_steps"])
+        self.active_learners = int(e["active_learners"])
+        self.refused = int(e.get("refused", 0))
+        self.status.append((t, self.tokens_merged, self.outer_versions))
+        # A publishing gap counts only while the syncer and at least one joined learner are up.
+        if self.up_count and self.syncer_up_since is not None and self.some_up_since is not None:
+            since = max(t - float(e["seconds_since_publish"]), self.some_up_since, self.syncer_up_since)
+            self.max_publish_gap = max(self.max_publish_gap, t - since)
+
+    # -- derived figures -----------------------------------------------------------
+
+    def latest_eval(self) -> float | None:
+        latest: dict[str, float] = {}
+        for _, name, loss in self.evals:
+            latest[name] = loss
+        return sum(latest.values()) / len(latest) if latest else None
+
+    def tokens_at(self, t: float) -> float:
+        """Tokens merged at time t, interpolated between status polls."""
+        prev = (0.0, 0)
+        for ts, tokens, _ in self.status:
+            if ts >= t:
+                if ts == prev[0]:
+                    return float(tokens)
+                frac = (t - prev[0]) / (ts - prev[0]) if prev[0] else 1.0
+                return prev[1] + frac * (tokens - prev[1])
+            prev = (ts, tokens)
+        return float(prev[1])
+
+    def readmissions(self) -> int:
+        return sum(1 for s in self.slots.values() for inc in s.incarnations if inc.restart > 0)
+
+    def goodput(self, wall: float) -> float:
+        """Useful learner time (training work the syncer acknowledged) over provisioned time."""
+        useful = sum(inc.acked_train_seconds for s in self.slots.values() for inc in s.incarnations)
+        provisioned = wall * max(len(self.slots), 1)
+        return useful / provisioned if provisioned > 0 else 0.0
+
+    def bytes(self) -> tuple[int, int]:
+        incs = [inc for s in self.slots.values() for inc in s.incarnations]
+        return sum(i.bytes_sent for i in incs), sum(i.bytes_received for i in incs)

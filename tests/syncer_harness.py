@@ -1,0 +1,78 @@
+"""An in-process syncer on loopback with a small numpy model, for RPC-level tests."""
+
+from __future__ import annotations
+
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from diloco.core.codecs import encode_tensors
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.metrics import SyncerMetrics
+from diloco.syncer.service import SyncerCore, SyncerServicer
+from diloco.syncer.state import GlobalModel
+from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+
+TOKEN = "test-token-0123456789"
+SHAPES = {"embed/embedding": (16, 8), "layers_0/up/kernel": (8, 32), "layers_0/down/kernel": (32, 8), "head/kernel": (8, 16)}
+
+
+def params(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+class FakeClock:
+    """Injected time: grace windows elapse when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    core: SyncerCore
+    clock: FakeClock
+    server: grpc.Server
+    channel: grpc.Channel
+    stub: rpc.SyncerStub
+
+    def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
+             token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
+             total_bytes: int | None = None, codec: str = "int4") -> pb.PushReply:
+        if blob is None:
+            blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
+        header = pb.PushHeader(
+            learner=learner, region="r", incarnation=self.core.incarnation, fragment=fragment,
+            base_version=(self.core.model.versions + [0] * 8)[fragment] if base_version is None else base_version,
+            steps=steps, tokens=steps * 512, step_seconds=0.05,
+            total_bytes=len(blob) if total_bytes is None else total_bytes,
+        )
+        msgs = [pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
+        return self.stub.Push(iter(msgs), metadata=auth_metadata(token), timeout=10)
+
+    def fragment_tensors(self, p: int, fill: float = 0.01) -> dict[str, np.ndarray]:
+        return {n: np.full(s, fill, np.float32) for n, s in self.core.model.shapes(p).items()}
+
+    def close(self) -> None:
+        self.channel.close()
+        self.server.stop(0)
+
+
+def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, model: GlobalModel | None = None) -> Harness:
+    spec = spec or SyncerSpec(fragments=2)
+    store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
+    clock = FakeClock()
+    core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
+    rpc.add_SyncerServicer_to_server(SyncerServicer(core, TOKEN), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)
+    return Harness(core, clock, server, channel, rpc.SyncerStub(channel))

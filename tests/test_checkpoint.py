@@ -1,0 +1,111 @@
+"""Checkpoints: atomic, checksummed, newest valid one wins, corrupt ones are skipped."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diloco.core.rounds import Closed, Contribution
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
+from diloco.syncer.state import GlobalModel
+from tests.syncer_harness import SHAPES, params
+
+
+def trained_model() -> GlobalModel:
+    model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
+    for p in (0, 1, 0):
+        delta = {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(p).items()}
+        c = Contribution("a-0", p, model.versions[p], 4, 2048, delta)
+        model.apply(Closed(p, model.versions[p], [c], [1.0], 0.0))
+    return model
+
+
+def test_state_round_trip_bit_for_bit(tmp_path: Path) -> None:
+    model = trained_model()
+    store = CheckpointStore(tmp_path)
+    store.save(*model.state())
+    loaded, skipped = store.load_latest()
+    assert loaded is not None and skipped == []
+    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, SHAPES)
+    assert restored.versions == [2, 1] and restored.tokens_merged == model.tokens_merged
+    for n in SHAPES:
+        assert np.array_equal(restored.params[n], model.params[n])
+    # The momentum survived too: the next outer step is identical.
+    delta = {n: np.full(s, -0.2, np.float32) for n, s in model.shapes(0).items()}
+    for m in (model, restored):
+        m.apply(Closed(0, m.versions[0], [Contribution("b", 0, m.versions[0], 2, 100, delta)], [1.0], 0.0))
+    for n in SHAPES:
+        assert np.array_equal(restored.params[n], model.params[n])
+
+
+def test_corrupt_newest_falls_back_to_previous(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    model = trained_model()
+    first = store.save(*model.state())
+    newest = store.save(*trained_model().state())
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    loaded, skipped = store.load_latest()
+    assert loaded is not None and loaded.path == first
+    assert len(skipped) == 1 and "checksum" in skipped[0]
+    truncated = store.save(*model.state())
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    loaded, skipped = store.load_latest()
+    assert loaded is not None and loaded.path == first and len(skipped) == 2
+
+
+def test_mismatched_checkpoint_refused(tmp_path: Path) -> None:
+    model = trained_model()
+    arrays, meta = model.state()
+    with pytest.raises(ValueError, match="do not match"):
+        GlobalModel.from_state(model.spec, arrays, meta, {"other": (1,)})
+    with pytest.raises(ValueError, match="plan"):
+        GlobalModel.from_state(SyncerSpec(fragments=3), arrays, meta, SHAPES)
+
+
+def test_full_disk_keeps_previous_and_leaves_no_debris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = CheckpointStore(tmp_path)
+    first = store.save(*trained_model().state())
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        store.save(*trained_model().state())
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+    assert store.load_latest()[0].path == first  # type: ignore[union-attr]
+
+
+def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(OSError):
+        CheckpointStore(blocker / "ckpt").save(*trained_model().state())
+
+
+def test_keeps_the_newest_three(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, keep=3)
+    for _ in range(5):
+        store.save(*trained_model().state())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ckpt-{i:012d}.ddck" for i in (3, 4, 5)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=400), st.integers(0, 399))
+def test_loader_never_crashes_on_garbage(noise: bytes, cut: int) -> None:
+    good = serialize({"param/x": np.ones(3, np.float32)}, {"versions": [1]})
+    for data in (noise, good[:cut], good[:cut] + noise):
+        try:
+            deserialize(data)
+        except CheckpointError:
+            pass

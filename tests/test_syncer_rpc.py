@@ -1,0 +1,113 @@
+"""The syncer refuses bad input with a clear status and leaves the global state unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import grpc
+import numpy as np
+import pytest
+
+from diloco.core.codecs import encode_tensors
+from diloco.wire import auth_metadata, pb
+from tests import syncer_harness as sh
+
+
+@pytest.fixture
+def syncer():
+    h = sh.start()
+    yield h
+    h.close()
+
+
+def snapshot(h: sh.Harness):
+    return copy.deepcopy(h.core.model.params), list(h.core.model.versions), h.core.book.contributors(0) | h.core.book.contributors(1)
+
+
+def assert_unchanged(h: sh.Harness, before) -> None:
+    params, versions, contributors = snapshot(h)
+    assert versions == before[1] and contributors == before[2]
+    assert all(np.array_equal(params[k], before[0][k]) for k in params)
+
+
+def code_of(fn) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code(), info.value.details()
+
+
+def test_accepts_and_merges_a_good_push(syncer: sh.Harness) -> None:
+    before = snapshot(syncer)
+    reply = syncer.push(0, syncer.fragment_tensors(0))
+    assert reply.accepted, reply.reason
+    assert syncer.core.merge_ready() == []  # K = 1 reached; the grace window (one step) is still open
+    syncer.clock.now += 0.06
+    assert syncer.core.merge_ready() == [0]
+    assert syncer.core.model.versions[0] == 1
+    name = next(iter(syncer.core.model.shapes(0)))
+    assert not np.array_equal(syncer.core.model.params[name], before[0][name])
+
+
+@pytest.mark.parametrize("token", ["", "wrong-token-0123456789", sh.TOKEN + "x"])
+def test_wrong_token_refused_everywhere(syncer: sh.Harness, token: str) -> None:
+    before = snapshot(syncer)
+    md = auth_metadata(token) if token else ()
+    assert code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), token=token))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: syncer.stub.Status(pb.StatusRequest(), metadata=md))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: list(syncer.stub.Join(pb.JoinRequest(learner="x"), metadata=md)))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert_unchanged(syncer, before)
+
+
+def test_bad_pushes_refused_with_clear_status(syncer: sh.Harness) -> None:
+    before = snapshot(syncer)
+    good = syncer.fragment_tensors(0)
+    name = next(iter(good))
+    wrong_shape = dict(good, **{name: np.zeros((3, 3), np.float32)})
+    nan = dict(good, **{name: np.full(good[name].shape, np.nan, np.float32)})
+    inf = dict(good, **{name: np.full(good[name].shape, np.inf, np.float32)})
+    blob = encode_tensors(good, "int4")
+    cases = {
+        "unknown fragment": (lambda: syncer.push(7, good), "unknown fragment 7"),
+        "wrong shape": (lambda: syncer.push(0, wrong_shape), "does not match"),
+        "nan": (lambda: syncer.push(0, nan, codec="fp32"), "NaN or Inf"),
+        "nan int4": (lambda: syncer.push(0, nan), "non-finite"),
+        "inf": (lambda: syncer.push(0, inf, codec="bf16"), "NaN or Inf"),
+        "truncated": (lambda: syncer.push(0, blob=blob[:-5], total_bytes=len(blob)), "truncated"),
+        "oversized": (lambda: syncer.push(0, blob=blob + b"\0" * 10, total_bytes=len(blob)), "larger than"),
+        "over bound": (lambda: syncer.push(0, blob=b"\0" * 10, total_bytes=1 << 30), "exceeds"),
+        "garbage": (lambda: syncer.push(0, blob=b"\x01" * 64), "magic"),
+        "other fragment's tensors": (lambda: syncer.push(0, syncer.fragment_tensors(1)), "fragment 0"),
+        "zero steps": (lambda: syncer.push(0, good, steps=0), "steps"),
+    }
+    for label, (fn, needle) in cases.items():
+        code, details = code_of(fn)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, label
+        assert needle in details, (label, details)
+    assert_unchanged(syncer, before)
+    syncer.clock.now += 100
+    assert syncer.core.merge_ready() == []
+
+
+def test_stale_and_future_pushes(syncer: sh.Harness) -> None:
+    syncer.core.model.versions[0] = 5
+    reply = syncer.push(0, syncer.fragment_tensors(0), base_version=1)
+    assert not reply.accepted and "behind" in reply.reason
+    reply = syncer.push(0, syncer.fragment_tensors(0), base_version=9)
+    assert not reply.accepted and "rejoin" in reply.reason
+    header_wrong_incarnation = pb.PushHeader(learner="a", incarnation="other", fragment=0, steps=1, total_bytes=1)
+    code, details = code_of(lambda: syncer.stub.Push(iter([pb.PushChunk(header=header_wrong_incarnation, data=b"x")]),
+                                                     metadata=auth_metadata(sh.TOKEN)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "rejoin" in details
+
+
+def test_join_returns_plan_and_state_and_checks_shapes(syncer: sh.Harness) -> None:
+    from diloco.core.codecs import decode_tensors
+
+    req = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
+    msgs = list(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))
+    header = msgs[0].header
+    state = decode_tensors(b"".join(m.data for m in msgs), sh.SHAPES)
+    assert all(np.array_equal(state[k], syncer.core.model.params[k]) for k in sh.SHAPES)
+    assert list(header.versions) == [0, 0] and len(header.fragments) == 2 and header.codec == "int4"
+    bad = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name="x", shape=[1])])
+    assert code_of(lambda: list(syncer.stub.Join(bad, metadata=auth_metadata(sh.TOKEN))))[0] == grpc.StatusCode.FAILED_PRECONDITION
