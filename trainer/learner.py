@@ -73,14 +73,15 @@ def run(args: argparse.Namespace) -> int:
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    @jax.jit
-    def eval_loss(params):
-        return jnp.mean(jnp.stack([model.loss_fn(cfg, params, b) for b in evals]))
+    batch_loss = jax.jit(lambda params, b: model.loss_fn(cfg, params, b))
+
+    def eval_loss(params) -> float:  # one compiled forward pass, reused for every batch
+        return float(np.mean([float(batch_loss(params, b)) for b in evals]))
 
     # Compile before joining, so the state we pull is fresh when training starts.
     opt_state = tx.init(params)
     jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng)))
-    jax.block_until_ready(eval_loss(params))
+    eval_loss(params)
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     tokens_since = [0] * P
     tokens_per_step = tr.batch_size * spec.model.context
     join_seconds = time.monotonic() - t_start
-    first_eval = float(eval_loss(params))
+    first_eval = eval_loss(params)
     emit("joined", learner=learner_id, region=group.region, restart=args.restart, versions=versions,
          eval_loss=first_eval, join_seconds=round(join_seconds, 3), incarnation=incarnation)
     client.start()
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         step += 1
 
         if step % tr.eval_interval_steps == 0:
-            ev = float(eval_loss(params))
+            ev = eval_loss(params)
             metrics.eval_loss.set(ev)
             emit("eval", step=step, eval_loss=ev, versions=list(versions))
         if time.monotonic() - last_report >= 1.0:

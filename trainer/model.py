@@ -57,7 +57,8 @@ class Transformer(nn.Module):
 def init_params(cfg: TransformerModel, seed: int) -> Params:
     """Flat fp32 parameters; every learner and the syncer get the same ones from the same seed."""
     model = Transformer(cfg)
-    variables = model.init(jax.random.PRNGKey(seed), jnp.zeros((1, cfg.context), jnp.int32))
+    # Jitted: one compile instead of dozens of eagerly dispatched ops (3.6 s -> well under 1 s).
+    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, cfg.context), jnp.int32))
     return {"/".join(k): v for k, v in flatten_dict(variables["params"]).items()}
 
 
