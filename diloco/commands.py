@@ -29,6 +29,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
     p.add_argument("--restart", type=int, default=0, help="restart count (varies the data order)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
+    p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")
+    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
     p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a))
 
     p = sub.add_parser("syncer", help="run the syncer (container entry point)")
@@ -37,6 +39,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
     p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
+    p.add_argument("--tls-cert", default=None, help="server certificate chain (PEM); serve TLS")
+    p.add_argument("--tls-key", default=None, help="server private key (PEM)")
     p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")

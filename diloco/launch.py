@@ -49,3 +49,17 @@ def pin_cpus(spec: str | None) -> None:
         os.sched_setaffinity(0, cpus)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"--cpus {spec!r}: {exc}") from None
+
+
+def read_pem(path: str | None, flag: str) -> bytes | None:
+    """A PEM file named by a flag, or None; a missing or non-PEM file is a clear error."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise SystemExit(f"{flag} {path}: {exc.strerror}") from None
+    if b"-----BEGIN" not in data:
+        raise SystemExit(f"{flag} {path}: not a PEM file")
+    return data

@@ -44,7 +44,7 @@ def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> Glo
 
 
 def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
-          checkpoint_dir: str | None, host: str = "[::]") -> None:
+          checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]") -> None:
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
     core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics)
@@ -53,7 +53,11 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     workers = 4 * max(job.spec.total_learners, 1) + 8  # join + push + subscribe per learner, plus status
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
     rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    if tls is not None:
+        key, cert = tls
+        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)]))
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"syncer: cannot listen on port {port}")
     server.start()
@@ -91,9 +95,13 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
 
 
 def main(args: argparse.Namespace) -> int:
-    from diloco.launch import load_config, read_token
+    from diloco.launch import load_config, read_pem, read_token
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s syncer %(levelname)s %(message)s")
     job = load_config(args.config)
-    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir)
+    cert, key = read_pem(args.tls_cert, "--tls-cert"), read_pem(args.tls_key, "--tls-key")
+    if (cert is None) != (key is None):
+        raise SystemExit("--tls-cert and --tls-key go together")
+    tls = (key, cert) if cert is not None and key is not None else None
+    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir, tls)
     return 0

@@ -71,10 +71,15 @@ class Backoff:
 
 class SyncerClient:
     def __init__(self, address: str, token: str, learner: str, region: str,
-                 on_event: Callable[..., None] = lambda *a, **k: None):
+                 on_event: Callable[..., None] = lambda *a, **k: None,
+                 tls_ca: bytes | None = None, tls_server_name: str | None = None):
         self.address, self.learner, self.region = address, learner, region
         self.metadata = auth_metadata(token)
-        self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        if tls_ca is not None:
+            options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else [])
+            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca), options=options)
+        else:
+            self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
         self.stub = rpc.SyncerStub(self.channel)
         self.emit = on_event
         self.incarnation = ""

@@ -25,11 +25,13 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from diloco.launch import load_config, pin_cpus, read_token
+    from diloco.launch import load_config, pin_cpus, read_pem, read_token
 
+    t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools
     job = load_config(args.config)
     token = read_token(args)
+    tls_ca = read_pem(args.tls_ca, "--tls-ca")
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -49,7 +51,6 @@ def run(args: argparse.Namespace) -> int:
     learner_id = f"{group.name}-{args.index}"
     ids = spec.learner_ids()
     shard_index = ids.index(learner_id) if learner_id in ids else len(ids) + args.index  # scavenger past replicas
-    t_start = time.monotonic()
 
     # Data: our own disjoint shard, and the shared held-out split.
     corpus = data.corpus_bytes()
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
-    client = SyncerClient(args.syncer, token, learner_id, group.region, on_event=emit)
+    client = SyncerClient(args.syncer, token, learner_id, group.region, on_event=emit,
+                          tls_ca=tls_ca, tls_server_name=args.tls_server_name)
+    t_join = time.monotonic()
     try:
         joined = client.join_with_retry(shapes)
     except Unauthenticated as exc:
@@ -110,10 +113,13 @@ def run(args: argparse.Namespace) -> int:
     steps_since = [0] * P
     tokens_since = [0] * P
     tokens_per_step = tr.batch_size * spec.model.context
-    join_seconds = time.monotonic() - t_start
-    first_eval = eval_loss(params)
+    pull_seconds = time.monotonic() - t_join
+    metrics.badput("startup", t_join - t_process)
+    metrics.badput("state_pull", pull_seconds)
+    first_eval = eval_loss(params)  # the global model as pulled: a late joiner starts from it
     emit("joined", learner=learner_id, region=group.region, restart=args.restart, versions=versions,
-         eval_loss=first_eval, join_seconds=round(join_seconds, 3), incarnation=incarnation)
+         eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
+         pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
     client.start()
 
     stop = threading.Event()
@@ -175,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         if time.monotonic() - last_report >= 1.0:
             last_report = time.monotonic()
             metrics.network(client.bytes_sent, client.bytes_received)
+            metrics.productive(client.acked_train_seconds)
             emit("progress", step=step, loss=loss_value, step_seconds=step_ema, train_seconds=train_seconds,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
                  bytes_received=client.bytes_received, versions=list(versions))

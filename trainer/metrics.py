@@ -26,7 +26,15 @@ class LearnerMetrics:
                                       registry=r, buckets=STEP_BUCKETS).labels(*values)
         self.loss = gauge("diloco_learner_loss", "Training loss (nats per byte)")
         self.eval_loss = gauge("diloco_learner_eval_loss", "Held-out loss (nats per byte)")
+        # Goodput in the spirit of ml-goodput-measurement: acknowledged training time, and the
+        # badput this process can see itself (lost work is only known to whoever saw it die).
+        self.productive_seconds = counter("diloco_learner_productive_seconds_total",
+                                          "Training time whose outer gradients the syncer accepted")
+        self.badput_seconds = Counter("diloco_learner_badput_seconds_total", "Time not spent on acknowledged training",
+                                      names + ["reason"], registry=r)
+        self._labels = values
         self._sent = self._received = 0
+        self._productive = 0.0
         if port is not None:
             start_http_server(port, addr="0.0.0.0", registry=r)
 
@@ -41,3 +49,11 @@ class LearnerMetrics:
         self.sent.inc(max(0, sent - self._sent))
         self.received.inc(max(0, received - self._received))
         self._sent, self._received = sent, received
+
+    def productive(self, acked_train_seconds: float) -> None:
+        self.productive_seconds.inc(max(0.0, acked_train_seconds - self._productive))
+        self._productive = max(self._productive, acked_train_seconds)
+
+    def badput(self, reason: str, seconds: float) -> None:
+        """reason: startup (interpreter, data, compilation) or state_pull (joining)."""
+        self.badput_seconds.labels(*self._labels, reason).inc(max(0.0, seconds))

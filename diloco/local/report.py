@@ -56,6 +56,7 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
         "syncer_kills": sum(1 for _, target in tracker.kills if target == "syncer"),
         "readmissions": tracker.readmissions(),
         "goodput": tracker.goodput(wall),
+        "learner_seconds": tracker.accounting(wall),
         "bytes_sent": sent,
         "bytes_received": received,
         "contributions_refused": tracker.refused,

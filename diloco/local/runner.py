@@ -93,6 +93,7 @@ class LocalRun:
         for name, c in self.sup.children.items():
             if c.kind == "learner":
                 self.sup.start(name)
+                self.runner_event("spawned", target=name, restarts=0)
         monkey = ChaosMonkey.seeded(spec.chaos, start=t0)
         targets = set(spec.chaos.targets)
         next_poll = t0
@@ -150,6 +151,7 @@ class LocalRun:
                 c.restarts += 1
                 self.sup.start(name, ["--restart", str(c.restarts)] if c.kind == "learner" else None)
                 self.runner_event("restart", target=name, restarts=c.restarts)
+                self.runner_event("spawned", target=name, restarts=c.restarts)
 
     def _detect_crashes(self, now: float) -> str | None:
         """A child that exits on its own is restarted like a killed one, up to backoffLimit;

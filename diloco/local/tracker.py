@@ -17,6 +17,8 @@ class Incarnation:
     restart: int
     joined_at: float
     join_eval: float
+    spawned_at: float
+    pull_seconds: float = 0.0
     end: float | None = None
     killed: bool = False
     train_seconds: float = 0.0
@@ -32,6 +34,8 @@ class Slot:
     incarnations: list[Incarnation] = field(default_factory=list)
     up: bool = False
     down_at: float | None = None
+    spawned_at: float | None = None  # set while a process runs that has not joined yet
+    unjoined_seconds: float = 0.0  # processes that died before joining: all startup
     intervals: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, state)
 
     @property
@@ -75,7 +79,10 @@ class RunTracker:
         if kind == "joined":
             if self.up_count == 0:
                 self.some_up_since = t
-            slot.incarnations.append(Incarnation(int(e.get("restart", 0)), t, float(e.get("eval_loss", "nan"))))
+            spawned = slot.spawned_at if slot.spawned_at is not None else t
+            slot.incarnations.append(Incarnation(int(e.get("restart", 0)), t, float(e.get("eval_loss", "nan")),
+                                                 spawned, float(e.get("pull_seconds", 0.0))))
+            slot.spawned_at = None
             if slot.down_at is not None:
                 slot.intervals.append((slot.down_at, t, "down"))
                 slot.down_at = None
@@ -93,6 +100,9 @@ class RunTracker:
             self.evals.append((t, slot.name, float(e["eval_loss"])))
 
     def _down(self, slot: Slot, t: float, killed: bool) -> None:
+        if slot.spawned_at is not None:  # died before it joined
+            slot.unjoined_seconds += t - slot.spawned_at
+            slot.spawned_at = None
         if slot.up and slot.incarnations:
             inc = slot.incarnations[-1]
             inc.end, inc.killed = t, killed
@@ -113,6 +123,8 @@ class RunTracker:
             self._down(self.slots[target], t, killed=True)
         elif kind == "restart":
             self.last_chaos = f"restarted {target}"
+        elif kind == "spawned" and target in self.slots:
+            self.slots[target].spawned_at = t
         elif kind == "status":
             self._status(t, e)
 
@@ -157,9 +169,26 @@ class RunTracker:
 
     def goodput(self, wall: float) -> float:
         """Useful learner time (training work the syncer acknowledged) over provisioned time."""
-        useful = sum(inc.acked_train_seconds for s in self.slots.values() for inc in s.incarnations)
         provisioned = wall * max(len(self.slots), 1)
-        return useful / provisioned if provisioned > 0 else 0.0
+        return self.accounting(wall)["productive"] / provisioned if provisioned > 0 else 0.0
+
+    def accounting(self, wall: float) -> dict[str, float]:
+        """Learner seconds by kind, summed over slots; they add up to wall x learners.
+
+        productive: training the syncer acknowledged; startup: process start to joining
+        (interpreter, data, compilation); state_pull: joining; lost: training a kill threw
+        away before it was pushed; waiting: the rest (down until restarted, evals, idling)."""
+        out = dict.fromkeys(("productive", "startup", "state_pull", "lost"), 0.0)
+        for slot in self.slots.values():
+            out["startup"] += slot.unjoined_seconds
+            for inc in slot.incarnations:
+                out["productive"] += inc.acked_train_seconds
+                out["state_pull"] += inc.pull_seconds
+                out["startup"] += max(0.0, inc.joined_at - inc.spawned_at - inc.pull_seconds)
+                if inc.killed:
+                    out["lost"] += max(0.0, inc.train_seconds - inc.acked_train_seconds)
+        out["waiting"] = max(0.0, wall * len(self.slots) - sum(out.values()))
+        return out
 
     def bytes(self) -> tuple[int, int]:
         incs = [inc for s in self.slots.values() for inc in s.incarnations]

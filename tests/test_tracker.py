@@ -1,0 +1,50 @@
+"""The run tracker: kills, re-admissions, publish gaps and goodput accounting from events."""
+
+import pytest
+
+from diloco.local.tracker import RunTracker
+
+
+def ev(t, event, source, **kw):
+    return {"t": t, "event": event, "source": source, **kw}
+
+
+def test_accounting_adds_up_and_counts_lost_work() -> None:
+    tr = RunTracker(["a", "b"])
+    stream = [
+        ev(0, "spawned", "runner", target="a"), ev(0, "spawned", "runner", target="b"),
+        ev(5, "joined", "a", restart=0, eval_loss=5.5, pull_seconds=0.5),
+        ev(6, "joined", "b", restart=0, eval_loss=5.5, pull_seconds=1.0),
+        ev(7, "status", "runner", incarnation="s1", tokens_merged=10, versions=[1, 1], outer_steps=2,
+           active_learners=2, seconds_since_publish=0.1),
+        ev(10, "progress", "a", train_seconds=4.0, acked_train_seconds=3.5),
+        ev(10.5, "kill", "runner", target="a"),
+        ev(12, "spawned", "runner", target="a"), ev(12, "restart", "runner", target="a"),
+        ev(13, "kill", "runner", target="a"),  # killed again before it joined
+        ev(14, "spawned", "runner", target="a"),
+        ev(16, "joined", "a", restart=2, eval_loss=3.0, pull_seconds=0.5),
+        ev(20, "exit", "a", train_seconds=3.0, acked_train_seconds=3.0),
+        ev(20, "exit", "b", train_seconds=12.0, acked_train_seconds=11.0),
+    ]
+    for e in stream:
+        tr.observe(e)
+    acc = tr.accounting(wall=20.0)
+    assert sum(acc.values()) == pytest.approx(40.0)
+    assert acc["productive"] == pytest.approx(3.5 + 3.0 + 11.0)
+    assert acc["lost"] == pytest.approx(0.5)  # a's unacknowledged training at the kill; b exited cleanly
+    assert acc["state_pull"] == pytest.approx(2.0)
+    assert acc["startup"] == pytest.approx(4.5 + 1.0 + 1.5 + 5.0)  # a, a-unjoined, a again, b
+    assert tr.readmissions() == 1 and len(tr.kills) == 2
+    assert tr.goodput(20.0) == pytest.approx(17.5 / 40)
+
+
+def test_publish_gap_only_counts_while_someone_is_up() -> None:
+    tr = RunTracker(["a"])
+    status = dict(incarnation="s1", tokens_merged=0, versions=[0], outer_steps=0, active_learners=0)
+    tr.observe(ev(0, "status", "runner", seconds_since_publish=30.0, **status))  # nobody up yet
+    tr.observe(ev(1, "joined", "a", restart=0, eval_loss=5.0))
+    tr.observe(ev(3, "status", "runner", seconds_since_publish=33.0, **status))
+    assert tr.max_publish_gap == pytest.approx(2.0)  # counted from the join, not from the syncer start
+    tr.observe(ev(4, "kill", "runner", target="a"))
+    tr.observe(ev(40, "status", "runner", seconds_since_publish=70.0, **status))
+    assert tr.max_publish_gap == pytest.approx(2.0)
