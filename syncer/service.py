@@ -87,6 +87,7 @@ class SyncerCore:
             for p in range(self.model.plan.num_fragments)
         ]
         self.metrics.outer_version.set(sum(self.model.versions))
+        self.max_recover_bytes = len(self.model.full_blob()) + 1024
 
     # -- admission -----------------------------------------------------------------
 
@@ -141,6 +142,37 @@ class SyncerCore:
             problem = "steps must be >= 1 and step_seconds finite and non-negative"
         if problem:
             raise Refused(code, problem)
+
+    def recover(self, fragments: list[int], versions: list[int], blob: bytes) -> list[int]:
+        """Adopt global fragments a learner received from a previous incarnation of this syncer
+        when they are newer than ours (we restarted from an older checkpoint). Learners only
+        ever hold what a syncer published, so a newer version is a merge we would lose."""
+        num = self.model.plan.num_fragments
+        if len(fragments) != len(versions) or len(set(fragments)) != len(fragments) or any(p >= num for p in fragments):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments must be distinct, known, one version each")
+        expect = {n: s for p in fragments for n, s in self.model.shapes(p).items()}
+        try:
+            tensors = decode_tensors(blob, expect)
+        except CodecError as exc:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {exc}") from None
+        if not all(np.all(np.isfinite(t)) for t in tensors.values()):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments hold NaN or Inf", "nonfinite")
+        adopted = []
+        with self.lock:
+            for p, v in zip(fragments, versions):
+                if v > self.model.versions[p]:
+                    for n in self.model.plan.fragments[p]:
+                        self.model.params[n] = tensors[n].astype(np.float32, copy=True)
+                    self.model.versions[p] = v
+                    self.book.reset(p)
+                    self.published[p] = Published(v, self.model.fragment_blob(p))
+                    adopted.append(p)
+            if adopted:
+                self.metrics.outer_version.set(sum(self.model.versions))
+                self.lock.notify_all()
+        if adopted:
+            log.info("recovered fragments %s from a learner; versions now %s", adopted, self.model.versions)
+        return adopted
 
     # -- merging and publishing ----------------------------------------------------
 
@@ -301,6 +333,30 @@ class SyncerServicer:
             with core.lock:
                 info.subscriptions -= 1
                 core.metrics.active.set(len(core.active_learners()))
+
+    def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
+        self._auth(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a recovery starts with a header")
+        header = first.header
+        try:
+            if header.total_bytes > self.core.max_recover_bytes:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
+            buf = bytearray()
+            for chunk in itertools.chain([first], request_iterator):
+                buf += chunk.data
+                if len(buf) > header.total_bytes:
+                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: larger than declared")
+            if len(buf) != header.total_bytes:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: truncated")
+            adopted = self.core.recover(list(header.fragments), list(header.versions), bytes(buf))
+        except Refused as exc:
+            self.core.count_refusal(exc.outcome)
+            context.abort(exc.code, exc.reason)
+            raise
+        with self.core.lock:
+            return pb.RecoverReply(adopted=adopted, versions=list(self.core.model.versions))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)

@@ -23,7 +23,7 @@ def manifest(name: str, chaos: dict[str, Any], seconds: int, replicas: int = 3) 
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
         "spec": {
             "learnerGroups": [{"name": "local", "replicas": replicas}],
-            "syncer": {"fragments": 4, "checkpointIntervalSeconds": 3},
+            "syncer": {"fragments": 4, "checkpointIntervalSeconds": 3, "outerLearningRate": 1.0, "outerMomentum": 0.0},
             "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
             "training": {"batchSize": 8, "learningRate": 0.003, "warmupSteps": 20, "decaySteps": 3000,
                          "durationSeconds": seconds, "evalIntervalSteps": 100},
@@ -86,6 +86,8 @@ def test_syncer_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> 
     final = [s for s in status if s["incarnation"] == incarnations[-1]]
     assert max(s["active_learners"] for s in final) == 2
     assert {e["source"] for e in events if e["event"] == "rejoined"} == {"local-0", "local-1"}
+    # Merges published after the last checkpoint came back from the learners that held them.
+    assert any(e["event"] == "recovered" for e in events)
     assert final[-1]["outer_steps"] > final[0]["outer_steps"] + 20
     assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 1.0
 

@@ -111,3 +111,34 @@ def test_join_returns_plan_and_state_and_checks_shapes(syncer: sh.Harness) -> No
     assert list(header.versions) == [0, 0] and len(header.fragments) == 2 and header.codec == "int4"
     bad = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name="x", shape=[1])])
     assert code_of(lambda: list(syncer.stub.Join(bad, metadata=auth_metadata(sh.TOKEN))))[0] == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN) -> pb.RecoverReply:
+    from diloco.wire import chunks
+
+    blob = encode_tensors(tensors, "fp32")
+    header = pb.RecoverHeader(learner="a-0", fragments=fragments, versions=versions, total_bytes=len(blob))
+    msgs = [pb.RecoverChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
+    return h.stub.Recover(iter(msgs), metadata=auth_metadata(token), timeout=10)
+
+
+def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
+    syncer.core.model.versions[:] = [3, 5]
+    offered = {n: np.full(s, 7.0, np.float32) for n, s in sh.SHAPES.items()}
+    reply = recover(syncer, [0, 1], [4, 5], offered)  # fragment 0 is newer, fragment 1 is not
+    assert list(reply.adopted) == [0] and list(reply.versions) == [4, 5]
+    for n in syncer.core.model.plan.fragments[0]:
+        assert np.all(syncer.core.model.params[n] == 7.0)
+    for n in syncer.core.model.plan.fragments[1]:
+        assert not np.all(syncer.core.model.params[n] == 7.0)
+    assert syncer.core.published[0].version == 4  # subscribers get the recovered fragment
+
+
+def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
+    before = snapshot(syncer)
+    good = {n: np.ones(s, np.float32) for n, s in sh.SHAPES.items()}
+    nan = dict(good, **{"head/kernel": np.full(sh.SHAPES["head/kernel"], np.nan, np.float32)})
+    assert code_of(lambda: recover(syncer, [0, 1], [9, 9], good, token="nope-nope-nope-nope"))[0] == grpc.StatusCode.UNAUTHENTICATED
+    for fragments, versions, tensors in (([0, 1], [9, 9], nan), ([0, 0], [9, 9], good), ([5], [9], good), ([0, 1], [9], good)):
+        assert code_of(lambda: recover(syncer, fragments, versions, tensors))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert_unchanged(syncer, before)

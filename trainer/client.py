@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from diloco.core.codecs import decode_tensors
+from diloco.core.codecs import decode_tensors, encode_tensors
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 log = logging.getLogger("diloco.learner")
@@ -96,6 +96,11 @@ class SyncerClient:
         self.expected_shapes: dict[str, tuple[int, ...]] = {}
         self.threads: list[threading.Thread] = []
         self._rejoining = threading.Lock()
+        # The global fragments the loop adopted last (references; arrays are replaced, never
+        # mutated), offered back to a restarted syncer so its published merges survive.
+        self.anchors: dict[str, np.ndarray] = {}
+        self.anchor_versions: list[int] = []
+        self.fragments: list[list[str]] = []
 
     # -- join ------------------------------------------------------------------------
 
@@ -117,6 +122,7 @@ class SyncerClient:
         with self.lock:
             self.incarnation = header.incarnation
             self.known_versions = list(header.versions)
+            self.fragments = [list(f.names) for f in header.fragments]
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
@@ -159,6 +165,10 @@ class SyncerClient:
             rejoined, self.rejoined = self.rejoined, None
             updates, self.inbox = self.inbox, {}
         return rejoined, updates
+
+    def note_anchors(self, versions: list[int], anchors: dict[str, np.ndarray]) -> None:
+        with self.lock:
+            self.anchor_versions, self.anchors = list(versions), dict(anchors)
 
     def flush(self, timeout: float) -> bool:
         """Wait until the outbox is empty and nothing is in flight (used on SIGTERM)."""
@@ -233,7 +243,26 @@ class SyncerClient:
                 return
             self._rejoin()
 
+    def _offer_recovery(self) -> None:
+        """Give a restarted syncer the newest global fragments we hold (see Recover)."""
+        with self.lock:
+            anchors, versions, fragments = dict(self.anchors), list(self.anchor_versions), self.fragments
+        if not anchors or len(versions) != len(fragments):
+            return
+        blob = encode_tensors(anchors, "fp32")
+        header = pb.RecoverHeader(learner=self.learner, fragments=list(range(len(fragments))),
+                                  versions=versions, total_bytes=len(blob))
+        msgs = (pb.RecoverChunk(header=header if i == 0 else None, data=bytes(part)) for i, part in enumerate(chunks(blob)))
+        try:
+            reply = self.stub.Recover(msgs, metadata=self.metadata, timeout=60)
+        except grpc.RpcError as exc:
+            log.warning("recovery offer failed: %s", exc.details())
+            return
+        if reply.adopted:
+            self.emit("recovered", fragments=list(reply.adopted), versions=list(reply.versions))
+
     def _rejoin(self) -> None:
+        self._offer_recovery()
         try:
             state = self.join_with_retry(self.expected_shapes)
         except (RuntimeError, Unauthenticated) as exc:

@@ -171,3 +171,7 @@ class RoundBook(Generic[Payload]):
         if lag and self.policy.stale_policy == "downweight":
             return 1.0 / (1 + lag)
         return 1.0
+
+    def reset(self, fragment: int) -> None:
+        """Forget the open round of a fragment whose global value was replaced (recovery)."""
+        self._rounds[fragment] = _Round()
