@@ -29,6 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
     p.add_argument("--restart", type=int, default=0, help="restart count (varies the data order)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
+    p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
     p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")
     p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
     p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a))

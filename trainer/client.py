@@ -89,6 +89,7 @@ class SyncerClient:
         self.rejoined: JoinState | None = None
         self.known_versions: list[int] = []
         self.stopping = threading.Event()
+        self.resync = threading.Event()
         self.sending = False
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -216,7 +217,10 @@ class SyncerClient:
                     self.emit("fatal", reason=f"syncer refused the token: {exc.details()}")
                     self.stopping.set()
                 elif code == grpc.StatusCode.INVALID_ARGUMENT:
+                    # The syncer found our outer gradient malformed or non-finite: our weights
+                    # are suspect, so the loop starts over from the global model.
                     self.emit("push_refused", fragment=item.fragment, reason=exc.details())
+                    self.resync.set()
                 else:  # unreachable: keep the newest version of this fragment for later
                     with self.lock:
                         self.outbox.setdefault(item.fragment, item)

@@ -160,9 +160,11 @@ def run(args: argparse.Namespace) -> int:
         tokens_since = [k + tokens_per_step for k in tokens_since]
         metrics.step(dt, tokens_per_step, loss_value)
 
-        # A diverged learner pushes nothing and starts over from the global model.
-        if not np.isfinite(loss_value):
-            emit("diverged", step=step)
+        # A diverged learner pushes nothing and starts over from the global model; so does one
+        # whose outer gradient the syncer refused as malformed or non-finite.
+        if not np.isfinite(loss_value) or client.resync.is_set():
+            emit("diverged" if not np.isfinite(loss_value) else "resynced", step=step)
+            client.resync.clear()
             params = {n: jnp.asarray(v) for n, v in anchors.items()}
             opt_state = tx.init(params)
             steps_since, tokens_since = [0] * P, [0] * P
@@ -172,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         # 3. The due fragment's outer gradient Δ = A_p − θ_p, compressed, to the sender.
         p = due_fragment(step, P)
         delta = {n: anchors[n] - np.asarray(params[n]) for n in plan.fragments[p]}
+        if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
+            params = {n: v * jnp.nan if n in delta else v for n, v in params.items()}
+            delta = {n: d * np.nan for n, d in delta.items()}
         blob = encode_tensors(delta, spec.syncer.compression, spec.syncer.block_size)
         client.submit(Outgoing(p, versions[p], steps_since[p], tokens_since[p], step_ema, loss_value,
                                blob, train_seconds, incarnation))
