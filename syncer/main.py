@@ -47,7 +47,8 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
           checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]") -> None:
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
-    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics)
+    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics,
+                      regions=frozenset(g.region for g in job.spec.learner_groups))
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
     workers = 4 * max(job.spec.total_learners, 1) + 8  # join + push + subscribe per learner, plus status

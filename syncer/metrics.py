@@ -33,6 +33,17 @@ class SyncerMetrics:
         self.checkpoint_errors = Counter(
             "diloco_syncer_checkpoint_errors_total", "Checkpoints that could not be written", registry=r
         )
+        # Per region (bounded: the job's regions plus "other"), for multi-region jobs.
+        self.region_learners = Gauge("diloco_syncer_region_learners", "Learners with a live subscription, by region",
+                                     ["region"], registry=r)
+        self.region_tokens = Counter("diloco_syncer_region_tokens_total", "Tokens merged, by the learners' region",
+                                     ["region"], registry=r)
+        self.region_bytes = Counter("diloco_syncer_region_received_bytes_total",
+                                    "Bytes of outer gradients received, by region", ["region"], registry=r)
+        self.region_staleness = Histogram(
+            "diloco_syncer_region_staleness_versions", "Versions an accepted contribution lagged, by region",
+            ["region"], buckets=(0, 1, 2, 4, 8), registry=r,
+        )
         self.last_publish = Gauge(
             "diloco_syncer_last_publish_timestamp_seconds", "Unix time of the latest publish", registry=r
         )

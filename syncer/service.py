@@ -48,6 +48,8 @@ class LearnerInfo:
     last_seen: float = 0.0
     loss: float = float("nan")
     subscriptions: int = 0
+    bytes_received: int = 0
+    staleness: int = 0  # summed lag of accepted contributions
 
 
 @dataclass
@@ -74,6 +76,12 @@ class SyncerCore:
     last_publish: float = 0.0
     checkpoint_version: int = 0
     stopping: bool = False
+    regions: frozenset[str] = frozenset()  # the job's regions; others are reported as "other"
+
+    def region_of(self, learner: str) -> str:
+        info = self.learners.get(learner)
+        region = info.region if info else ""
+        return region if region in self.regions else "other"
 
     def __post_init__(self) -> None:
         g = self.spec.grace_window
@@ -113,10 +121,15 @@ class SyncerCore:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
             info.contributions += 1
+            info.bytes_received += len(blob)
+            info.staleness += offer.lag
             self.bytes_received += len(blob)
+            region = self.region_of(header.learner)
             self.metrics.bytes_received.inc(len(blob))
+            self.metrics.region_bytes.labels(region).inc(len(blob))
             self.metrics.contributions.labels("accepted").inc()
             self.metrics.staleness.observe(offer.lag)
+            self.metrics.region_staleness.labels(region).observe(offer.lag)
             self.lock.notify_all()
             return pb.PushReply(accepted=True, version=self.model.versions[p])
 
@@ -194,6 +207,7 @@ class SyncerCore:
                 self.book.published(self.clock() - t0)
                 for c in closed.contributions:
                     self.learners[c.learner].tokens += c.tokens
+                    self.metrics.region_tokens.labels(self.region_of(c.learner)).inc(c.tokens)
                 self.last_publish = self.clock()
                 self.metrics.merges.inc()
                 self.metrics.tokens.inc(result.tokens)
@@ -246,6 +260,29 @@ class SyncerCore:
             for p, pub in items:
                 known[p] = pub.version
                 yield p, pub
+
+    def set_active_gauges(self) -> None:
+        with self.lock:
+            active = self.active_learners()
+            self.metrics.active.set(len(active))
+            for region in self.regions | {self.region_of(n) for n in self.learners}:
+                self.metrics.region_learners.labels(region).set(sum(1 for n in active if self.region_of(n) == region))
+
+    def region_status(self) -> list[pb.RegionStatus]:
+        with self.lock:
+            active = self.active_learners()
+            out: dict[str, pb.RegionStatus] = {}
+            for name, info in self.learners.items():
+                r = out.setdefault(self.region_of(name), pb.RegionStatus(region=self.region_of(name)))
+                r.learners += 1
+                r.active_learners += name in active
+                r.tokens_merged += info.tokens
+                r.bytes_received += info.bytes_received
+                r.contributions += info.contributions
+                r.mean_staleness += info.staleness  # a sum until divided below
+            for r in out.values():
+                r.mean_staleness = r.mean_staleness / r.contributions if r.contributions else 0.0
+            return [out[k] for k in sorted(out)]
 
     def count_sent(self, n: int) -> None:
         with self.lock:
@@ -320,7 +357,7 @@ class SyncerServicer:
         with core.lock:
             info = core.learners.setdefault(request.learner, LearnerInfo())
             info.subscriptions += 1
-            core.metrics.active.set(len(core.active_learners()))
+        core.set_active_gauges()
         try:
             for p, pub in core.updates(request.learner, list(request.known_versions), context.is_active):
                 sent = 0
@@ -332,7 +369,7 @@ class SyncerServicer:
         finally:
             with core.lock:
                 info.subscriptions -= 1
-                core.metrics.active.set(len(core.active_learners()))
+            core.set_active_gauges()
 
     def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
         self._auth(context)
@@ -365,7 +402,8 @@ class SyncerServicer:
             now = core.clock()
             learners = [
                 pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
-                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss)
+                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
+                                 bytes_received=i.bytes_received)
                 for n, i in sorted(core.learners.items())
             ]
             return pb.StatusReply(
@@ -375,4 +413,5 @@ class SyncerServicer:
                 seconds_since_publish=now - core.last_publish, checkpoint_version=core.checkpoint_version,
                 grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
                 contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
+                regions=core.region_status(),
             )

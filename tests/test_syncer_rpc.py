@@ -142,3 +142,19 @@ def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
     for fragments, versions, tensors in (([0, 1], [9, 9], nan), ([0, 0], [9, 9], good), ([5], [9], good), ([0, 1], [9], good)):
         assert code_of(lambda: recover(syncer, fragments, versions, tensors))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert_unchanged(syncer, before)
+
+
+def test_status_breaks_down_by_region(syncer: sh.Harness) -> None:
+    syncer.core.regions = frozenset({"us-east", "eu-west"})
+    for learner, region in (("a-0", "us-east"), ("b-0", "eu-west"), ("x-0", "mars")):
+        req = pb.JoinRequest(learner=learner, region=region,
+                             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
+        list(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))
+        assert syncer.push(0, syncer.fragment_tensors(0), learner=learner).accepted
+    syncer.clock.now += 10
+    assert syncer.core.merge_ready() == [0]
+    status = syncer.stub.Status(pb.StatusRequest(), metadata=auth_metadata(sh.TOKEN))
+    regions = {r.region: r for r in status.regions}
+    assert set(regions) == {"us-east", "eu-west", "other"}  # an unknown region never becomes a label
+    assert all(r.tokens_merged == 4 * 512 and r.contributions == 1 and r.bytes_received > 0 for r in regions.values())
+    assert sum(r.tokens_merged for r in regions.values()) == status.tokens_merged
