@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encoded_size
+from diloco.core.codecs import CodecError, decode_tensors, encode_tensors, encoded_size
 from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
@@ -53,12 +53,6 @@ class LearnerInfo:
 
 
 @dataclass
-class Published:
-    version: int
-    blob: bytes
-
-
-@dataclass
 class SyncerCore:
     """Everything but the transport: admission, merging, publishing, checkpoints."""
 
@@ -88,7 +82,6 @@ class SyncerCore:
         policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds,
                              self.spec.staleness.max_versions, self.spec.staleness.policy)
         self.book: RoundBook[Tensors] = RoundBook(self.model.plan.num_fragments, policy)
-        self.published = [Published(v, self.model.fragment_blob(p)) for p, v in enumerate(self.model.versions)]
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -178,7 +171,6 @@ class SyncerCore:
                         self.model.params[n] = tensors[n].astype(np.float32, copy=True)
                     self.model.versions[p] = v
                     self.book.reset(p)
-                    self.published[p] = Published(v, self.model.fragment_blob(p))
                     adopted.append(p)
             if adopted:
                 self.metrics.outer_version.set(sum(self.model.versions))
@@ -202,8 +194,6 @@ class SyncerCore:
                 deadline = self.book.deadline(p) or now
                 closed = self.book.close(p, self.model.versions[p])
                 result = self.model.apply(closed)
-                blob = self.model.fragment_blob(p)
-                self.published[p] = Published(result.version, blob)
                 self.book.published(self.clock() - t0)
                 for c in closed.contributions:
                     self.learners[c.learner].tokens += c.tokens
@@ -247,19 +237,34 @@ class SyncerCore:
 
     # -- subscriptions -------------------------------------------------------------
 
-    def updates(self, learner: str, known: list[int], alive: Callable[[], bool]) -> Iterator[tuple[int, Published]]:
-        """Yield (fragment, published) whenever a fragment is newer than what the learner has."""
-        known = list(known) + [-1] * (len(self.published) - len(known))
+    def updates(self, known: list[int], exact: bool, alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool]]:
+        """Yield (fragment, version, bundle, is_delta) whenever a fragment moves past what this
+        subscriber holds. `held` mirrors the subscriber's copy bit for bit: the first send of a
+        fragment is an fp32 keyframe, later ones encode Θ_p − held (error feedback), and held
+        advances by exactly what the subscriber decodes."""
+        codec, block = self.spec.broadcast_compression, self.spec.block_size
+        held: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        with self.lock:  # arrays in model.params are replaced on update, never mutated: refs are snapshots
+            for p, version in enumerate(known[: self.model.plan.num_fragments]):
+                if exact and version == self.model.versions[p]:
+                    held[p] = (version, self.model.fragment(p))
         while alive() and not self.stopping:
             with self.lock:
-                fresh = [p for p, pub in enumerate(self.published) if pub.version > known[p]]
+                fresh = [(p, v, self.model.fragment(p)) for p, v in enumerate(self.model.versions)
+                         if p not in held or held[p][0] < v]
                 if not fresh:
                     self.lock.wait(timeout=1.0)
                     continue
-                items = [(p, self.published[p]) for p in fresh]
-            for p, pub in items:
-                known[p] = pub.version
-                yield p, pub
+            for p, version, values in fresh:
+                if p not in held or codec == "fp32":
+                    blob, delta, now_held = encode_tensors(values, "fp32"), False, values
+                else:
+                    prev = held[p][1]
+                    blob = encode_tensors({n: values[n] - prev[n] for n in values}, codec, block)
+                    decoded = decode_tensors(blob)
+                    now_held, delta = {n: prev[n] + decoded[n] for n in values}, True
+                held[p] = (version, now_held)
+                yield p, version, blob, delta
 
     def set_active_gauges(self) -> None:
         with self.lock:
@@ -359,13 +364,13 @@ class SyncerServicer:
             info.subscriptions += 1
         core.set_active_gauges()
         try:
-            for p, pub in core.updates(request.learner, list(request.known_versions), context.is_active):
+            for p, version, blob, delta in core.updates(list(request.known_versions), request.exact, context.is_active):
                 sent = 0
-                for part in chunks(pub.blob):
+                for part in chunks(blob):
                     sent += len(part)
-                    yield pb.Published(fragment=p, version=pub.version, total_bytes=len(pub.blob),
-                                       data=bytes(part), last=sent >= len(pub.blob), incarnation=core.incarnation)
-                core.count_sent(len(pub.blob))
+                    yield pb.Published(fragment=p, version=version, total_bytes=len(blob), data=bytes(part),
+                                       last=sent >= len(blob), incarnation=core.incarnation, delta=delta)
+                core.count_sent(len(blob))
         finally:
             with core.lock:
                 info.subscriptions -= 1

@@ -67,10 +67,6 @@ class GlobalModel:
     def fragment(self, p: int) -> Tensors:
         return {n: self.params[n] for n in self.plan.fragments[p]}
 
-    def fragment_blob(self, p: int) -> bytes:
-        """The published form of fragment p: fp32, so every learner's anchor is exact."""
-        return encode_tensors(self.fragment(p), "fp32")
-
     def full_blob(self) -> bytes:
         return encode_tensors(self.params, "fp32")
 

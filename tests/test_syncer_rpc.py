@@ -131,7 +131,9 @@ def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
         assert np.all(syncer.core.model.params[n] == 7.0)
     for n in syncer.core.model.plan.fragments[1]:
         assert not np.all(syncer.core.model.params[n] == 7.0)
-    assert syncer.core.published[0].version == 4  # subscribers get the recovered fragment
+    alive = iter([True, True, False])
+    sent = list(syncer.core.updates([0, 5], exact=False, alive=lambda: next(alive)))
+    assert [(p, v, delta) for p, v, _, delta in sent] == [(0, 4, False), (1, 5, False)]  # keyframes
 
 
 def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
@@ -158,3 +160,34 @@ def test_status_breaks_down_by_region(syncer: sh.Harness) -> None:
     assert set(regions) == {"us-east", "eu-west", "other"}  # an unknown region never becomes a label
     assert all(r.tokens_merged == 4 * 512 and r.contributions == 1 and r.bytes_received > 0 for r in regions.values())
     assert sum(r.tokens_merged for r in regions.values()) == status.tokens_merged
+
+
+def test_broadcast_deltas_track_the_global_model_with_error_feedback(syncer: sh.Harness) -> None:
+    """A subscriber's copy, rebuilt from keyframe plus int4 deltas, stays close to Θ for good."""
+    from diloco.core.codecs import decode_tensors
+    from diloco.spec import Syncer as SyncerSpec
+
+    h = sh.start(SyncerSpec(fragments=2, broadcast_compression="int4", outer_learning_rate=1.0, outer_momentum=0.0))
+    try:
+        stream = h.core.updates([0, 0], exact=False, alive=lambda: True)
+        view: dict[str, np.ndarray] = {}
+        for _ in range(2):  # a new stream starts with keyframes
+            p, version, blob, is_delta = next(stream)
+            assert not is_delta
+            view.update(decode_tensors(blob))
+        rng = np.random.default_rng(0)
+        errors = []
+        for _ in range(30):
+            delta = {n: rng.standard_normal(s).astype(np.float32) * 0.01 for n, s in h.core.model.shapes(0).items()}
+            assert h.push(0, delta, codec="fp32").accepted
+            h.clock.now += 10
+            assert h.core.merge_ready() == [0]
+            p, version, blob, is_delta = next(stream)
+            assert (p, version, is_delta) == (0, h.core.model.versions[0], True)
+            for n, t in decode_tensors(blob).items():
+                view[n] = view[n] + t
+            errors.append(max(float(np.abs(view[n] - h.core.model.params[n]).max()) for n in delta))
+        assert max(errors) < 0.01 * 0.3  # well under one update's size, and it does not accumulate
+        assert np.mean(errors[-10:]) <= 2 * np.mean(errors[:10])
+    finally:
+        h.close()

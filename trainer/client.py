@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from diloco.core.codecs import decode_tensors, encode_tensors
+from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 log = logging.getLogger("diloco.learner")
@@ -97,10 +97,10 @@ class SyncerClient:
         self.expected_shapes: dict[str, tuple[int, ...]] = {}
         self.threads: list[threading.Thread] = []
         self._rejoining = threading.Lock()
-        # The global fragments the loop adopted last (references; arrays are replaced, never
-        # mutated), offered back to a restarted syncer so its published merges survive.
-        self.anchors: dict[str, np.ndarray] = {}
-        self.anchor_versions: list[int] = []
+        # Our copy of the global model as the syncer sent it (keyframes plus decoded deltas;
+        # arrays are replaced, never mutated). It is also what we offer a restarted syncer.
+        self.view: dict[str, np.ndarray] = {}
+        self.view_exact = False  # True from a join until the first subscription uses it
         self.fragments: list[list[str]] = []
 
     # -- join ------------------------------------------------------------------------
@@ -124,6 +124,7 @@ class SyncerClient:
             self.incarnation = header.incarnation
             self.known_versions = list(header.versions)
             self.fragments = [list(f.names) for f in header.fragments]
+            self.view, self.view_exact = dict(params), True
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
@@ -166,10 +167,6 @@ class SyncerClient:
             rejoined, self.rejoined = self.rejoined, None
             updates, self.inbox = self.inbox, {}
         return rejoined, updates
-
-    def note_anchors(self, versions: list[int], anchors: dict[str, np.ndarray]) -> None:
-        with self.lock:
-            self.anchor_versions, self.anchors = list(versions), dict(anchors)
 
     def flush(self, timeout: float) -> bool:
         """Wait until the outbox is empty and nothing is in flight (used on SIGTERM)."""
@@ -250,10 +247,10 @@ class SyncerClient:
     def _offer_recovery(self) -> None:
         """Give a restarted syncer the newest global fragments we hold (see Recover)."""
         with self.lock:
-            anchors, versions, fragments = dict(self.anchors), list(self.anchor_versions), self.fragments
-        if not anchors or len(versions) != len(fragments):
+            view, versions, fragments = dict(self.view), list(self.known_versions), self.fragments
+        if not view or len(versions) != len(fragments):
             return
-        blob = encode_tensors(anchors, "fp32")
+        blob = encode_tensors(view, "fp32")
         header = pb.RecoverHeader(learner=self.learner, fragments=list(range(len(fragments))),
                                   versions=versions, total_bytes=len(blob))
         msgs = (pb.RecoverChunk(header=header if i == 0 else None, data=bytes(part)) for i, part in enumerate(chunks(blob)))
@@ -283,9 +280,12 @@ class SyncerClient:
             with self.lock:
                 incarnation = self.incarnation
                 request = pb.SubscribeRequest(learner=self.learner, incarnation=incarnation,
-                                              known_versions=list(self.known_versions))
+                                              known_versions=list(self.known_versions), exact=self.view_exact)
+                self.view_exact = False  # after this stream, our copy may hold decoded deltas
             try:
                 self._consume(self.stub.Subscribe(request, metadata=self.metadata), backoff)
+            except ConnectionError as exc:
+                self.emit("disconnected", reason=str(exc), retry_seconds=0)
             except grpc.RpcError as exc:
                 if self.stopping.is_set():
                     return
@@ -301,6 +301,7 @@ class SyncerClient:
                 self.stopping.wait(wait)
 
     def _consume(self, stream, backoff: Backoff) -> None:
+        """Assemble each fragment's chunks, apply keyframe or delta to our copy, hand it to the loop."""
         buf, current = bytearray(), None
         for msg in stream:
             backoff.reset()
@@ -311,17 +312,18 @@ class SyncerClient:
                 continue
             self.bytes_received += len(buf)
             with self.lock:
-                names = None
-                if msg.incarnation == self.incarnation and msg.fragment < len(self.known_versions):
-                    names = self.expected_shapes
-            if names is None:
-                continue
-            tensors = decode_tensors(bytes(buf))
-            if any(n not in names or names[n] != t.shape for n, t in tensors.items()):
-                log.error("ignoring published fragment %d with unexpected tensors", msg.fragment)
-                continue
+                if msg.incarnation != self.incarnation or msg.fragment >= len(self.fragments):
+                    continue
+                names = self.fragments[msg.fragment]
+            expect = {n: self.expected_shapes[n] for n in names}
+            try:
+                tensors = decode_tensors(bytes(buf), expect)
+            except CodecError as exc:  # resubscribing gets fresh keyframes
+                raise ConnectionError(f"malformed published fragment {msg.fragment}: {exc}") from None
             with self.lock:
-                if msg.version > self.known_versions[msg.fragment]:
-                    self.known_versions[msg.fragment] = msg.version
-                    self.inbox[msg.fragment] = (msg.version, tensors)
+                if msg.delta:
+                    tensors = {n: self.view[n] + t for n, t in tensors.items()}
+                self.view.update(tensors)
+                self.known_versions[msg.fragment] = msg.version
+                self.inbox[msg.fragment] = (msg.version, tensors)
             buf = bytearray()

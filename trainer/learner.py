@@ -109,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     versions: list[int] = []
     incarnation = ""
     anchors = adopt(joined)
-    client.note_anchors(versions, anchors)
     opt_state = tx.init(params)
     steps_since = [0] * P
     tokens_since = [0] * P
@@ -142,8 +141,6 @@ def run(args: argparse.Namespace) -> int:
                 params[n] = jnp.asarray(v if alpha == 0 else alpha * np.asarray(params[n]) + (1 - alpha) * v)
                 anchors[n] = v
             versions[p], steps_since[p], tokens_since[p] = version, 0, 0
-        if rejoined is not None or updates:
-            client.note_anchors(versions, anchors)
 
         # 2. One inner step on our shard (stretched by the group's slowdown factor).
         t0 = time.monotonic()
