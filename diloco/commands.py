@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -44,6 +45,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--tls-key", default=None, help="server private key (PEM)")
     p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
 
+    p = sub.add_parser("status", help="ask a syncer for its state (versions, learners, regions)")
+    p.add_argument("--syncer", required=True, help="syncer address host:port")
+    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
+    p.add_argument("--tls-ca", default=None, help="CA bundle (PEM) if the syncer serves TLS")
+    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
+    p.set_defaults(func=cmd_status)
+
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
     p.set_defaults(func=lambda a: _call("diloco.operator.crd", "main", a))
 
@@ -74,4 +82,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{spec.total_learners} learners in {len(spec.learner_groups)} group(s), "
         f"quorum {spec.syncer.quorum}, {spec.syncer.fragments} fragments, {spec.syncer.compression}"
     )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from diloco.launch import read_pem, read_token
+    from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+
+    token, ca = read_token(args), read_pem(args.tls_ca, "--tls-ca")
+    if ca is not None:
+        options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else [])
+        channel = grpc.secure_channel(args.syncer, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
+    else:
+        channel = grpc.insecure_channel(args.syncer, options=GRPC_OPTIONS)
+    try:
+        reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10)
+    except grpc.RpcError as exc:
+        print(f"syncer {args.syncer}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    finally:
+        channel.close()
+    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
     return 0
