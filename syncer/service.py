@@ -295,6 +295,18 @@ class SyncerCore:
         self.metrics.bytes_sent.inc(n)
 
 
+def _assemble(first: pb.PushChunk | pb.RecoverChunk, rest: Iterator, declared: int, what: str) -> bytes:
+    """Join a client stream's chunks, refusing a body longer or shorter than its header said."""
+    buf = bytearray()
+    for chunk in itertools.chain([first], rest):
+        buf += chunk.data
+        if len(buf) > declared:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is larger than its declared {declared} bytes")
+    if len(buf) != declared:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is truncated: {len(buf)} of {declared} declared bytes")
+    return bytes(buf)
+
+
 class SyncerServicer:
     """The transport: token check, chunk assembly, status. All decisions are in SyncerCore."""
 
@@ -339,16 +351,7 @@ class SyncerServicer:
         header = first.header
         try:
             self.core.check_header(header)
-            buf = bytearray()
-            for chunk in itertools.chain([first], request_iterator):
-                buf += chunk.data
-                if len(buf) > header.total_bytes:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"push is larger than its declared {header.total_bytes} bytes")
-            if len(buf) != header.total_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"push is truncated: {len(buf)} of {header.total_bytes} declared bytes")
-            return self.core.admit(header, bytes(buf))
+            return self.core.admit(header, _assemble(first, request_iterator, header.total_bytes, "push"))
         except Refused as exc:
             self.core.count_refusal(exc.outcome)
             context.abort(exc.code, exc.reason)
@@ -385,14 +388,8 @@ class SyncerServicer:
         try:
             if header.total_bytes > self.core.max_recover_bytes:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
-            buf = bytearray()
-            for chunk in itertools.chain([first], request_iterator):
-                buf += chunk.data
-                if len(buf) > header.total_bytes:
-                    raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: larger than declared")
-            if len(buf) != header.total_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: truncated")
-            adopted = self.core.recover(list(header.fragments), list(header.versions), bytes(buf))
+            blob = _assemble(first, request_iterator, header.total_bytes, "recover")
+            adopted = self.core.recover(list(header.fragments), list(header.versions), blob)
         except Refused as exc:
             self.core.count_refusal(exc.outcome)
             context.abort(exc.code, exc.reason)
