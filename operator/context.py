@@ -1,0 +1,74 @@
+"""What every handler shares: settings, the API client, syncer channels, metrics and locks.
+
+One `Context` lives in kopf's memo. Handlers of one job (its own events, its timers and its
+pods' events) run concurrently in kopf's threads; they serialise on the job's lock so each
+read-modify-write of the status sees the previous one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import kopf
+
+from diloco.operator import naming
+from diloco.operator.kube import Kube
+from diloco.operator.metrics import OperatorMetrics
+from diloco.operator.syncer_client import SyncerClients
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Operator settings; the environment overrides the defaults (the Helm chart sets them)."""
+
+    status_interval: float = 10.0  # seconds between status refreshes (and the Status RPC)
+    chaos_interval: float = 2.0  # how finely chaos follows its schedule
+    stuck_timeout: float = 120.0  # seconds past a pod's grace period before it is force-deleted
+    # Where the operator dials a job's syncer; tests map Service names to local ports.
+    syncer_address: Callable[[str, str], str] = naming.syncer_address
+
+    @classmethod
+    def from_env(cls) -> Config:
+        return cls(status_interval=_env_float("DILOCO_STATUS_INTERVAL_SECONDS", cls.status_interval),
+                   chaos_interval=_env_float("DILOCO_CHAOS_INTERVAL_SECONDS", cls.chaos_interval),
+                   stuck_timeout=_env_float("DILOCO_STUCK_POD_TIMEOUT_SECONDS", cls.stuck_timeout))
+
+
+@dataclass
+class Context:
+    config: Config
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    syncers: SyncerClients = field(default_factory=SyncerClients)
+    kube: Kube | None = None  # connected by the startup handler
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def api(self) -> Kube:
+        if self.kube is None:
+            raise RuntimeError("the Kubernetes client is not connected yet")
+        return self.kube
+
+    def lock(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._locks.pop((namespace, name), None)
+        self.syncers.forget(self.config.syncer_address(name, namespace))
+        self.metrics.forget(namespace, name)
+
+
+def post(ref: dict[str, Any], reason: str, message: str, warning: bool = False) -> None:
+    """A Kubernetes Event about the job (seen in `kubectl describe ddj`)."""
+    body = cast(kopf.Body, ref)  # kopf reads apiVersion, kind and metadata from any mapping
+    kopf.event(body, type="Warning" if warning else "Normal", reason=reason, message=message[:1000])

@@ -1,0 +1,134 @@
+"""The CustomResourceDefinition, generated from the same pydantic model that validates jobs.
+
+One source of truth (SPEC §3): the API server, the operator and `diloco run` all accept exactly
+what `JobSpec` accepts. Pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural*
+OpenAPI v3.0 schema, so `structural()` inlines `$ref`s, turns `X | None` into `nullable`,
+`str | int` into `x-kubernetes-int-or-string`, and drops what structural schemas forbid.
+Defaults move into descriptions: the operator applies them, and stored objects stay as written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from diloco.spec import API_VERSION, KIND, JobSpec
+
+GROUP, VERSION = API_VERSION.split("/")
+PLURAL = "decoupleddilocojobs"
+SINGULAR = "decoupleddilocojob"
+SHORT_NAMES = ["ddj"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Learners", "type": "string", "jsonPath": ".status.learners",
+     "description": "Ready learners out of desired"},
+    {"name": "Version", "type": "integer", "jsonPath": ".status.outerVersion",
+     "description": "Sum of the global fragments' versions"},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput",
+     "description": "Share of desired learner-time spent training"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+# Keys that mean nothing to the API server or that structural schemas refuse.
+_DROP = {"title", "$defs", "default", "additionalProperties", "const", "exclusiveMinimum",
+         "exclusiveMaximum", "anyOf", "$ref"}
+
+
+def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Rewrite one pydantic JSON Schema node (and its children) into a structural schema."""
+    defs = schema.get("$defs", {}) if defs is None else defs
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        return structural({**target, **{k: v for k, v in schema.items() if k != "$ref"}}, defs)
+    out: dict[str, Any] = {}
+    variants = schema.get("anyOf", [])
+    non_null = [v for v in variants if v.get("type") != "null"]
+    if variants and sorted(v.get("type", "") for v in non_null) == ["integer", "string"]:
+        out["x-kubernetes-int-or-string"] = True
+    elif variants:
+        if len(non_null) != 1:
+            raise ValueError(f"cannot express anyOf {variants!r} in a structural schema")
+        out.update(structural(non_null[0], defs))
+        if len(non_null) < len(variants):
+            out["nullable"] = True
+    for key, value in schema.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = structural(value, defs)
+        else:
+            out[key] = value
+    if "const" in schema:
+        out["enum"] = [schema["const"]]
+    for bound, plain in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if bound in schema:  # JSON Schema 2020-12 number -> OpenAPI 3.0 boolean flag
+            out[plain], out[bound] = schema[bound], True
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):  # a map (nodeSelector, requests); `false` is pruning, the default
+        out["additionalProperties"] = structural(extra, defs)
+    if "default" in schema and schema["default"] is not None:
+        note = f"Default: {json.dumps(schema['default'])}."
+        out["description"] = f"{out['description']} {note}" if "description" in out else note
+    first = [k for k in ("type", "description") if k in out]
+    return {k: out[k] for k in first + [k for k in out if k not in first]}
+
+
+def spec_schema() -> dict[str, Any]:
+    """`spec` of the custom resource; learner groups are a map keyed by name (unique, SSA-mergeable)."""
+    schema = structural(JobSpec.model_json_schema(by_alias=True, mode="validation"))
+    groups = schema["properties"]["learnerGroups"]
+    groups["x-kubernetes-list-type"] = "map"
+    groups["x-kubernetes-list-map-keys"] = ["name"]
+    return schema
+
+
+def crd() -> dict[str, Any]:
+    """The whole CustomResourceDefinition as plain data."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "decoupled-diloco"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": PLURAL, "singular": SINGULAR, "kind": KIND, "listKind": f"{KIND}List",
+                      "shortNames": SHORT_NAMES, "categories": ["diloco"]},
+            "versions": [{
+                "name": VERSION,
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": PRINTER_COLUMNS,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "description": "A Decoupled DiLoCo training job: learner groups and one syncer.",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema(),
+                        # Written by the operator (and kopf); kept open so neither is pruned.
+                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                    },
+                }},
+            }],
+        },
+    }
+
+
+def render_yaml() -> str:
+    return yaml.safe_dump(crd(), sort_keys=False, allow_unicode=True, width=100)
+
+
+def main(args: argparse.Namespace) -> int:
+    sys.stdout.write(render_yaml())
+    return 0

@@ -1,0 +1,118 @@
+"""The kopf handlers: thin wrappers that hand each event to `reconcile`.
+
+Create, resume and spec updates all run the same level-triggered pass; a timer repeats it
+(status from the syncer, deadlines, stuck pods, drift); learner pod events count losses and
+re-admissions; a second timer drives chaos. Handlers are sync: kopf runs them in threads and
+they block only on the API server and one short gRPC call. They return nothing, so kopf
+writes no handler results into the status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from diloco.operator import naming as n
+from diloco.operator import reconcile
+from diloco.operator.context import Config, Context
+from diloco.operator.crd import GROUP, PLURAL, VERSION
+from diloco.operator.kube import Kube, bearer_token, load_configuration
+
+RESOURCE = (GROUP, VERSION, PLURAL)
+LEARNER_PODS = {n.COMPONENT: n.LEARNER, "app.kubernetes.io/managed-by": n.MANAGER}
+
+
+def _ctx(memo: Any) -> Context:
+    ctx: Context = memo["ctx"]
+    return ctx
+
+
+def _namespaced(namespace: str | None) -> str:
+    if namespace is None:  # the CRD is namespaced; kopf passes None only for cluster-scoped kinds
+        raise kopf.PermanentError("DecoupledDiLoCoJob objects are namespaced")
+    return namespace
+
+
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in exactly as our client does, so both always talk to the same cluster."""
+    cfg = load_configuration()
+    token = bearer_token(cfg)
+    return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+                               scheme="Bearer" if token else None, token=token,
+                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+
+
+def startup(memo: Any, **_: Any) -> None:
+    ctx = _ctx(memo)
+    if ctx.kube is None:
+        ctx.kube = Kube.connect()
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Our own annotation prefix, finalizer (the timers need one) and Event source; no kopf
+    state in the job's status; no namespace or CRD scanning (the chart's RBAC grants neither)."""
+    settings.scanning.disabled = True
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="diloco.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="diloco.dev", key="last-handled-configuration")
+    settings.persistence.finalizer = "diloco.dev/finalizer"
+    settings.posting.reporting_component = n.MANAGER
+    settings.posting.event_name_prefix = "diloco-"
+    settings.posting.loggers = False
+    settings.watching.server_timeout = 300  # re-list now and then; cheap, and heals missed events
+    # A job deleted while its (sync, uncancellable) timer runs keeps kopf's finalizer until the
+    # timer is seen to have exited; look again after 2 s, not kopf's default minute.
+    settings.background.cancellation_polling = 2.0
+
+
+def cleanup(memo: Any, **_: Any) -> None:
+    _ctx(memo).syncers.close()
+
+
+def apply_job(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    reconcile.reconcile(_ctx(memo), _namespaced(namespace), name)
+
+
+def chaos(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    reconcile.chaos_tick(_ctx(memo), _namespaced(namespace), name)
+
+
+def chaos_enabled(spec: Any, **_: Any) -> bool:
+    return bool((spec.get("chaos") or {}).get("enabled"))
+
+
+def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """Children go with the job (owner references); only our in-memory state is left to drop."""
+    _ctx(memo).forget(_namespaced(namespace), name)
+
+
+def learner_pod(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    reconcile.pod_event(_ctx(memo), event.get("type"), dict(body))
+
+
+def register(registry: kopf.OperatorRegistry, config: Config) -> None:
+    """Attach the handlers to `registry` (a fresh one per operator run in tests)."""
+    kopf.on.login(registry=registry)(login)
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    for decorator in (kopf.on.create, kopf.on.resume):
+        decorator(*RESOURCE, registry=registry, id="apply")(apply_job)
+    kopf.on.update(*RESOURCE, registry=registry, id="apply", field="spec")(apply_job)
+    kopf.on.delete(*RESOURCE, registry=registry, id="forget", optional=True)(forget)
+    kopf.timer(*RESOURCE, registry=registry, id="refresh", interval=config.status_interval,
+               initial_delay=min(1.0, config.status_interval))(apply_job)
+    kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
+               when=chaos_enabled)(chaos)
+    kopf.on.event("", "v1", "pods", registry=registry, id="learner-pods", labels=LEARNER_PODS)(learner_pod)
+
+
+def build_registry(config: Config) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    register(registry, config)
+    return registry
+
+
+def build_memo(ctx: Context) -> kopf.Memo:
+    return kopf.Memo(ctx=ctx)
+

@@ -1,0 +1,166 @@
+"""A small synchronous Kubernetes REST client for the operator's children.
+
+kopf watches and patches the job itself; everything else goes through here. Why not the
+generated `kubernetes` API classes: we need server-side apply and JSON merge patches on six
+kinds, which are three lines each as REST calls and version-specific keyword soup otherwise.
+Credentials still come from the `kubernetes` package (in-cluster, then kubeconfig), the same
+way kopf logs in, and bearer tokens are re-read per request so rotated tokens keep working.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import urllib3
+
+from diloco.operator.naming import MANAGER
+
+# kind -> (API prefix, plural); everything the operator reads or writes.
+KINDS: dict[str, tuple[str, str]] = {
+    "ConfigMap": ("api/v1", "configmaps"),
+    "Secret": ("api/v1", "secrets"),
+    "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
+    "Service": ("api/v1", "services"),
+    "Pod": ("api/v1", "pods"),
+    "StatefulSet": ("apis/apps/v1", "statefulsets"),
+    "Deployment": ("apis/apps/v1", "deployments"),
+    "DecoupledDiLoCoJob": ("apis/diloco.dev/v1alpha1", "decoupleddilocojobs"),
+}
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML
+
+
+def load_configuration() -> Any:
+    """In-cluster service account first, then $KUBECONFIG (read now, not at import) or ~/.kube/config."""
+    import kubernetes.client
+    import kubernetes.config
+
+    cfg = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                           client_configuration=cfg)
+    return cfg
+
+
+def bearer_token(cfg: Any) -> str | None:
+    """The current token; calling the config's hook picks up rotated service-account tokens."""
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    return header.split(" ", 1)[-1] if header else None
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class Kube:
+    def __init__(self, host: str, *, token: str | Callable[[], str | None] | None = None, ca_file: str | None = None,
+                 cert_file: str | None = None, key_file: str | None = None, verify: bool = True,
+                 timeout: float = 30.0, user_agent: str = MANAGER):
+        """`token` is a string or a callable returning the current one (rotated service-account tokens)."""
+        self.host = host.rstrip("/")
+        self._token = token
+        self.user_agent = user_agent
+        self.pool = urllib3.PoolManager(
+            num_pools=4, maxsize=8, cert_reqs="CERT_REQUIRED" if verify else "CERT_NONE",
+            ca_certs=ca_file, cert_file=cert_file, key_file=key_file,
+            timeout=urllib3.Timeout(connect=5.0, read=timeout), retries=False)
+
+    @classmethod
+    def connect(cls) -> Kube:
+        cfg = load_configuration()
+        return cls(cfg.host, token=lambda: bearer_token(cfg), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
+                   key_file=cfg.key_file, verify=cfg.verify_ssl)
+
+    # -- raw ----------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
+                content_type: str = JSON) -> dict[str, Any]:
+        url = f"{self.host}/{path}" + (f"?{urlencode(params)}" if params else "")
+        headers = {"Accept": JSON, "User-Agent": self.user_agent}
+        token = self._token() if callable(self._token) else self._token
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        response = self.pool.request(method, url, body=data, headers=headers)
+        text = response.data.decode("utf-8", "replace")
+        if response.status >= 400:
+            try:
+                message = json.loads(text).get("message", text)
+            except ValueError:
+                message = text
+            raise ApiError(response.status, f"{method} {path}: {message}")
+        return json.loads(text) if text else {}
+
+    @staticmethod
+    def path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        prefix, plural = KINDS[kind]
+        out = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
+        if name:
+            out += f"/{quote(name)}"
+        if sub:
+            out += f"/{sub}"
+        return out
+
+    # -- verbs --------------------------------------------------------------------------------
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", self.path(kind, namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str | None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        params = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))} if labels else None
+        items = self.request("GET", self.path(kind, namespace), params=params).get("items") or []
+        for item in items:  # list items omit these; callers compare whole objects
+            prefix, _ = KINDS[kind]
+            item.setdefault("apiVersion", prefix.removeprefix("apis/").removeprefix("api/"))
+            item.setdefault("kind", kind)
+        return items
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.request("POST", self.path(obj["kind"], obj["metadata"].get("namespace")), obj)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply: creates or updates, and drops fields we stopped setting."""
+        meta = obj["metadata"]
+        return self.request("PATCH", self.path(obj["kind"], meta["namespace"], meta["name"]), obj,
+                            params={"fieldManager": MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
+              sub: str | None = None) -> dict[str, Any]:
+        return self.request("PATCH", self.path(kind, namespace, name, sub), patch, content_type=MERGE_PATCH)
+
+    def delete(self, kind: str, namespace: str, name: str, *, grace_seconds: int | None = None,
+               uid: str | None = None) -> bool:
+        """Delete in the background (dependants are garbage-collected); False if already gone.
+
+        `uid` is a precondition: never delete a newer object that reuses the name.
+        """
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        params = {"gracePeriodSeconds": str(grace_seconds)} if grace_seconds is not None else None
+        try:
+            self.request("DELETE", self.path(kind, namespace, name), body, params=params)
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True

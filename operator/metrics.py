@@ -1,0 +1,50 @@
+"""The operator's own Prometheus metrics: reconciles, learner losses and re-admissions, goodput.
+
+Per-job series carry `diloco_namespace` and `diloco_job` labels (not `namespace`/`job`, which
+Prometheus sets on every target and would rename ours to `exported_*`) and are removed when
+the job goes, so the label sets stay bounded by the jobs that exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+JOB_LABELS = ["diloco_namespace", "diloco_job"]
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        r = self.registry = registry or CollectorRegistry()
+        self.reconciles = Counter("diloco_operator_reconciles_total", "Job reconciliations by outcome",
+                                  ["outcome"], registry=r)
+        self.losses = Counter("diloco_operator_learner_losses_total", "Learner pods lost, by reason",
+                              [*JOB_LABELS, "diloco_group", "reason"], registry=r)
+        self.readmissions = Counter("diloco_operator_learner_readmissions_total",
+                                    "Lost learners whose pod became ready again", [*JOB_LABELS, "diloco_group"],
+                                    registry=r)
+        self.chaos_kills = Counter("diloco_operator_chaos_kills_total", "Pods deleted by chaos injection",
+                                   JOB_LABELS, registry=r)
+        self.forced_deletions = Counter("diloco_operator_forced_deletions_total",
+                                        "Pods force-deleted after being stuck Terminating", JOB_LABELS, registry=r)
+        self.goodput = Gauge("diloco_job_goodput_ratio", "Share of desired learner-time the syncer saw training",
+                             JOB_LABELS, registry=r)
+        self.learners = Gauge("diloco_job_learners", "Learners of a job by state (desired, ready)",
+                              [*JOB_LABELS, "state"], registry=r)
+
+    def job_status(self, namespace: str, job: str, status: dict[str, object]) -> None:
+        goodput = status.get("goodput")
+        if isinstance(goodput, (int, float)):
+            self.goodput.labels(namespace, job).set(goodput)
+        for state, key in (("desired", "desiredLearners"), ("ready", "readyLearners")):
+            value = status.get(key)
+            if isinstance(value, int):
+                self.learners.labels(namespace, job, state).set(value)
+
+    def forget(self, namespace: str, job: str) -> None:
+        """Drop a deleted job's gauges (counters stay until restart, as Prometheus expects)."""
+        for gauge, extra in ((self.goodput, [()]), (self.learners, [("desired",), ("ready",)])):
+            for rest in extra:
+                with contextlib.suppress(KeyError):  # never set for this job
+                    gauge.remove(namespace, job, *rest)

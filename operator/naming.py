@@ -1,0 +1,104 @@
+"""Names, labels and owner references of a job's children, in one place.
+
+Render, handlers, chaos and the pod bookkeeping all find children by these labels, so a
+change here changes every selector at once. Label keys follow the Kubernetes recommended
+labels plus `diloco.dev/*` for the job, component and group that selectors need.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diloco.spec import API_VERSION, KIND
+
+MANAGER = "diloco-operator"  # field manager for server-side apply and the managed-by label
+JOB = "diloco.dev/job"
+COMPONENT = "diloco.dev/component"
+GROUP = "diloco.dev/group"
+INDEX = "apps.kubernetes.io/pod-index"  # set on every StatefulSet pod by the controller (1.28+)
+APPLIED_HASH = "diloco.dev/applied-hash"  # hash of what the operator last applied
+CONFIG_HASH = "diloco.dev/config-hash"  # on pod templates: restart pods when training config changes
+CHAOS = "diloco.dev/chaos-kill"  # annotation on a pod deleted by chaos (seen in its DELETED event)
+
+LEARNER, SYNCER = "learner", "syncer"
+SYNCER_GRPC_PORT = 50051
+SYNCER_METRICS_PORT = 9101
+LEARNER_METRICS_PORT = 9100
+CONFIG_KEY = "job.yaml"
+TOKEN_KEY = "token"
+CONFIG_DIR = "/etc/diloco"
+CHECKPOINT_DIR = "/var/lib/diloco/checkpoints"
+# A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a 63-character label.
+MAX_STATEFULSET_NAME = 52
+
+
+def statefulset(job: str, group: str) -> str:
+    return f"{job}-{group}"
+
+
+def syncer(job: str) -> str:
+    return f"{job}-syncer"
+
+
+def token_secret(job: str) -> str:
+    return f"{job}-token"
+
+
+def config_map(job: str) -> str:
+    return f"{job}-config"
+
+
+def checkpoints(job: str) -> str:
+    return f"{job}-checkpoints"
+
+
+def syncer_address(job: str, namespace: str) -> str:
+    return f"{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}"
+
+
+def labels(job: str, component: str | None = None, group: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "decoupled-diloco",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/managed-by": MANAGER,
+        JOB: job,
+    }
+    if component:
+        out["app.kubernetes.io/component"] = component
+        out[COMPONENT] = component
+    if group:
+        out[GROUP] = group
+    return out
+
+
+def selector(job: str, component: str | None = None, group: str | None = None) -> dict[str, str]:
+    """The minimal, immutable subset used in StatefulSet/Deployment/Service selectors."""
+    out = {JOB: job}
+    if component:
+        out[COMPONENT] = component
+    if group:
+        out[GROUP] = group
+    return out
+
+
+def owner_reference(job_name: str, uid: str) -> dict[str, Any]:
+    """Children are garbage-collected with the job; `controller` marks the operator as their owner."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": job_name, "uid": uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def job_reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
+    """Enough of the job's body for kopf to post Events about it from any handler."""
+    return {"apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": name, "namespace": namespace, "uid": uid}}
+
+
+def slot_of(pod: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(job, group, index) of a learner pod, from its labels or its StatefulSet name suffix."""
+    meta = pod.get("metadata", {})
+    lab = meta.get("labels") or {}
+    job, group = lab.get(JOB), lab.get(GROUP)
+    if not job or not group or lab.get(COMPONENT) != LEARNER:
+        return None
+    raw = lab.get(INDEX) or meta.get("name", "").rsplit("-", 1)[-1]
+    return (job, group, int(raw)) if raw.isdigit() else None

@@ -1,0 +1,206 @@
+"""One level-triggered pass over a job, and the pod-event and chaos passes.
+
+Every pass re-reads the job under its lock, so create, update, resume and the timers all
+call the same code and converge on the same state; the pure modules (render, children,
+status, pods, chaos) decide, this module only reads, writes and posts Events.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import time
+from typing import Any
+
+from diloco.operator import chaos as chaos_mod
+from diloco.operator import children, pods, render
+from diloco.operator import naming as n
+from diloco.operator import status as st
+from diloco.operator.context import Context, post
+from diloco.spec import KIND, DecoupledDiLoCoJob, SpecError, parse_job
+
+log = logging.getLogger("diloco.operator")
+
+
+def load(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str]]:
+    """The validated job, or the problems (each naming its field path)."""
+    meta = body.get("metadata", {})
+    try:
+        job = parse_job({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+                         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                         "spec": body.get("spec")})
+    except SpecError as exc:
+        return None, exc.problems
+    problems = render.name_problems(job)
+    return (None, problems) if problems else (job, [])
+
+
+def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner) -> str:
+    """The job's token: kept from the Secret once it exists, generated only the first time."""
+    ext = job.spec.syncer.external
+    secret = ctx.api.get("Secret", owner.namespace, ext.token_secret if ext else n.token_secret(owner.name))
+    encoded = ((secret or {}).get("data") or {}).get(n.TOKEN_KEY)
+    if encoded:
+        return base64.b64decode(encoded).decode()
+    if ext is not None:
+        return ""  # the user's Secret is missing: learners stay pending, status shows the syncer down
+    return secrets.token_urlsafe(32)
+
+
+def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: dict[children.Key, Any],
+             job_pods: list[dict[str, Any]], token: str, now: float) -> st.Observation:
+    ready = {g.name: int(((live.get(("StatefulSet", n.statefulset(owner.name, g.name))) or {}).get("status") or {})
+                         .get("readyReplicas") or 0) for g in job.spec.learner_groups}
+    ext = job.spec.syncer.external
+    deployment = live.get(("Deployment", n.syncer(owner.name))) or {}
+    syncer_ready = ext is not None or int((deployment.get("status") or {}).get("readyReplicas") or 0) > 0
+    address = ext.endpoint if ext else ctx.config.syncer_address(owner.name, owner.namespace)
+    view = ctx.syncers.status(address, token) if syncer_ready and token else None
+    syncer_pods = [x for x in job_pods if (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER]
+    return st.Observation(now=now, ready=ready, syncer_endpoint=address, syncer_ready=syncer_ready,
+                          syncer_restarts=pods.restarts(syncer_pods), syncer=view)
+
+
+def reconcile(ctx: Context, namespace: str, name: str) -> None:
+    """Children to match the spec, then the status to match what is observed."""
+    with ctx.lock(namespace, name):
+        body = ctx.api.get(KIND, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        _reconcile(ctx, body, time.time())
+
+
+def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
+    meta, status = body["metadata"], body.get("status") or {}
+    namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 0)
+    ref = n.job_reference(name, namespace, meta["uid"])
+    job, problems = load(body)
+    if job is None:
+        new = st.invalid(status, problems, generation, now)
+        if st.changed(status, new):
+            ctx.api.patch(KIND, namespace, name, {"status": new}, sub="status")
+            post(ref, "InvalidSpec", "; ".join(problems), warning=True)
+            ctx.metrics.reconciles.labels("invalid").inc()
+        return
+    owner = render.Owner(name, namespace, meta["uid"])
+    token = _token(ctx, job, owner)
+    was_finished = st.finished(status)
+    desired = render.children(job, owner, token, started=st.started(status), finished=was_finished)
+    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired)
+    if done.apply or done.delete:
+        log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
+        post(ref, "ChildrenUpdated", ", ".join(done.summary()))
+    job_pods = ctx.api.list("Pod", namespace, n.selector(name))
+    obs = _observe(ctx, job, owner, live, job_pods, token, now)
+    ended = None if was_finished else st.ending(job.spec, status, obs)
+    new = st.compute(job.spec, status, obs, generation, ended)
+    if ended is not None:
+        # Learners and syncer go; the checkpoint volume, config and token stay.
+        desired = render.children(job, owner, token, started=True, finished=True)
+        children.sync(ctx.api, namespace, name, owner.uid, desired)
+        post(ref, ended.reason, ended.message, warning=not ended.succeeded)
+    for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
+        pod_meta = pod["metadata"]
+        if ctx.api.delete("Pod", namespace, pod_meta["name"], grace_seconds=0, uid=pod_meta.get("uid")):
+            ctx.metrics.forced_deletions.labels(namespace, name).inc()
+            post(ref, "PodForceDeleted", f"pod {pod_meta['name']} was Terminating past its grace period "
+                                         f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
+    new = _readmit_ready(ctx, ref, new, job_pods)
+    diff = st.changed(status, new)
+    if diff:
+        ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
+    ctx.metrics.job_status(namespace, name, new)
+    ctx.metrics.reconciles.labels("ok").inc()
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    done_at = st.parse_time(new.get("completionTime") or status.get("completionTime"))
+    if ttl is not None and done_at is not None and now - done_at >= ttl:
+        post(ref, "TTLExpired", f"finished {now - done_at:.0f} s ago; deleting (ttlSecondsAfterFinished={ttl})")
+        ctx.api.delete(KIND, namespace, name, uid=owner.uid)
+
+
+def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
+                   job_pods: list[dict[str, Any]]) -> dict[str, Any]:
+    """Re-admit lost slots whose pod is ready but whose event was missed or came out of order."""
+    for pod in job_pods:
+        slot = n.slot_of(pod)
+        if slot is None or not pods.ready(pod):
+            continue
+        patch = pods.record_ready(new, f"{slot[1]}-{slot[2]}", slot[1])
+        if patch is not None:
+            new = {**new, **patch}
+            _readmitted(ctx, ref, slot[1], slot[2], pod)
+    return new
+
+
+def _readmitted(ctx: Context, ref: dict[str, Any], group: str, index: int, pod: dict[str, Any]) -> None:
+    meta = ref["metadata"]
+    log.info("%s/%s: learner %s-%s re-admitted", meta["namespace"], meta["name"], group, index)
+    ctx.metrics.readmissions.labels(meta["namespace"], meta["name"], group).inc()
+    post(ref, "LearnerReadmitted", f"learner {group}-{index} is back: pod {pod['metadata']['name']} is ready")
+
+
+def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None:
+    """Count a learner pod lost, or re-admit its slot once a pod for it is ready again."""
+    slot = n.slot_of(pod)
+    if slot is None:
+        return
+    job_name, group, index = slot
+    lost = pods.loss(event_type, pod)
+    if lost is None and not pods.ready(pod):
+        return
+    namespace = pod["metadata"]["namespace"]
+    with ctx.lock(namespace, job_name):
+        body = ctx.api.get(KIND, namespace, job_name)
+        if body is None:
+            return
+        job, _ = load(body)
+        status = body.get("status") or {}
+        ref = n.job_reference(job_name, namespace, body["metadata"]["uid"])
+        slot_id = f"{group}-{index}"
+        if job is None or st.finished(status) or not st.slot_wanted(job.spec, slot_id):
+            return  # scaled down, suspended, finished or invalid: pods removed on purpose
+        if lost is not None:
+            if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
+                lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")
+            patch = pods.record_loss(status, slot_id, group, lost, pod["metadata"].get("uid", ""), time.time())
+            if patch is None:
+                return
+            ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
+            log.info("%s/%s: learner %s lost (%s)", namespace, job_name, slot_id, lost.detail)
+            ctx.metrics.losses.labels(namespace, job_name, group, lost.reason).inc()
+            reason = "LearnerPreempted" if lost.reason == pods.PREEMPTED else "LearnerLost"
+            post(ref, reason, f"learner {slot_id} lost ({lost.reason}): {lost.detail}; the others keep "
+                              "training", warning=True)
+        else:
+            patch = pods.record_ready(status, slot_id, group)
+            if patch is None:
+                return
+            ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
+            _readmitted(ctx, ref, group, index, pod)
+
+
+def chaos_tick(ctx: Context, namespace: str, name: str) -> None:
+    """Make the kills the seeded schedule has due; each one is an Event on the job."""
+    with ctx.lock(namespace, name):
+        body = ctx.api.get(KIND, namespace, name)
+        if body is None:
+            return
+        job, _ = load(body)
+        status = body.get("status") or {}
+        if job is None or not job.spec.chaos.enabled or job.spec.suspend or status.get("phase") != "Running":
+            return
+        now = time.time()
+        state = chaos_mod.state(job.spec.chaos, status, now)
+        job_pods = ctx.api.list("Pod", namespace, n.selector(name))
+        kills = chaos_mod.plan(job.spec.chaos, state, job_pods, job.spec.total_learners, now)
+        ref = n.job_reference(name, namespace, body["metadata"]["uid"])
+        for kill in kills:
+            pod_name = kill.pod["metadata"]["name"]
+            ctx.api.patch("Pod", namespace, pod_name, {"metadata": {"annotations": {n.CHAOS: str(kill.number)}}})
+            ctx.api.delete("Pod", namespace, pod_name, uid=kill.pod["metadata"].get("uid"))
+            ctx.metrics.chaos_kills.labels(namespace, name).inc()
+            post(ref, "ChaosKill", f"chaos kill #{kill.number + 1}: deleted pod {pod_name}", warning=True)
+        state["kills"] += len(kills)
+        if state != status.get("chaos"):
+            ctx.api.patch(KIND, namespace, name, {"status": {"chaos": state}}, sub="status")

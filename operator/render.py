@@ -1,0 +1,277 @@
+"""Pure `spec -> manifests`: everything the operator creates for one job, as plain dicts.
+
+No I/O and no clock, so every rule here is tested without a cluster. `children()` decides
+which parts exist in each state (running, suspended, finished); the builders below say how
+each part looks. Learner pods find their index from the StatefulSet's pod-index label and
+the syncer through its Service; both read the job token from the Secret, never from args.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from diloco.operator import naming as n
+from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, Resources, dump_job
+
+RUN_AS = 10001  # the images' non-root user
+KEEP_CHECKPOINTS = 4  # the syncer keeps 3 plus the one being written
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The job's identity, stamped on every child as labels and an owner reference."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """Names that Kubernetes would refuse later; reported like spec errors, with the field path."""
+    problems = []
+    for i, group in enumerate(job.spec.learner_groups):
+        name = n.statefulset(job.metadata.name, group.name)
+        if len(name) > n.MAX_STATEFULSET_NAME:
+            problems.append(
+                f"spec.learnerGroups[{i}].name: StatefulSet name {name!r} has {len(name)} characters; "
+                f"metadata.name and the group name together must stay within {n.MAX_STATEFULSET_NAME - 1}"
+            )
+    return problems
+
+
+def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool,
+             finished: bool) -> list[dict[str, Any]]:
+    """The children that should exist now.
+
+    Suspended before it ever ran: nothing (Kueue admits jobs by un-suspending them). Suspended
+    later: the syncer and its checkpoint stay so training resumes where it stopped. Finished:
+    only the checkpoint volume, config and token remain, for inspection and restarts.
+    """
+    spec = job.spec
+    if spec.suspend and not started:
+        return []
+    external = spec.syncer.external is not None
+    out = [config_map(job, owner)]
+    if not external:
+        out.append(token_secret(owner, token))
+        out.append(checkpoint_claim(spec, owner))
+    if finished:
+        return out
+    if not external:
+        out += [syncer_deployment(job, owner), syncer_service(owner)]
+    if not spec.suspend:
+        for group in spec.learner_groups:
+            out += [learner_service(owner, group), learner_statefulset(job, owner, group)]
+    return out
+
+
+def meta(owner: Owner, name: str, component: str | None = None, group: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace, "labels": n.labels(owner.name, component, group),
+            "ownerReferences": [n.owner_reference(owner.name, owner.uid)]}
+
+
+def config_map(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """The validated manifest, defaults filled in, exactly what `diloco learner/syncer --config` loads."""
+    manifest = dump_job(job)
+    manifest.pop("status", None)
+    manifest["metadata"] = {"name": owner.name, "namespace": owner.namespace}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(owner, n.config_map(owner.name)),
+            "data": {n.CONFIG_KEY: yaml.safe_dump(manifest, sort_keys=False)}}
+
+
+def token_secret(owner: Owner, token: str) -> dict[str, Any]:
+    encoded = base64.b64encode(token.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta(owner, n.token_secret(owner.name)),
+            "type": "Opaque", "data": {n.TOKEN_KEY: encoded}}
+
+
+def checkpoint_bytes(spec: JobSpec) -> int:
+    """Room for the kept checkpoints: parameters, momentum and the staleness history, in fp32."""
+    m = spec.model
+    params = m.layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 + (2 * 256 + m.context) * m.d_model
+    arrays = 2 + spec.syncer.staleness.max_versions
+    return 4 * params * arrays * KEEP_CHECKPOINTS
+
+
+def checkpoint_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
+    gib = max(1, math.ceil(2 * checkpoint_bytes(spec) / 2**30))  # twice the estimate: head-room
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": meta(owner, n.checkpoints(owner.name), n.SYNCER),
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}}
+
+
+def _hash(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
+    """What a running learner read at start; scaling, chaos and other groups are not in it."""
+    s = dump_job(job)["spec"]
+    mine = {k: v for k, v in group.model_dump(mode="json", by_alias=True).items() if k != "replicas"}
+    syncer = {k: s["syncer"][k] for k in ("fragments", "fragmentation", "compression", "blockSize", "blend")}
+    return _hash({"model": s["model"], "data": s["data"], "training": s["training"], "syncer": syncer,
+                  "group": mine})
+
+
+def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
+    s = dump_job(job)["spec"]
+    syncer = {k: v for k, v in s["syncer"].items() if k not in ("image", "resources")}
+    return _hash({"model": s["model"], "data": s["data"], "syncer": syncer})
+
+
+def _resources(res: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("requests", "limits"):
+        values = getattr(res, key)
+        if values:
+            out[key] = {k: str(v) for k, v in values.items()}
+    return out
+
+
+def _security() -> tuple[dict[str, Any], dict[str, Any]]:
+    pod = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                 "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def _token_env(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    ext = job.spec.syncer.external
+    secret = ext.token_secret if ext is not None else n.token_secret(owner.name)
+    return {"name": "DILOCO_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
+
+
+def _common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n.config_map(owner.name)}},
+                                     {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"}]
+    return volumes, mounts
+
+
+def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup) -> dict[str, Any]:
+    name = n.statefulset(owner.name, group.name)
+    ext = job.spec.syncer.external
+    address = ext.endpoint if ext is not None else n.syncer_address(owner.name, owner.namespace)
+    pod_security, container_security = _security()
+    volumes, mounts = _common_volumes(owner)
+    match = n.selector(owner.name, n.LEARNER, group.name)
+    container = {
+        "name": n.LEARNER,
+        "image": group.image,
+        "command": ["diloco", "learner"],
+        "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--group", group.name,
+                 "--index", "$(POD_INDEX)", "--syncer", address,
+                 "--metrics-port", str(n.LEARNER_METRICS_PORT)],
+        "env": [
+            {"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{n.INDEX}']"}}},
+            _token_env(job, owner),
+            {"name": "HOME", "value": "/tmp"},
+        ],
+        "ports": [{"name": "metrics", "containerPort": n.LEARNER_METRICS_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
+        "resources": _resources(group.resources),
+        "securityContext": container_security,
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "securityContext": pod_security,
+        "terminationGracePeriodSeconds": 30,  # the learner flushes its last push in under 10 s
+        "enableServiceLinks": False,
+        "volumes": volumes,
+        # Spread a group's learners over nodes: one failing node should cost one learner.
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"labelSelector": {"matchLabels": n.selector(owner.name, n.LEARNER)},
+                                "topologyKey": "kubernetes.io/hostname"},
+        }]}},
+    }
+    if group.node_selector:
+        pod_spec["nodeSelector"] = dict(group.node_selector)
+    if group.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in group.tolerations]
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta(owner, name, n.LEARNER, group.name),
+        "spec": {
+            "replicas": group.replicas,
+            "serviceName": name,
+            # Learners never wait for each other, so neither should their pods.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": match},
+            "template": {
+                "metadata": {"labels": n.labels(owner.name, n.LEARNER, group.name),
+                             "annotations": {n.CONFIG_HASH: learner_config_hash(job, group)}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
+    """Headless: stable per-pod DNS names for the StatefulSet and metrics scraping."""
+    name = n.statefulset(owner.name, group.name)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, name, n.LEARNER, group.name),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": n.selector(owner.name, n.LEARNER, group.name),
+                     "ports": [{"name": "metrics", "port": n.LEARNER_METRICS_PORT,
+                                "targetPort": "metrics"}]}}
+
+
+def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    name = n.syncer(owner.name)
+    pod_security, container_security = _security()
+    volumes, mounts = _common_volumes(owner)
+    volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
+    mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
+    container = {
+        "name": n.SYNCER,
+        "image": job.spec.syncer.image,
+        "command": ["diloco", "syncer"],
+        "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--port", str(n.SYNCER_GRPC_PORT),
+                 "--metrics-port", str(n.SYNCER_METRICS_PORT), "--checkpoint-dir", n.CHECKPOINT_DIR],
+        "env": [_token_env(job, owner), {"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "grpc", "containerPort": n.SYNCER_GRPC_PORT},
+                  {"name": "metrics", "containerPort": n.SYNCER_METRICS_PORT}],
+        # Restoring a large checkpoint takes a while; only then does the port open.
+        "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10, "failureThreshold": 6},
+        "resources": _resources(job.spec.syncer.resources),
+        "securityContext": container_security,
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(owner, name, n.SYNCER),
+        "spec": {
+            "replicas": 1,
+            # One writer of the checkpoint volume, ever: the old pod stops before the new starts.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
+            "template": {
+                "metadata": {"labels": n.labels(owner.name, n.SYNCER),
+                             "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
+                "spec": {"containers": [container], "securityContext": pod_security,
+                         "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
+                         "enableServiceLinks": False, "volumes": volumes},
+            },
+        },
+    }
+
+
+def syncer_service(owner: Owner) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
+            "spec": {"selector": n.selector(owner.name, n.SYNCER),
+                     "ports": [{"name": "grpc", "port": n.SYNCER_GRPC_PORT, "targetPort": "grpc",
+                                "appProtocol": "grpc"},
+                               {"name": "metrics", "port": n.SYNCER_METRICS_PORT, "targetPort": "metrics"}]}}

@@ -1,0 +1,211 @@
+"""Pure status logic: phase, conditions, per-group counts, goodput, and when a job ends.
+
+Inputs are what the handlers observed (children, the syncer's Status RPC) plus the previous
+status; the output is the next status. Counters written by the pod handlers (lost,
+preempted, readmitted) and accumulators (goodput) are carried over, so the status is the
+operator's only memory and a restarted operator continues where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from diloco.operator import conditions as c
+from diloco.spec import JobSpec
+
+# Longer gaps between samples mean the operator was down: do not guess what happened then.
+MAX_SAMPLE_GAP = 120.0
+
+
+def rfc3339(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+
+
+@dataclass(frozen=True)
+class SyncerView:
+    """The parts of the syncer's StatusReply the job status shows."""
+
+    incarnation: str
+    outer_version: int
+    tokens_merged: int
+    active_learners: int
+    readmissions: int  # re-joins the syncer saw: joins beyond each learner's first
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    ready: dict[str, int] = field(default_factory=dict)  # group -> ready pods
+    syncer_endpoint: str = ""
+    syncer_ready: bool = False
+    syncer_restarts: int = 0
+    syncer: SyncerView | None = None  # None: the Status RPC did not answer
+
+
+@dataclass(frozen=True)
+class Ending:
+    succeeded: bool
+    reason: str
+    message: str
+
+
+def group_entry(status: dict[str, Any], name: str) -> dict[str, Any]:
+    prior: dict[str, Any] = next((g for g in status.get("learnerGroups") or [] if g.get("name") == name), {})
+    return {"name": name, "desired": 0, "ready": 0, "lost": 0, "preempted": 0, "readmitted": 0, **prior}
+
+
+def slot_wanted(spec: JobSpec, slot: str) -> bool:
+    """Whether learner `group-index` should run now (not suspended, group present, index in range)."""
+    group, _, index = slot.rpartition("-")
+    g = next((x for x in spec.learner_groups if x.name == group), None)
+    return not spec.suspend and g is not None and index.isdigit() and int(index) < g.replicas
+
+
+def started(status: dict[str, Any]) -> bool:
+    return c.is_true(status.get("conditions") or [], c.CREATED)
+
+
+def finished(status: dict[str, Any]) -> bool:
+    conds = status.get("conditions") or []
+    return c.is_true(conds, c.SUCCEEDED) or (c.is_true(conds, c.FAILED) and bool(status.get("completionTime")))
+
+
+def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | None:
+    """Whether the job ends now, and how; None while it should keep training."""
+    if spec.suspend:
+        return None
+    budget = spec.training.token_budget
+    merged = obs.syncer.tokens_merged if obs.syncer else status.get("tokensMerged", 0)
+    if budget and merged >= budget:
+        return Ending(True, "TokenBudgetReached", f"{merged} tokens merged; the budget is {budget}")
+    start = parse_time(status.get("startTime"))
+    if start is not None:
+        elapsed = obs.now - start
+        if spec.training.duration_seconds and elapsed >= spec.training.duration_seconds:
+            return Ending(True, "DurationReached", f"trained for {elapsed:.0f} s of spec.training.durationSeconds")
+        deadline = spec.run_policy.active_deadline_seconds
+        if deadline and elapsed >= deadline:
+            return Ending(False, "DeadlineExceeded",
+                          f"ran {elapsed:.0f} s, past spec.runPolicy.activeDeadlineSeconds={deadline}")
+    if obs.syncer_restarts > spec.run_policy.backoff_limit:
+        return Ending(False, "BackoffLimitExceeded",
+                      f"the syncer restarted {obs.syncer_restarts} times, over spec.runPolicy.backoffLimit="
+                      f"{spec.run_policy.backoff_limit}")
+    return None
+
+
+def _accounting(status: dict[str, Any], desired: int, active: int, now: float, counting: bool) -> dict[str, Any]:
+    """Learner-time goodput: desired learner-seconds vs those the syncer saw learners connected."""
+    acc = {"desiredLearnerSeconds": 0.0, "activeLearnerSeconds": 0.0, **(status.get("accounting") or {})}
+    last = acc.get("sampledAt")
+    gap = now - last if isinstance(last, (int, float)) else None
+    if counting and gap is not None and 0 < gap <= MAX_SAMPLE_GAP:
+        acc["desiredLearnerSeconds"] = round(acc["desiredLearnerSeconds"] + desired * gap, 3)
+        acc["activeLearnerSeconds"] = round(acc["activeLearnerSeconds"] + min(active, desired) * gap, 3)
+    acc["sampledAt"] = round(now, 3)
+    return acc
+
+
+def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation: int,
+            ended: Ending | None = None) -> dict[str, Any]:
+    """The next status of a valid job (a fresh `ended` or a recorded ending included)."""
+    now = rfc3339(obs.now)
+    out: dict[str, Any] = {"observedGeneration": generation}
+    running = not spec.suspend and not finished(status) and ended is None
+    desired = spec.total_learners if running else 0
+    groups = []
+    for g in spec.learner_groups:
+        entry = group_entry(status, g.name)
+        entry.update(region=g.region, desired=g.replicas if running else 0, ready=obs.ready.get(g.name, 0))
+        groups.append(entry)
+    ready = sum(g["ready"] for g in groups)
+    out.update(learnerGroups=groups, desiredLearners=desired, readyLearners=ready, learners=f"{ready}/{desired}")
+    out["lostLearners"] = [x for x in status.get("lostLearners") or [] if slot_wanted(spec, x.get("slot", ""))]
+    external = spec.syncer.external is not None
+    syncer: dict[str, Any] = {"endpoint": obs.syncer_endpoint, "ready": obs.syncer_ready or external,
+                              "restarts": obs.syncer_restarts}
+    if obs.syncer:
+        syncer.update(incarnation=obs.syncer.incarnation, activeLearners=obs.syncer.active_learners,
+                      readmissions=obs.syncer.readmissions)
+        out.update(outerVersion=obs.syncer.outer_version, tokensMerged=obs.syncer.tokens_merged)
+    else:
+        out.update(outerVersion=status.get("outerVersion", 0), tokensMerged=status.get("tokensMerged", 0))
+    out["syncer"] = syncer
+
+    if running and not status.get("startTime"):
+        out["startTime"] = now
+    elif spec.suspend and status.get("startTime"):
+        out["startTime"] = None  # as for a Job: a resume starts the deadline's clock again
+    active = obs.syncer.active_learners if obs.syncer else 0
+    acc = _accounting(status, desired, active, obs.now, counting=running)
+    out["accounting"] = acc
+    if acc["desiredLearnerSeconds"] > 0:
+        out["goodput"] = round(acc["activeLearnerSeconds"] / acc["desiredLearnerSeconds"], 3)
+
+    conds = _conditions(spec, status, list(status.get("conditions") or []), out, ended, running, ready, desired,
+                        now, generation)
+    out["conditions"] = conds
+    out["phase"] = phase(conds, spec.suspend)
+    return out
+
+
+def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any]], out: dict[str, Any],
+                ended: Ending | None, running: bool, ready: int, desired: int, now: str,
+                gen: int) -> list[dict[str, Any]]:
+    if not spec.suspend or started(status):
+        conds = c.set_condition(conds, c.CREATED, True, "ChildrenCreated", "children created", now, gen)
+    conds = c.set_condition(conds, c.SUSPENDED, spec.suspend, "Suspended" if spec.suspend else "NotSuspended",
+                            "spec.suspend is true: no learners run" if spec.suspend else "", now, gen)
+    if ended is not None:
+        out["completionTime"] = now
+        kind = c.SUCCEEDED if ended.succeeded else c.FAILED
+        conds = c.set_condition(conds, kind, True, ended.reason, ended.message, now, gen)
+    elif not finished(status):
+        conds = c.set_condition(conds, c.FAILED, False, "SpecValid", "", now, gen)
+    syncer_ready = out["syncer"]["ready"]
+    up = running and syncer_ready and ready > 0
+    conds = c.set_condition(conds, c.RUNNING, up, "LearnersTraining" if up else "NotRunning",
+                            f"{ready} of {desired} learners ready; syncer {'' if syncer_ready else 'not '}ready",
+                            now, gen)
+    degraded = up and ready < desired
+    message = ""
+    if degraded:
+        lost = sorted(x["slot"] for x in out["lostLearners"])
+        message = f"{desired - ready} of {desired} learners not ready" + (f"; lost: {', '.join(lost)}" if lost else "")
+    return c.set_condition(conds, c.DEGRADED, degraded, "LearnersUnavailable" if degraded else "AllLearnersReady",
+                           message, now, gen)
+
+
+def phase(conds: list[dict[str, Any]], suspended: bool) -> str:
+    if c.is_true(conds, c.SUCCEEDED):
+        return "Succeeded"
+    if c.is_true(conds, c.FAILED):
+        return "Failed"
+    if suspended:
+        return "Suspended"
+    return "Running" if c.is_true(conds, c.RUNNING) else "Pending"
+
+
+def invalid(status: dict[str, Any], problems: list[str], generation: int, now: float) -> dict[str, Any]:
+    """A spec the operator cannot run: Failed/InvalidSpec naming each field; children untouched."""
+    conds = c.set_condition(list(status.get("conditions") or []), c.FAILED, True, "InvalidSpec",
+                            "; ".join(problems), rfc3339(now), generation)
+    return {"observedGeneration": generation, "phase": "Failed", "conditions": conds}
+
+
+def changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The keys of `new` that differ from `old`, ignoring the goodput sampling clock alone."""
+    out = {k: v for k, v in new.items() if old.get(k) != v}
+    if set(out) == {"accounting"} and {k: v for k, v in new["accounting"].items() if k != "sampledAt"} == \
+            {k: v for k, v in (old.get("accounting") or {}).items() if k != "sampledAt"}:
+        return {}
+    return out

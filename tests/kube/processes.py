@@ -1,0 +1,168 @@
+"""A container runtime for the full-system test: each pod's container runs as a local process.
+
+What a node would provide is emulated from the pod spec itself: `$(VAR)` expansion of the
+args from env (values, pod labels, Secrets), ConfigMap volumes written to a directory,
+persistent volumes as directories that outlive pods, Service names resolved to 127.0.0.1
+with each Service port mapped to a free local port (stable, so a re-created syncer pod keeps
+its address), and readiness when the process says so on stdout (the syncer's SYNCER_READY,
+a learner's `joined` event). Learners are pinned to alternating CPUs (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from diloco.operator.kube import Kube
+from tests.kube.controllers import Runtime
+
+READY_MARKS = {"syncer": "SYNCER_READY", "learner": '"event": "joined"'}
+STOP_GRACE = 15.0  # seconds from SIGTERM to SIGKILL
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ProcessRuntime(Runtime):
+    def __init__(self, api: Kube, namespace: str, root: Path, cpus: int = 2):
+        super().__init__()
+        self.api, self.namespace, self.root, self.cpus = api, namespace, root, cpus
+        self.ports: dict[str, int] = {}  # "svc.ns.svc:port" -> local port
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> process
+        self.logs: dict[str, Path] = {}
+        self.stopping: dict[str, float] = {}
+        self._learners_started = 0
+
+    # -- addresses --------------------------------------------------------------------------
+
+    def local(self, address: str) -> str:
+        """A Service address (`name.namespace.svc:port`) as a stable local one."""
+        if address not in self.ports:
+            self.ports[address] = free_port()
+        return f"127.0.0.1:{self.ports[address]}"
+
+    def _container_port(self, pod: dict[str, Any], container: dict[str, Any], port: dict[str, Any]) -> int:
+        """The local port for a container port: a Service's stable one if a Service targets it."""
+        labels = pod["metadata"].get("labels") or {}
+        for svc in self.api.list("Service", self.namespace):
+            selector = svc["spec"].get("selector") or {}
+            if svc["spec"].get("clusterIP") == "None" or not selector or not selector.items() <= labels.items():
+                continue  # headless Services address each pod, not one shared port
+            for sp in svc["spec"]["ports"]:
+                if sp.get("targetPort") in (port.get("name"), port["containerPort"]):
+                    return int(self.local(f"{svc['metadata']['name']}.{self.namespace}.svc:{sp['port']}")
+                               .rsplit(":", 1)[1])
+        return free_port()
+
+    # -- environment --------------------------------------------------------------------------
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any], home: Path) -> dict[str, str]:
+        env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+        for item in container.get("env") or []:
+            source = item.get("valueFrom") or {}
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            elif "fieldRef" in source:
+                key = re.fullmatch(r"metadata\.labels\['(.+)'\]", source["fieldRef"]["fieldPath"])
+                assert key, source
+                env[item["name"]] = pod["metadata"]["labels"][key.group(1)]
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                secret = self.api.get("Secret", self.namespace, ref["name"])
+                assert secret, f"Secret {ref['name']} is missing"
+                env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
+        env["HOME"] = str(home)
+        return env
+
+    def _mounts(self, pod: dict[str, Any], container: dict[str, Any], pod_dir: Path) -> dict[str, Path]:
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        out: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or []:
+            vol = volumes[mount["name"]]
+            if "configMap" in vol:
+                path = pod_dir / mount["name"]
+                path.mkdir(parents=True, exist_ok=True)
+                cm = self.api.get("ConfigMap", self.namespace, vol["configMap"]["name"])
+                assert cm, f"ConfigMap {vol['configMap']['name']} is missing"
+                for key, text in cm["data"].items():
+                    (path / key).write_text(text)
+            elif "persistentVolumeClaim" in vol:  # outlives the pod, like a real volume
+                path = self.root / "volumes" / vol["persistentVolumeClaim"]["claimName"]
+            else:
+                path = pod_dir / mount["name"]
+            path.mkdir(parents=True, exist_ok=True)
+            out[mount["mountPath"]] = path
+        return out
+
+    # -- Runtime ------------------------------------------------------------------------------
+
+    def start(self, pod: dict[str, Any]) -> None:
+        (container,) = pod["spec"]["containers"]
+        uid = pod["metadata"]["uid"]
+        pod_dir = self.root / "pods" / f"{pod['metadata']['name']}-{uid[:8]}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
+        mounts = self._mounts(pod, container, pod_dir)
+        env = self._env(pod, container, mounts.get("/tmp", pod_dir))
+        ports = {str(p["containerPort"]): str(self._container_port(pod, container, p))
+                 for p in container.get("ports") or []}
+        argv: list[str] = []
+        for arg in [*container["command"], *container.get("args", [])]:
+            arg = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
+            for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+                if arg.startswith(mount_path + "/") or arg == mount_path:
+                    arg = str(local) + arg[len(mount_path):]
+                    break
+            if re.fullmatch(r"[\w.-]+\.svc:\d+", arg):
+                arg = self.local(arg)
+            argv.append(ports.get(arg, arg) if argv and argv[-1].endswith("port") else arg)
+        if container["name"] == "learner":
+            argv += ["--cpus", str(self._learners_started % self.cpus)]
+            self._learners_started += 1
+        argv[0] = str(Path(sys.executable).parent / argv[0])
+        self.logs[uid] = pod_dir / "stdout.log"
+        with open(self.logs[uid], "wb") as out:
+            self.procs[uid] = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                               cwd=pod_dir, start_new_session=True)
+
+    def ready(self, pod: dict[str, Any]) -> bool:
+        uid = pod["metadata"]["uid"]
+        mark = READY_MARKS[pod["spec"]["containers"][0]["name"]]
+        proc = self.procs.get(uid)
+        return proc is not None and proc.poll() is None and mark in self.logs[uid].read_text(errors="replace")
+
+    def stop(self, pod: dict[str, Any]) -> bool:
+        uid = pod["metadata"]["uid"]
+        proc = self.procs.get(uid)
+        if proc is None or proc.poll() is not None:
+            self.procs.pop(uid, None)
+            return True
+        if uid not in self.stopping:
+            self.stopping[uid] = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+        elif time.monotonic() - self.stopping[uid] > STOP_GRACE:
+            proc.kill()
+        return False
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait(10)
+
+    def logs_of(self, pod_name: str) -> list[str]:
+        """What each incarnation of the named pod printed, oldest first."""
+        dirs = sorted((self.root / "pods").glob(f"{pod_name}-*"), key=lambda d: d.stat().st_mtime)
+        return [(d / "stdout.log").read_text(errors="replace") for d in dirs if (d / "stdout.log").exists()]

@@ -1,0 +1,145 @@
+"""The Helm chart: lints strictly, renders manifests the Kubernetes API accepts (two minor
+versions a year apart), grants the operator exactly what it uses, and ships a dashboard
+whose queries name metrics that exist. The operator's own children are validated too."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from diloco.operator import render
+from diloco.operator.metrics import OperatorMetrics
+from diloco.spec import load_job
+from diloco.syncer.metrics import SyncerMetrics
+from diloco.trainer.metrics import LearnerMetrics
+from tests.kube.tools import tool
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "charts" / "decoupled-diloco"
+ALL_ON = ROOT / "tests" / "kube" / "values-all-on.yaml"
+VERSIONS = ["1.30.0", "1.33.0"]  # April 2024 and April 2025
+PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor"}  # CRDs: no schema in kubernetes-validate
+
+
+def helm(*args: str) -> str:
+    done = subprocess.run([str(tool("helm")), *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
+def rendered(values: Path | None) -> list[dict[str, Any]]:
+    extra = ["-f", str(values)] if values else []
+    out = helm("template", "diloco", str(CHART), "--namespace", "diloco-system", "--include-crds", *extra)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def validate(doc: dict[str, Any], version: str) -> None:
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.SchemaNotFoundError:
+        assert doc["kind"] in PROMETHEUS_OPERATOR_KINDS, doc["kind"]
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+def test_helm_lint_strict(values: Path | None) -> None:
+    helm("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+
+
+@pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+def test_rendered_chart_validates(values: Path | None) -> None:
+    docs = rendered(values)
+    kinds = {d["kind"] for d in docs}
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "Service", "ConfigMap"} <= kinds
+    assert ({"Role", "RoleBinding", "ServiceMonitor", "PodMonitor"} <= kinds) == (values is not None)
+    for version in VERSIONS:
+        for doc in docs:
+            validate(doc, version)
+    if values is not None:  # the monitors point at what exists
+        by_kind = {d["kind"]: d for d in docs}
+        service = by_kind["Service"]
+        selected = by_kind["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
+        assert selected.items() <= service["metadata"]["labels"].items()
+        assert by_kind["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+        assert by_kind["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_operator_deployment_is_locked_down() -> None:
+    (deploy,) = [d for d in rendered(None) if d["kind"] == "Deployment"]
+    spec = deploy["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
+    assert c["command"] == ["diloco", "operator", "--standalone"]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["resources"]["requests"]
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_operator_children_validate(example: Path) -> None:
+    """What the operator creates for every example is valid for both Kubernetes versions."""
+    job = load_job(str(example))
+    owner = render.Owner(job.metadata.name, "research", "0f5a1f4e-0000-4000-8000-000000000000")
+    for doc in render.children(job, owner, "t" * 43, started=True, finished=False):
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_rbac_grants_what_the_operator_uses_and_no_wildcards() -> None:
+    (role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole"]
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert not [x for x in granted if "*" in x]
+    needed = {("diloco.dev", "decoupleddilocojobs", v) for v in ("get", "list", "watch", "patch", "delete")}
+    needed |= {("diloco.dev", "decoupleddilocojobs/status", "patch"), ("", "events", "create"),
+               ("", "pods", "watch"), ("", "pods", "delete"), ("", "pods", "patch")}
+    for group, plural in (("apps", "statefulsets"), ("apps", "deployments"), ("", "services"), ("", "configmaps"),
+                          ("", "secrets"), ("", "persistentvolumeclaims")):
+        needed |= {(group, plural, v) for v in ("get", "list", "create", "patch", "delete")}
+    assert needed <= granted, needed - granted
+    assert not {x for x in granted if x[1] in {"namespaces", "customresourcedefinitions", "nodes"}}
+
+
+def known_metrics() -> set[str]:
+    names: set[str] = set()
+    for registry in (SyncerMetrics().registry, LearnerMetrics("l", "r", None).registry,
+                     OperatorMetrics().registry):
+        for family in registry.collect():
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            names |= {family.name + s for s in suffixes}
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    board = json.loads((CHART / "files" / "dashboard.json").read_text())
+    return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
+def test_dashboard_queries_name_metrics_that_exist() -> None:
+    exprs = dashboard_exprs()
+    used = {m for e in exprs for m in re.findall(r"\bdiloco_[a-z_]+(?=[{\[( ])", e)}
+    assert used and used <= known_metrics(), used - known_metrics()
+    text = " ".join(exprs)
+    for panel_metric in ("goodput", "active_learners", "merges_total", "quorum_size", "grace_wait",
+                         "bytes_total", "learner_loss", "staleness"):
+        assert panel_metric in text, panel_metric
+    (dash,) = [d for d in rendered(None) if d["kind"] == "ConfigMap"]
+    assert dash["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dash["data"]["decoupled-diloco.json"])["uid"] == "decoupled-diloco"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian's prometheus) not installed")
+def test_dashboard_queries_parse_as_promql(tmp_path: Path) -> None:
+    rules = [{"record": f"diloco:panel_{i}", "expr": e.replace("$namespace", ".*").replace("$job", ".*")}
+             for i, e in enumerate(dashboard_exprs())]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

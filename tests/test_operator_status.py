@@ -1,0 +1,147 @@
+"""Pure status logic: conditions, phases, goodput, endings, pod losses and chaos schedules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from diloco.operator import chaos, conditions, pods
+from diloco.operator import status as st
+from diloco.spec import JobSpec, parse_job
+
+T0 = 1_800_000_000.0
+
+
+def spec(**extra: Any) -> JobSpec:
+    return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "j"},
+                      "spec": {"learnerGroups": [{"name": "us", "replicas": 2}, {"name": "eu", "replicas": 2}],
+                               **extra}}).spec
+
+
+def view(active: int = 4, tokens: int = 0) -> st.SyncerView:
+    return st.SyncerView(incarnation="i1", outer_version=12, tokens_merged=tokens, active_learners=active,
+                         readmissions=1)
+
+
+def obs(now: float = T0, ready: dict[str, int] | None = None, **kw: Any) -> st.Observation:
+    return st.Observation(now=now, ready={"us": 2, "eu": 2} if ready is None else ready, syncer_endpoint="j-syncer:1",
+                          syncer_ready=True, **kw)
+
+
+def test_condition_keeps_transition_time_until_status_flips() -> None:
+    c = conditions.set_condition([], "Running", True, "LearnersTraining", "", "t1", 1)
+    c = conditions.set_condition(c, "Running", True, "LearnersTraining", "other message", "t2", 2)
+    assert (c[0]["lastTransitionTime"], c[0]["observedGeneration"]) == ("t1", 2)
+    c = conditions.set_condition(c, "Running", False, "NotRunning", "", "t3", 2)
+    assert c[0]["lastTransitionTime"] == "t3" and c[0]["status"] == "False"
+
+
+def test_running_degraded_and_counts() -> None:
+    s = st.compute(spec(), {}, obs(syncer=view()), 1)
+    assert (s["phase"], s["learners"], s["outerVersion"], s["startTime"]) == ("Running", "4/4", 12, st.rfc3339(T0))
+    assert conditions.is_true(s["conditions"], "Created") and not conditions.is_true(s["conditions"], "Degraded")
+    s2 = st.compute(spec(), {**s, "lostLearners": [{"slot": "us-1", "reason": "Deleted"}]},
+                    obs(T0 + 5, ready={"us": 1, "eu": 2}, syncer=view(active=3)), 1)
+    degraded = conditions.find(s2["conditions"], "Degraded")
+    assert s2["phase"] == "Running" and degraded["status"] == "True" and "lost: us-1" in degraded["message"]
+    assert s2["syncer"]["readmissions"] == 1
+
+
+def test_goodput_is_active_over_desired_learner_time() -> None:
+    s = st.compute(spec(), {}, obs(syncer=view(active=4)), 1)
+    s = st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), 1)
+    s = st.compute(spec(), s, obs(T0 + 20, syncer=view(active=2)), 1)
+    assert s["goodput"] == pytest.approx(0.75)  # 10 s at 4/4, 10 s at 2/4
+    gap = st.compute(spec(), s, obs(T0 + 20 + 3600, syncer=view(active=0)), 1)
+    assert gap["goodput"] == s["goodput"]  # the operator was down: nothing is guessed
+
+
+def test_suspended_pending_and_invalid() -> None:
+    assert st.compute(spec(suspend=True), {}, obs(ready={}), 1)["phase"] == "Suspended"
+    running = st.compute(spec(), {}, obs(), 1)
+    paused = st.compute(spec(suspend=True), running, obs(T0 + 50, ready={}), 2)
+    assert paused["startTime"] is None  # removed by the merge patch: the deadline restarts on resume
+    assert st.compute(spec(), {**running, **paused}, obs(T0 + 90), 3)["startTime"] == st.rfc3339(T0 + 90)
+    assert st.compute(spec(), {}, obs(ready={}), 1)["phase"] == "Pending"
+    bad = st.invalid({}, ["spec.syncer.quorum: 9 exceeds the 4 learners"], 3, T0)
+    failed = conditions.find(bad["conditions"], "Failed")
+    assert (bad["phase"], failed["reason"], bad["observedGeneration"]) == ("Failed", "InvalidSpec", 3)
+    fixed = st.compute(spec(), bad, obs(syncer=view()), 4)
+    assert fixed["phase"] == "Running" and conditions.find(fixed["conditions"], "Failed")["status"] == "False"
+
+
+@pytest.mark.parametrize("extra, after, observed, expected", [
+    ({"training": {"tokenBudget": 1000}}, 0, {"syncer": view(tokens=1000)}, (True, "TokenBudgetReached")),
+    ({"training": {"durationSeconds": 60}}, 61, {}, (True, "DurationReached")),
+    ({"runPolicy": {"activeDeadlineSeconds": 60}}, 61, {}, (False, "DeadlineExceeded")),
+    ({"runPolicy": {"backoffLimit": 2}}, 0, {"syncer_restarts": 3}, (False, "BackoffLimitExceeded")),
+    ({"runPolicy": {"activeDeadlineSeconds": 60}}, 59, {}, None),
+])
+def test_endings(extra: dict[str, Any], after: float, observed: dict[str, Any], expected: Any) -> None:
+    status = {"startTime": st.rfc3339(T0)}
+    end = st.ending(spec(**extra), status, obs(T0 + after, **observed))
+    assert (end.succeeded, end.reason) == expected if expected else end is None
+    if end:
+        done = st.compute(spec(**extra), status, obs(T0 + after, **observed), 1, end)
+        assert done["phase"] == ("Succeeded" if end.succeeded else "Failed") and st.finished(done)
+
+
+def pod(name: str = "j-us-1", uid: str = "u1", **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "uid": uid, "namespace": "ns",
+                         "labels": {"diloco.dev/job": "j", "diloco.dev/component": "learner", "diloco.dev/group": "us",
+                                    "apps.kubernetes.io/pod-index": "1"}}, "status": status}
+
+
+def test_loss_reasons() -> None:
+    assert pods.loss("DELETED", pod()).reason == "Deleted"
+    preempted = pod(conditions=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}])
+    preempted["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:00Z"
+    assert pods.loss("MODIFIED", preempted).reason == "Preempted"
+    assert pods.loss("MODIFIED", pod(phase="Failed", reason="Evicted")).reason == "Evicted"
+    crashed = pod(phase="Running", containerStatuses=[{"name": "learner", "ready": False, "restartCount": 2,
+                                                       "lastState": {"terminated": {"exitCode": 3}}}])
+    assert pods.loss("MODIFIED", crashed).reason == "Failed"
+    assert pods.loss("MODIFIED", pod(phase="Running")) is None
+    assert pods.ready(pod(phase="Running", conditions=[{"type": "Ready", "status": "True"}]))
+
+
+def test_a_slot_is_lost_once_until_readmitted() -> None:
+    status: dict[str, Any] = {"learnerGroups": [{"name": "us", "lost": 0, "preempted": 0, "readmitted": 0}]}
+    loss = pods.Loss("Deleted", "pod j-us-1 deleted")
+    patch = pods.record_loss(status, "us-1", "us", loss, "u1", T0)
+    status.update(patch)
+    assert status["learnerGroups"][0]["lost"] == 1
+    assert pods.record_loss(status, "us-1", "us", loss, "u1", T0) is None  # the DELETED after Terminating
+    assert pods.record_loss(status, "us-1", "us", loss, "u2", T0) is None  # a replacement crashing before ready
+    status.update(pods.record_ready(status, "us-1", "us"))
+    assert (status["learnerGroups"][0]["readmitted"], status["lostLearners"]) == (1, [])
+    assert pods.record_ready(status, "us-1", "us") is None
+    status.update(pods.record_loss(status, "us-1", "us", pods.Loss("Preempted", ""), "u3", T0))
+    assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["preempted"]) == (1, 1)
+
+
+def test_stuck_pods_are_those_past_grace_plus_timeout() -> None:
+    old = {"metadata": {"name": "a", "deletionTimestamp": st.rfc3339(T0 - 200)}}
+    new = {"metadata": {"name": "b", "deletionTimestamp": st.rfc3339(T0 - 10)}}
+    assert pods.stuck([old, new, pod()], T0, 120) == [old]
+
+
+def test_chaos_schedule_is_seeded_and_poisson() -> None:
+    assert chaos.due(1, 60.0, 3600, 0) == chaos.due(1, 60.0, 3600, 0)
+    assert chaos.due(1, 60.0, 3600, 0) != chaos.due(2, 60.0, 3600, 0)
+    assert 40 <= chaos.due(1, 60.0, 3600, 0) <= 85  # ~60 kills an hour
+    assert chaos.due(1, 60.0, 3600, 10) == chaos.due(1, 60.0, 3600, 0) - 10
+    assert chaos.victim(3, 5, ["b", "a", "c"]) == chaos.victim(3, 5, ["c", "b", "a"])
+
+
+def test_chaos_plan_respects_max_concurrent_and_targets() -> None:
+    job = spec(chaos={"enabled": True, "meanSecondsBetweenKills": 1.0, "maxConcurrent": 1})
+    ready = [{**pod(f"j-us-{i}", f"u{i}", phase="Running", conditions=[{"type": "Ready", "status": "True"}])}
+             for i in range(4)]
+    state = chaos.state(job.chaos, {}, T0)
+    assert state == {"seed": 0, "meanSecondsBetweenKills": 1.0, "since": T0, "kills": 0}
+    kills = chaos.plan(job.chaos, state, ready, 4, T0 + 100)
+    assert len(kills) == 1 and kills[0].number == 0  # a hundred due, one at a time
+    assert chaos.plan(job.chaos, state, ready[:3], 4, T0 + 100) == []  # one learner already down
+    assert chaos.state(job.chaos, {"chaos": {**state, "kills": 5}}, T0 + 9)["kills"] == 5  # survives restarts
