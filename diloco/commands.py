@@ -28,7 +28,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
-    p.add_argument("--restart", type=int, default=0, help="restart count (varies the data order)")
+    p.add_argument("--restart", type=int, default=None,
+                   help="restart count, for a reproducible data order (default: random per start)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
     p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
     p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")

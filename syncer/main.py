@@ -51,7 +51,9 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
                       regions=frozenset(g.region for g in job.spec.learner_groups))
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
-    workers = 4 * max(job.spec.total_learners, 1) + 8  # join + push + subscribe per learner, plus status
+    # Each learner holds a subscription thread and briefly a push or join thread; the head-room
+    # admits learners this spec does not list (other clusters' groups, scavengers).
+    workers = 4 * max(job.spec.total_learners, 1) + 64
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
     rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
     if tls is not None:

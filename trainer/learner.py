@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -56,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
     corpus = data.corpus_bytes()
     train, held_out = data.split(corpus, spec.data.held_out_fraction)
     shard = data.shard(train, shard_index % max(len(ids), 1), max(len(ids), 1))
-    rng = np.random.default_rng([spec.data.seed, shard_index, args.restart])
+    # A restart must not replay the same batches: the runner passes its restart count; in a
+    # pod (no count available) fresh entropy does the job.
+    restart_entropy = args.restart if args.restart is not None else int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng([spec.data.seed, shard_index, restart_entropy])
     window = spec.model.context + 1
     evals = [jnp.asarray(b) for b in data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)]
 
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
     first_eval = eval_loss(params)  # the global model as pulled: a late joiner starts from it
-    emit("joined", learner=learner_id, region=group.region, restart=args.restart, versions=versions,
+    emit("joined", learner=learner_id, region=group.region, restart=args.restart or 0, versions=versions,
          eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
     client.start()
