@@ -17,7 +17,6 @@ import secrets
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]

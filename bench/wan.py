@@ -124,7 +124,7 @@ def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
 
     outer = NesterovSGD(0.7, 0.9)  # DiLoCo's outer optimizer at H = 20 inner steps
     anchor = {n: np.asarray(v) for n, v in params.items()}
-    step, t0 = 0, time.time()
+    step = 0
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         while True:

@@ -12,7 +12,6 @@ import signal
 import threading
 import time
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 from prometheus_client import start_http_server
@@ -20,7 +19,8 @@ from prometheus_client import start_http_server
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.service import SyncerCore, SyncerServicer
+from diloco.syncer.service import SyncerCore
+from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.wire import GRPC_OPTIONS, rpc
 

@@ -1,14 +1,13 @@
-"""The syncer's gRPC service: join, push, subscribe, status; a merge loop; checkpoints.
+"""The syncer's core: admission, rounds, merging, broadcast, recovery and checkpoints.
 
-Threads: gRPC handlers validate and admit contributions under one lock; one merge
-thread closes rounds when the `RoundBook` says so and publishes; subscribers wait on
-a condition for any fragment newer than what they have sent. Every RPC checks the
-job token first; anything malformed is refused before it touches the global state.
+Threads: gRPC handlers (syncer/servicer.py) validate and admit contributions under one
+lock; one merge thread closes rounds when the `RoundBook` says so; subscribers wait on
+the condition for any fragment newer than what they hold. Anything malformed is refused
+(`Refused`) before it touches the global state.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -25,7 +24,7 @@ from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.state import GlobalModel, Tensors
-from diloco.wire import chunks, pb, token_matches
+from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
 MAX_ID = 128
@@ -293,127 +292,3 @@ class SyncerCore:
         with self.lock:
             self.bytes_sent += n
         self.metrics.bytes_sent.inc(n)
-
-
-def _assemble(first: pb.PushChunk | pb.RecoverChunk, rest: Iterator, declared: int, what: str) -> bytes:
-    """Join a client stream's chunks, refusing a body longer or shorter than its header said."""
-    buf = bytearray()
-    for chunk in itertools.chain([first], rest):
-        buf += chunk.data
-        if len(buf) > declared:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is larger than its declared {declared} bytes")
-    if len(buf) != declared:
-        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what} is truncated: {len(buf)} of {declared} declared bytes")
-    return bytes(buf)
-
-
-class SyncerServicer:
-    """The transport: token check, chunk assembly, status. All decisions are in SyncerCore."""
-
-    def __init__(self, core: SyncerCore, token: str):
-        self.core, self.token = core, token
-
-    def _auth(self, context: grpc.ServicerContext) -> None:
-        if not token_matches(context.invocation_metadata(), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
-
-    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[pb.JoinChunk]:
-        self._auth(context)
-        core = self.core
-        if not request.learner or len(request.learner) > MAX_ID:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner id must be 1-128 characters")
-        theirs = {t.name: tuple(t.shape) for t in request.tensors}
-        if theirs != core.model.shapes():
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          "the learner's model does not match the syncer's (different spec.model?)")
-        with core.lock:
-            blob = core.model.full_blob()
-            versions = list(core.model.versions)
-            info = core.learners.setdefault(request.learner, LearnerInfo())
-            info.region, info.last_seen = request.region, core.clock()
-            info.joins += 1
-        core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
-        log.info("learner %s joined (%s, join #%d)", request.learner, request.region, info.joins)
-        header = pb.JoinHeader(
-            incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
-            fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
-            codec=core.spec.compression, block_size=core.spec.block_size,
-        )
-        core.count_sent(len(blob))
-        for i, part in enumerate(chunks(blob)):
-            yield pb.JoinChunk(header=header if i == 0 else None, data=bytes(part))
-
-    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
-        self._auth(context)
-        first = next(request_iterator, None)
-        if first is None or not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a push starts with a header")
-        header = first.header
-        try:
-            self.core.check_header(header)
-            return self.core.admit(header, _assemble(first, request_iterator, header.total_bytes, "push"))
-        except Refused as exc:
-            self.core.count_refusal(exc.outcome)
-            context.abort(exc.code, exc.reason)
-            raise  # abort raises; this keeps type checkers honest
-
-    def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
-        self._auth(context)
-        core = self.core
-        if request.incarnation != core.incarnation:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"syncer restarted (incarnation {core.incarnation}); rejoin")
-        with core.lock:
-            info = core.learners.setdefault(request.learner, LearnerInfo())
-            info.subscriptions += 1
-        core.set_active_gauges()
-        try:
-            for p, version, blob, delta in core.updates(list(request.known_versions), request.exact, context.is_active):
-                sent = 0
-                for part in chunks(blob):
-                    sent += len(part)
-                    yield pb.Published(fragment=p, version=version, total_bytes=len(blob), data=bytes(part),
-                                       last=sent >= len(blob), incarnation=core.incarnation, delta=delta)
-                core.count_sent(len(blob))
-        finally:
-            with core.lock:
-                info.subscriptions -= 1
-            core.set_active_gauges()
-
-    def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
-        self._auth(context)
-        first = next(request_iterator, None)
-        if first is None or not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a recovery starts with a header")
-        header = first.header
-        try:
-            if header.total_bytes > self.core.max_recover_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
-            blob = _assemble(first, request_iterator, header.total_bytes, "recover")
-            adopted = self.core.recover(list(header.fragments), list(header.versions), blob)
-        except Refused as exc:
-            self.core.count_refusal(exc.outcome)
-            context.abort(exc.code, exc.reason)
-            raise
-        with self.core.lock:
-            return pb.RecoverReply(adopted=adopted, versions=list(self.core.model.versions))
-
-    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        self._auth(context)
-        core = self.core
-        with core.lock:
-            now = core.clock()
-            learners = [
-                pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
-                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
-                                 bytes_received=i.bytes_received)
-                for n, i in sorted(core.learners.items())
-            ]
-            return pb.StatusReply(
-                incarnation=core.incarnation, versions=list(core.model.versions),
-                outer_steps=core.model.outer_steps, tokens_merged=core.model.tokens_merged,
-                active_learners=len(core.active_learners()), learners=learners,
-                seconds_since_publish=now - core.last_publish, checkpoint_version=core.checkpoint_version,
-                grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
-                contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
-                regions=core.region_status(),
-            )

@@ -12,7 +12,8 @@ from diloco.core.codecs import encode_tensors
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.service import SyncerCore, SyncerServicer
+from diloco.syncer.service import SyncerCore
+from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 

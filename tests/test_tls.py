@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from diloco.syncer.service import SyncerServicer
+from diloco.syncer.servicer import SyncerServicer
 from diloco.trainer.client import SyncerClient
 from diloco.wire import GRPC_OPTIONS, rpc
 from tests import syncer_harness as sh
