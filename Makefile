@@ -15,6 +15,7 @@ run: $(VENV)/.installed
 	$(BIN)/diloco run examples/quickstart.yaml --out runs/quickstart
 
 test: $(VENV)/.installed
+	bash scripts/system-deps.sh
 	$(BIN)/pytest
 
 bench: $(VENV)/.installed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import struct
@@ -83,15 +84,20 @@ def deserialize(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"unreadable header: {exc}") from None
     payload = memoryview(body)[start + hlen :]
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise CheckpointError("unreadable header: arrays is not a list of entries")
     arrays: dict[str, np.ndarray] = {}
     for e in entries:
+        if not isinstance(e.get("name"), str) or not isinstance(e.get("dtype"), str) or e["dtype"] not in DTYPES:
+            raise CheckpointError(f"array entry {str(e.get('name'))[:80]!r} has no name or an invalid dtype")
         try:
             name, dtype, shape, off, nbytes = e["name"], np.dtype(e["dtype"]).newbyteorder("<"), tuple(e["shape"]), int(e["offset"]), int(e["nbytes"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise CheckpointError(f"bad array entry: {exc}") from None
-        if e["dtype"] not in DTYPES or any((not isinstance(d, int)) or d < 0 for d in shape):
+        if any((not isinstance(d, int)) or d < 0 for d in shape):
             raise CheckpointError(f"array {name!r} has an invalid dtype or shape")
-        if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or off < 0 or off + nbytes > len(payload):
+        # Exact integer arithmetic: numpy's int64 product would wrap or overflow on hostile shapes.
+        if nbytes != math.prod(shape) * dtype.itemsize or off < 0 or off + nbytes > len(payload):
             raise CheckpointError(f"array {name!r} lies outside the file")
         arrays[name] = np.frombuffer(payload[off : off + nbytes], dtype=dtype).reshape(shape).copy()
     if not isinstance(meta, dict):

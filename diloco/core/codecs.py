@@ -13,6 +13,7 @@ so the decoder accepts the full nibble range rather than spend a pass checking i
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -31,11 +32,11 @@ class CodecError(ValueError):
 
 
 def _body_bytes(codec: Codec, count: int, block: int) -> int:
-    blocks = -(-count // block) if count else 0
     if codec == "fp32":
         return 4 * count
     if codec == "bf16":
         return 2 * count
+    blocks = -(-count // block) if count else 0  # block >= 2 is checked for int codecs
     if codec == "int8":
         return 4 * blocks + blocks * block
     return 4 * blocks + blocks * block // 2
@@ -88,6 +89,8 @@ def decode(payload: bytes | memoryview, expect_shape: Sequence[int] | None = Non
     shape = struct.unpack_from(f"<{ndim}Q", buf, _HEADER.size)
     if int(np.prod(shape, dtype=np.float64)) != count:
         raise CodecError(f"payload shape {shape} does not hold its {count} elements")
+    if math.prod(d for d in shape if d) >= 1 << 60:  # an empty array cannot have such dimensions either
+        raise CodecError(f"payload shape {shape} is impossibly large")
     if expect_shape is not None and tuple(shape) != tuple(expect_shape):
         raise CodecError(f"shape {tuple(shape)} does not match the expected {tuple(expect_shape)}")
     want = _body_bytes(codec, count, block)
