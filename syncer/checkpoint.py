@@ -121,6 +121,7 @@ class CheckpointStore:
     def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> Path:
         """Write the next checkpoint atomically; raise OSError (disk full, read-only) untouched."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._remove_torn()
         files = self._files()
         seq = files[0][0] + 1 if files else 1
         final = self.dir / f"ckpt-{seq:012d}.ddck"
@@ -139,6 +140,13 @@ class CheckpointStore:
         for _, old in self._files()[self.keep :]:
             old.unlink(missing_ok=True)
         return final
+
+    def _remove_torn(self) -> None:
+        """Temporary files of writers that died mid-write (one syncer writes here at a time)."""
+        for tmp in self.dir.glob(".ckpt-*.ddck.tmp-*"):
+            pid = tmp.name.rsplit("-", 1)[-1]
+            if not (pid.isdigit() and int(pid) == os.getpid()):
+                tmp.unlink(missing_ok=True)
 
     def load_latest(self) -> tuple[Loaded | None, list[str]]:
         """The newest valid checkpoint (or None) and one line per corrupt file skipped."""

@@ -30,6 +30,7 @@ class SyncerMetrics:
         self.active = Gauge("diloco_syncer_active_learners", "Learners with a live subscription", registry=r)
         self.outer_version = Gauge("diloco_syncer_outer_version", "Sum of the fragments' versions", registry=r)
         self.step_seconds = Gauge("diloco_syncer_learner_step_seconds", "EMA of learners' step time", registry=r)
+        self.merge_errors = Counter("diloco_syncer_merge_errors_total", "Rounds that failed to merge", registry=r)
         self.checkpoint_errors = Counter(
             "diloco_syncer_checkpoint_errors_total", "Checkpoints that could not be written", registry=r
         )

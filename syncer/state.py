@@ -133,7 +133,13 @@ class GlobalModel:
         model.versions[:] = versions
         for p, opt in enumerate(model.optimizers):
             prefix = f"momentum/{p}/"
-            opt.load_state_dict({k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)})
-        model.tokens_merged = int(meta.get("tokens_merged", 0))  # type: ignore[call-overload]
-        model.outer_steps = int(meta.get("outer_steps", 0))  # type: ignore[call-overload]
+            buffers = {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
+            if any(n not in model.plan.fragments[p] or v.shape != model.params[n].shape for n, v in buffers.items()):
+                raise ValueError(f"checkpoint momentum of fragment {p} does not match its tensors")
+            opt.load_state_dict(buffers)
+        for key in ("tokens_merged", "outer_steps"):
+            value = meta.get(key, 0)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"checkpoint {key} is malformed")
+            setattr(model, key, value)
         return model

@@ -109,3 +109,21 @@ def test_loader_never_crashes_on_garbage(noise: bytes, cut: int) -> None:
             deserialize(data)
         except CheckpointError:
             pass
+
+
+def test_torn_temporary_files_are_swept(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    torn = tmp_path / ".ckpt-000000000001.ddck.tmp-999999"
+    torn.write_bytes(b"half a checkpoint")
+    store.save(*trained_model().state())
+    assert not torn.exists()
+
+
+def test_momentum_and_counters_are_checked(tmp_path: Path) -> None:
+    model = trained_model()
+    arrays, meta = model.state()
+    bad = dict(arrays, **{"momentum/0/head/kernel": np.zeros((1, 1), np.float32)})
+    with pytest.raises(ValueError, match="momentum"):
+        GlobalModel.from_state(model.spec, bad, meta, SHAPES)
+    with pytest.raises(ValueError, match="tokens_merged"):
+        GlobalModel.from_state(model.spec, arrays, dict(meta, tokens_merged=None), SHAPES)
