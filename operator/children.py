@@ -17,6 +17,8 @@ from diloco.operator import naming as n
 from diloco.operator.kube import Kube
 
 MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "StatefulSet", "Deployment")
+# Listed only where the operator may (the chart's syncerExposure.gatewayAPI): the CRD is optional.
+GATEWAY_KINDS = ("GRPCRoute",)
 # A claim's spec is immutable once bound (and resizing needs a cooperative storage class).
 CREATE_ONLY = {"PersistentVolumeClaim"}
 
@@ -66,19 +68,20 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
     return out
 
 
-def observe(kube: Kube, namespace: str, job: str) -> dict[Key, dict[str, Any]]:
+def observe(kube: Kube, namespace: str, job: str,
+            kinds: tuple[str, ...] = MANAGED_KINDS) -> dict[Key, dict[str, Any]]:
     """Every managed child of the job, as the API server has it."""
     out: dict[Key, dict[str, Any]] = {}
-    for kind in MANAGED_KINDS:
+    for kind in kinds:
         for obj in kube.list(kind, namespace, n.selector(job)):
             out[key(obj)] = obj
     return out
 
 
-def sync(kube: Kube, namespace: str, job: str, owner_uid: str,
-         desired: list[dict[str, Any]]) -> tuple[dict[Key, dict[str, Any]], Plan]:
-    """Apply the plan; returns the children as they are afterwards, and what was done."""
-    live = observe(kube, namespace, job)
+def sync(kube: Kube, namespace: str, job: str, owner_uid: str, desired: list[dict[str, Any]],
+         kinds: tuple[str, ...] = MANAGED_KINDS) -> tuple[dict[Key, dict[str, Any]], Plan]:
+    """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done."""
+    live = observe(kube, namespace, job, kinds)
     todo = plan(desired, list(live.values()), owner_uid)
     for obj in todo.apply:
         live[key(obj)] = kube.apply(obj)

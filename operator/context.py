@@ -7,6 +7,7 @@ read-modify-write of the status sees the previous one.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any, cast
 import kopf
 
 from diloco.operator import naming
+from diloco.operator.children import GATEWAY_KINDS, MANAGED_KINDS
 from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
 from diloco.operator.syncer_client import SyncerClients
@@ -23,6 +25,15 @@ from diloco.operator.syncer_client import SyncerClients
 
 def _env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def _env_annotations(name: str) -> dict[str, str]:
+    """A JSON object of string values (the chart writes it with toJson), or a clear error at start."""
+    raw = os.environ.get(name) or "{}"
+    value = json.loads(raw)
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(f"${name}: expected a JSON object of strings, got {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -34,12 +45,22 @@ class Config:
     stuck_timeout: float = 120.0  # seconds past a pod's grace period before it is force-deleted
     # Where the operator dials a job's syncer; tests map Service names to local ports.
     syncer_address: Callable[[str, str], str] = naming.syncer_address
+    # The chart's syncerExposure: may the operator manage GRPCRoutes (Gateway API CRDs and RBAC
+    # present), and annotations every exposed syncer gets (a job's own override them).
+    gateway_api: bool = False
+    expose_annotations: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> Config:
         return cls(status_interval=_env_float("DILOCO_STATUS_INTERVAL_SECONDS", cls.status_interval),
                    chaos_interval=_env_float("DILOCO_CHAOS_INTERVAL_SECONDS", cls.chaos_interval),
-                   stuck_timeout=_env_float("DILOCO_STUCK_POD_TIMEOUT_SECONDS", cls.stuck_timeout))
+                   stuck_timeout=_env_float("DILOCO_STUCK_POD_TIMEOUT_SECONDS", cls.stuck_timeout),
+                   gateway_api=os.environ.get("DILOCO_GATEWAY_API", "false").lower() == "true",
+                   expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"))
+
+    @property
+    def managed_kinds(self) -> tuple[str, ...]:
+        return MANAGED_KINDS + GATEWAY_KINDS if self.gateway_api else MANAGED_KINDS
 
 
 @dataclass
@@ -57,6 +78,13 @@ class Context:
             raise RuntimeError("the Kubernetes client is not connected yet")
         return self.kube
 
+    def connect(self) -> Kube:
+        """The API client, connected on first use (kopf's login and startup race for it)."""
+        with self._guard:
+            if self.kube is None:
+                self.kube = Kube.connect()
+            return self.kube
+
     def lock(self, namespace: str, name: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault((namespace, name), threading.Lock())
@@ -64,7 +92,7 @@ class Context:
     def forget(self, namespace: str, name: str) -> None:
         with self._guard:
             self._locks.pop((namespace, name), None)
-        self.syncers.forget(self.config.syncer_address(name, namespace))
+        self.syncers.forget(namespace, name)
         self.metrics.forget(namespace, name)
 
 

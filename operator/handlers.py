@@ -2,9 +2,11 @@
 
 Create, resume and spec updates all run the same level-triggered pass; a timer repeats it
 (status from the syncer, deadlines, stuck pods, drift); learner pod events count losses and
-re-admissions; a second timer drives chaos. Handlers are sync: kopf runs them in threads and
-they block only on the API server and one short gRPC call. They return nothing, so kopf
-writes no handler results into the status.
+re-admissions; a second timer drives chaos. Jobs whose `spec.managedBy` names another
+controller (Kueue's MultiKueue dispatching copies to worker clusters) match no handler, so
+kopf neither handles them nor puts its finalizer on them. Handlers are sync: kopf runs them
+in threads and they block only on the API server and one short gRPC call. They return
+nothing, so kopf writes no handler results into the status.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from diloco.operator import naming as n
 from diloco.operator import reconcile
 from diloco.operator.context import Config, Context
 from diloco.operator.crd import GROUP, PLURAL, VERSION
-from diloco.operator.kube import Kube, bearer_token, load_configuration
+from diloco.spec import MANAGED_BY
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 LEARNER_PODS = {n.COMPONENT: n.LEARNER, "app.kubernetes.io/managed-by": n.MANAGER}
@@ -34,19 +36,18 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-def login(**_: Any) -> kopf.ConnectionInfo:
-    """kopf logs in exactly as our client does, so both always talk to the same cluster."""
-    cfg = load_configuration()
-    token = bearer_token(cfg)
-    return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert, insecure=not cfg.verify_ssl,
+def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """kopf logs in with our client's own credentials, so both always talk to the same cluster
+    (one process may run operators for several clusters: the multi-cluster tests do)."""
+    kube = _ctx(memo).connect()
+    token = kube.token()
+    return kopf.ConnectionInfo(server=kube.host, ca_path=kube.ca_file, insecure=not kube.verify,
                                scheme="Bearer" if token else None, token=token,
-                               certificate_path=cfg.cert_file, private_key_path=cfg.key_file)
+                               certificate_path=kube.cert_file, private_key_path=kube.key_file)
 
 
 def startup(memo: Any, **_: Any) -> None:
-    ctx = _ctx(memo)
-    if ctx.kube is None:
-        ctx.kube = Kube.connect()
+    _ctx(memo).connect()
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -78,8 +79,13 @@ def chaos(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     reconcile.chaos_tick(_ctx(memo), _namespaced(namespace), name)
 
 
+def ours(spec: Any, **_: Any) -> bool:
+    """Whether this operator runs the job: spec.managedBy absent or naming it (as in JobSet)."""
+    return spec.get("managedBy") in (None, MANAGED_BY)
+
+
 def chaos_enabled(spec: Any, **_: Any) -> bool:
-    return bool((spec.get("chaos") or {}).get("enabled"))
+    return ours(spec) and bool((spec.get("chaos") or {}).get("enabled"))
 
 
 def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
@@ -97,11 +103,11 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
     for decorator in (kopf.on.create, kopf.on.resume):
-        decorator(*RESOURCE, registry=registry, id="apply")(apply_job)
-    kopf.on.update(*RESOURCE, registry=registry, id="apply", field="spec")(apply_job)
-    kopf.on.delete(*RESOURCE, registry=registry, id="forget", optional=True)(forget)
+        decorator(*RESOURCE, registry=registry, id="apply", when=ours)(apply_job)
+    kopf.on.update(*RESOURCE, registry=registry, id="apply", field="spec", when=ours)(apply_job)
+    kopf.on.delete(*RESOURCE, registry=registry, id="forget", optional=True, when=ours)(forget)
     kopf.timer(*RESOURCE, registry=registry, id="refresh", interval=config.status_interval,
-               initial_delay=min(1.0, config.status_interval))(apply_job)
+               initial_delay=min(1.0, config.status_interval), when=ours)(apply_job)
     kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
                when=chaos_enabled)(chaos)
     kopf.on.event("", "v1", "pods", registry=registry, id="learner-pods", labels=LEARNER_PODS)(learner_pod)

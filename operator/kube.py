@@ -28,6 +28,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "StatefulSet": ("apis/apps/v1", "statefulsets"),
     "Deployment": ("apis/apps/v1", "deployments"),
+    "GRPCRoute": ("apis/gateway.networking.k8s.io/v1", "grpcroutes"),  # an exposed syncer (Gateway API)
     "DecoupledDiLoCoJob": ("apis/diloco.dev/v1alpha1", "decoupleddilocojobs"),
 }
 JSON = "application/json"
@@ -69,6 +70,7 @@ class Kube:
         self.host = host.rstrip("/")
         self._token = token
         self.user_agent = user_agent
+        self.ca_file, self.cert_file, self.key_file, self.verify = ca_file, cert_file, key_file, verify
         self.pool = urllib3.PoolManager(
             num_pools=4, maxsize=8, cert_reqs="CERT_REQUIRED" if verify else "CERT_NONE",
             ca_certs=ca_file, cert_file=cert_file, key_file=key_file,
@@ -80,13 +82,17 @@ class Kube:
         return cls(cfg.host, token=lambda: bearer_token(cfg), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
                    key_file=cfg.key_file, verify=cfg.verify_ssl)
 
+    def token(self) -> str | None:
+        """The current bearer token (re-read each time: service-account tokens rotate)."""
+        return self._token() if callable(self._token) else self._token
+
     # -- raw ----------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                 content_type: str = JSON) -> dict[str, Any]:
         url = f"{self.host}/{path}" + (f"?{urlencode(params)}" if params else "")
         headers = {"Accept": JSON, "User-Agent": self.user_agent}
-        token = self._token() if callable(self._token) else self._token
+        token = self.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
         data = None

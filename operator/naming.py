@@ -26,7 +26,10 @@ SYNCER_METRICS_PORT = 9101
 LEARNER_METRICS_PORT = 9100
 CONFIG_KEY = "job.yaml"
 TOKEN_KEY = "token"
+CA_KEY = "ca.crt"  # the CA that signed the syncer's certificate (cert-manager's key name)
+TLS_CERT_KEY, TLS_KEY_KEY = "tls.crt", "tls.key"  # a kubernetes.io/tls Secret's keys
 CONFIG_DIR = "/etc/diloco"
+TLS_DIR = "/etc/diloco-tls"  # beside, not inside, the read-only config mount
 CHECKPOINT_DIR = "/var/lib/diloco/checkpoints"
 # A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a 63-character label.
 MAX_STATEFULSET_NAME = 52
@@ -38,6 +41,11 @@ def statefulset(job: str, group: str) -> str:
 
 def syncer(job: str) -> str:
     return f"{job}-syncer"
+
+
+def exposed_syncer(job: str) -> str:
+    """The LoadBalancer Service (or GRPCRoute) that other clusters' learners dial."""
+    return f"{job}-syncer-exposed"
 
 
 def token_secret(job: str) -> str:

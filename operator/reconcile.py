@@ -7,17 +7,18 @@ status, pods, chaos) decide, this module only reads, writes and posts Events.
 
 from __future__ import annotations
 
-import base64
 import logging
-import secrets
 import time
+from secrets import token_urlsafe
 from typing import Any
 
+from diloco.operator import access, children, exposure, pods, render
 from diloco.operator import chaos as chaos_mod
-from diloco.operator import children, pods, render
+from diloco.operator import conditions as c
 from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.operator.context import Context, post
+from diloco.operator.syncer_client import Target
 from diloco.spec import KIND, DecoupledDiLoCoJob, SpecError, parse_job
 
 log = logging.getLogger("diloco.operator")
@@ -36,30 +37,43 @@ def load(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str]]:
     return (None, problems) if problems else (job, [])
 
 
-def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner) -> str:
-    """The job's token: kept from the Secret once it exists, generated only the first time."""
+def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: access.Secrets) -> str:
+    """The job's token: the home job's copy in a learners-only cluster; else kept from the job's
+    own Secret once it exists, generated only the first time."""
     ext = job.spec.syncer.external
-    secret = ctx.api.get("Secret", owner.namespace, ext.token_secret if ext else n.token_secret(owner.name))
-    encoded = ((secret or {}).get("data") or {}).get(n.TOKEN_KEY)
-    if encoded:
-        return base64.b64decode(encoded).decode()
     if ext is not None:
-        return ""  # the user's Secret is missing: learners stay pending, status shows the syncer down
-    return secrets.token_urlsafe(32)
+        raw = access.value(secrets.get(ext.token_secret), n.TOKEN_KEY)
+        return raw.decode("utf-8", "replace").strip() if raw else ""
+    raw = access.value(ctx.api.get("Secret", owner.namespace, n.token_secret(owner.name)), n.TOKEN_KEY)
+    return raw.decode() if raw else token_urlsafe(32)
+
+
+def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link, token: str,
+            secrets: access.Secrets) -> Target:
+    """The syncer as the operator dials it: like the learners, with the same token and CA."""
+    external = job.spec.syncer.external is not None
+    address = link.address if external else ctx.config.syncer_address(owner.name, owner.namespace)
+    ca = access.value(secrets.get(link.ca_secret), n.CA_KEY) if link.ca_secret else None
+    return Target(address, token, ca, link.server_name)
 
 
 def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: dict[children.Key, Any],
-             job_pods: list[dict[str, Any]], token: str, now: float) -> st.Observation:
+             job_pods: list[dict[str, Any]], target: Target, probe: tuple[st.SyncerView | None, str] | None,
+             blocker: access.Blocker | None, now: float) -> st.Observation:
     ready = {g.name: int(((live.get(("StatefulSet", n.statefulset(owner.name, g.name))) or {}).get("status") or {})
                          .get("readyReplicas") or 0) for g in job.spec.learner_groups}
-    ext = job.spec.syncer.external
-    deployment = live.get(("Deployment", n.syncer(owner.name))) or {}
-    syncer_ready = ext is not None or int((deployment.get("status") or {}).get("readyReplicas") or 0) > 0
-    address = ext.endpoint if ext else ctx.config.syncer_address(owner.name, owner.namespace)
-    view = ctx.syncers.status(address, token) if syncer_ready and token else None
+    if probe is not None:  # an external syncer: asked before the learners were rendered
+        view, error = probe
+        syncer_ready = view is not None
+    else:
+        deployment = live.get(("Deployment", n.syncer(owner.name))) or {}
+        syncer_ready = int((deployment.get("status") or {}).get("readyReplicas") or 0) > 0
+        view, error = ctx.syncers.status(owner.namespace, owner.name, target) if syncer_ready else (None, "")
     syncer_pods = [x for x in job_pods if (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER]
-    return st.Observation(now=now, ready=ready, syncer_endpoint=address, syncer_ready=syncer_ready,
-                          syncer_restarts=pods.restarts(syncer_pods), syncer=view)
+    exposed = exposure.address(job, live.get(("Service", n.exposed_syncer(owner.name))))
+    return st.Observation(now=now, ready=ready, syncer_endpoint=target.address, syncer_ready=syncer_ready,
+                          syncer_restarts=pods.restarts(syncer_pods), syncer=view, syncer_error=error,
+                          exposed_address=exposed, blocker=blocker)
 
 
 def reconcile(ctx: Context, namespace: str, name: str) -> None:
@@ -76,6 +90,9 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 0)
     ref = n.job_reference(name, namespace, meta["uid"])
     job, problems = load(body)
+    if job is not None:
+        problems = exposure.problems(job, ctx.config.gateway_api)
+        job = None if problems else job
     if job is None:
         new = st.invalid(status, problems, generation, now)
         if st.changed(status, new):
@@ -84,21 +101,31 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
             ctx.metrics.reconciles.labels("invalid").inc()
         return
     owner = render.Owner(name, namespace, meta["uid"])
-    token = _token(ctx, job, owner)
+    secrets = {secret: ctx.api.get("Secret", namespace, secret) for secret, _, _ in access.referenced(job)}
+    token = _token(ctx, job, owner, secrets)
+    link = access.link(job, namespace, secrets)
+    target = _target(ctx, job, owner, link, token, secrets)
+    blocker, probe = access.secret_blocker(job, secrets), None
+    if blocker is None and job.spec.syncer.external is not None:
+        # Before any learner exists: a token the syncer refuses would only make them crash-loop.
+        probe = ctx.syncers.status(namespace, name, target)
+        blocker = access.refused(job, link, probe[1])
     was_finished = st.finished(status)
-    desired = render.children(job, owner, token, started=st.started(status), finished=was_finished)
-    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired)
+    desired = render.children(job, owner, token, started=st.started(status), finished=was_finished,
+                              blocked=blocker is not None, link=link,
+                              expose_annotations=ctx.config.expose_annotations)
+    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
-    obs = _observe(ctx, job, owner, live, job_pods, token, now)
+    obs = _observe(ctx, job, owner, live, job_pods, target, probe, blocker, now)
     ended = None if was_finished else st.ending(job.spec, status, obs)
     new = st.compute(job.spec, status, obs, generation, ended)
     if ended is not None:
         # Learners and syncer go; the checkpoint volume, config and token stay.
-        desired = render.children(job, owner, token, started=True, finished=True)
-        children.sync(ctx.api, namespace, name, owner.uid, desired)
+        desired = render.children(job, owner, token, started=True, finished=True, link=link)
+        children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
     for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
         pod_meta = pod["metadata"]
@@ -107,6 +134,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
             post(ref, "PodForceDeleted", f"pod {pod_meta['name']} was Terminating past its grace period "
                                          f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
     new = _readmit_ready(ctx, ref, new, job_pods)
+    if blocker is not None and _running_reason(status) != blocker.reason:
+        post(ref, blocker.reason, blocker.message, warning=True)
     diff = st.changed(status, new)
     if diff:
         ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
@@ -117,6 +146,10 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     if ttl is not None and done_at is not None and now - done_at >= ttl:
         post(ref, "TTLExpired", f"finished {now - done_at:.0f} s ago; deleting (ttlSecondsAfterFinished={ttl})")
         ctx.api.delete(KIND, namespace, name, uid=owner.uid)
+
+
+def _running_reason(status: dict[str, Any]) -> str:
+    return str((c.find(status.get("conditions") or [], c.RUNNING) or {}).get("reason", ""))
 
 
 def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
@@ -158,8 +191,9 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
         status = body.get("status") or {}
         ref = n.job_reference(job_name, namespace, body["metadata"]["uid"])
         slot_id = f"{group}-{index}"
-        if job is None or st.finished(status) or not st.slot_wanted(job.spec, slot_id):
-            return  # scaled down, suspended, finished or invalid: pods removed on purpose
+        if job is None or not job.spec.runs_here() or st.finished(status) or access.blocked(status) or \
+                not st.slot_wanted(job.spec, slot_id):
+            return  # scaled down, suspended, finished, blocked, invalid or not ours: removed on purpose
         if lost is not None:
             if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
                 lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")

@@ -1,9 +1,10 @@
 """Pure `spec -> manifests`: everything the operator creates for one job, as plain dicts.
 
 No I/O and no clock, so every rule here is tested without a cluster. `children()` decides
-which parts exist in each state (running, suspended, finished); the builders below say how
-each part looks. Learner pods find their index from the StatefulSet's pod-index label and
-the syncer through its Service; both read the job token from the Secret, never from args.
+which parts exist in each state (running, suspended, finished, blocked on a Secret); the
+builders below say how each part looks. Learner pods find their index from the StatefulSet's
+pod-index label and the syncer through the `access.Link` (its Service, or another cluster's
+endpoint); both read the job token from a Secret, never from args.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import base64
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from diloco.operator import access, exposure
 from diloco.operator import naming as n
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, Resources, dump_job
 
@@ -46,29 +49,35 @@ def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     return problems
 
 
-def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool,
-             finished: bool) -> list[dict[str, Any]]:
+def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool, finished: bool,
+             blocked: bool = False, link: access.Link | None = None,
+             expose_annotations: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The children that should exist now.
 
     Suspended before it ever ran: nothing (Kueue admits jobs by un-suspending them). Suspended
-    later: the syncer and its checkpoint stay so training resumes where it stopped. Finished:
-    only the checkpoint volume, config and token remain, for inspection and restarts.
+    later: the syncer and its checkpoint stay so training resumes where it stopped. Finished,
+    or blocked (a Secret it names is missing, the syncer refuses its token): only the
+    checkpoint volume, config and token remain. A cluster whose syncer is external runs
+    learners only: no syncer, checkpoint volume or token of its own.
     """
     spec = job.spec
     if spec.suspend and not started:
         return []
+    link = link or access.link(job, owner.namespace, {})
     external = spec.syncer.external is not None
     out = [config_map(job, owner)]
     if not external:
         out.append(token_secret(owner, token))
         out.append(checkpoint_claim(spec, owner))
-    if finished:
+    if finished or blocked:
         return out
     if not external:
         out += [syncer_deployment(job, owner), syncer_service(owner)]
+        if spec.syncer.expose is not None:
+            out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
     if not spec.suspend:
         for group in spec.learner_groups:
-            out += [learner_service(owner, group), learner_statefulset(job, owner, group)]
+            out += [learner_service(owner, group), learner_statefulset(job, owner, group, link)]
     return out
 
 
@@ -122,7 +131,8 @@ def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
 
 def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
     s = dump_job(job)["spec"]
-    syncer = {k: v for k, v in s["syncer"].items() if k not in ("image", "resources")}
+    # Exposure is not read by the syncer (its TLS files show in the pod template itself).
+    syncer = {k: v for k, v in s["syncer"].items() if k not in ("image", "resources", "expose")}
     return _hash({"model": s["model"], "data": s["data"], "syncer": syncer})
 
 
@@ -143,10 +153,15 @@ def _security() -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
-def _token_env(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
-    ext = job.spec.syncer.external
-    secret = ext.token_secret if ext is not None else n.token_secret(owner.name)
+def _token_env(secret: str) -> dict[str, Any]:
     return {"name": "DILOCO_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
+
+
+def _tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Only the keys a container needs, readable by its group alone (the pod's fsGroup)."""
+    volume = {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440,
+                                        "items": [{"key": k, "path": k} for k in keys]}}
+    return volume, {"name": "tls", "mountPath": n.TLS_DIR, "readOnly": True}
 
 
 def _common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -157,23 +172,30 @@ def _common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, 
     return volumes, mounts
 
 
-def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup) -> dict[str, Any]:
+def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup,
+                        link: access.Link) -> dict[str, Any]:
     name = n.statefulset(owner.name, group.name)
-    ext = job.spec.syncer.external
-    address = ext.endpoint if ext is not None else n.syncer_address(owner.name, owner.namespace)
     pod_security, container_security = _security()
     volumes, mounts = _common_volumes(owner)
     match = n.selector(owner.name, n.LEARNER, group.name)
+    tls_args: list[str] = []
+    if link.ca_secret is not None:
+        volume, mount = _tls_volume(link.ca_secret, (n.CA_KEY,))
+        volumes.append(volume)
+        mounts.append(mount)
+        tls_args = ["--tls-ca", f"{n.TLS_DIR}/{n.CA_KEY}"]
+        if link.server_name:
+            tls_args += ["--tls-server-name", link.server_name]
     container = {
         "name": n.LEARNER,
         "image": group.image,
         "command": ["diloco", "learner"],
         "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--group", group.name,
-                 "--index", "$(POD_INDEX)", "--syncer", address,
-                 "--metrics-port", str(n.LEARNER_METRICS_PORT)],
+                 "--index", "$(POD_INDEX)", "--syncer", link.address,
+                 "--metrics-port", str(n.LEARNER_METRICS_PORT), *tls_args],
         "env": [
             {"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{n.INDEX}']"}}},
-            _token_env(job, owner),
+            _token_env(link.token_secret),
             {"name": "HOME", "value": "/tmp"},
         ],
         "ports": [{"name": "metrics", "containerPort": n.LEARNER_METRICS_PORT}],
@@ -233,13 +255,20 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
     volumes, mounts = _common_volumes(owner)
     volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
     mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
+    expose = job.spec.syncer.expose
+    tls_args: list[str] = []
+    if expose is not None and expose.tls.enabled and expose.tls.secret_name:
+        volume, mount = _tls_volume(expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY))
+        volumes.append(volume)
+        mounts.append(mount)
+        tls_args = ["--tls-cert", f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "--tls-key", f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"]
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,
         "command": ["diloco", "syncer"],
         "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--port", str(n.SYNCER_GRPC_PORT),
-                 "--metrics-port", str(n.SYNCER_METRICS_PORT), "--checkpoint-dir", n.CHECKPOINT_DIR],
-        "env": [_token_env(job, owner), {"name": "HOME", "value": "/tmp"}],
+                 "--metrics-port", str(n.SYNCER_METRICS_PORT), "--checkpoint-dir", n.CHECKPOINT_DIR, *tls_args],
+        "env": [_token_env(n.token_secret(owner.name)), {"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "grpc", "containerPort": n.SYNCER_GRPC_PORT},
                   {"name": "metrics", "containerPort": n.SYNCER_METRICS_PORT}],
         # Restoring a large checkpoint takes a while; only then does the port open.

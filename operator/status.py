@@ -1,9 +1,11 @@
 """Pure status logic: phase, conditions, per-group counts, goodput, and when a job ends.
 
-Inputs are what the handlers observed (children, the syncer's Status RPC) plus the previous
-status; the output is the next status. Counters written by the pod handlers (lost,
-preempted, readmitted) and accumulators (goodput) are carried over, so the status is the
-operator's only memory and a restarted operator continues where the last one stopped.
+Inputs are what the handlers observed (children, the syncer's Status RPC, Secrets the job
+names) plus the previous status; the output is the next status. The syncer's answer is the
+global picture (every region, every cluster); the group counts are this cluster's own.
+Counters written by the pod handlers (lost, preempted, readmitted) and accumulators (goodput)
+are carried over, so the status is the operator's only memory and a restarted operator
+continues where the last one stopped.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.operator import conditions as c
+from diloco.operator.access import Blocker
 from diloco.spec import JobSpec
 
 # Longer gaps between samples mean the operator was down: do not guess what happened then.
@@ -31,6 +34,19 @@ def parse_time(value: str | None) -> float | None:
 
 
 @dataclass(frozen=True)
+class RegionView:
+    """One region as the syncer sees it, whichever cluster its learners run in."""
+
+    region: str
+    learners: int
+    active_learners: int
+    tokens_merged: int
+    bytes_received: int
+    contributions: int
+    mean_staleness: float
+
+
+@dataclass(frozen=True)
 class SyncerView:
     """The parts of the syncer's StatusReply the job status shows."""
 
@@ -39,6 +55,7 @@ class SyncerView:
     tokens_merged: int
     active_learners: int
     readmissions: int  # re-joins the syncer saw: joins beyond each learner's first
+    regions: tuple[RegionView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,9 @@ class Observation:
     syncer_ready: bool = False
     syncer_restarts: int = 0
     syncer: SyncerView | None = None  # None: the Status RPC did not answer
+    syncer_error: str = ""  # its gRPC status code's name then (UNAVAILABLE, UNAUTHENTICATED, ...)
+    exposed_address: str = ""  # where other clusters dial this syncer, once known
+    blocker: Blocker | None = None  # why no pods run (a Secret the job names, a refused token)
 
 
 @dataclass(frozen=True)
@@ -130,36 +150,68 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation:
     ready = sum(g["ready"] for g in groups)
     out.update(learnerGroups=groups, desiredLearners=desired, readyLearners=ready, learners=f"{ready}/{desired}")
     out["lostLearners"] = [x for x in status.get("lostLearners") or [] if slot_wanted(spec, x.get("slot", ""))]
-    external = spec.syncer.external is not None
-    syncer: dict[str, Any] = {"endpoint": obs.syncer_endpoint, "ready": obs.syncer_ready or external,
+    syncer: dict[str, Any] = {"endpoint": obs.syncer_endpoint, "ready": obs.syncer_ready,
                               "restarts": obs.syncer_restarts}
+    if spec.syncer.external is not None:
+        syncer["external"] = True
+    if obs.exposed_address:
+        syncer["exposedAddress"] = obs.exposed_address
     if obs.syncer:
         syncer.update(incarnation=obs.syncer.incarnation, activeLearners=obs.syncer.active_learners,
                       readmissions=obs.syncer.readmissions)
-        out.update(outerVersion=obs.syncer.outer_version, tokensMerged=obs.syncer.tokens_merged)
-    else:
-        out.update(outerVersion=status.get("outerVersion", 0), tokensMerged=status.get("tokensMerged", 0))
+        out.update(outerVersion=obs.syncer.outer_version, tokensMerged=obs.syncer.tokens_merged,
+                   regions=[region_entry(r) for r in obs.syncer.regions])
+    else:  # the last known picture, until the syncer answers again
+        out.update(outerVersion=status.get("outerVersion", 0), tokensMerged=status.get("tokensMerged", 0),
+                   regions=status.get("regions") or [])
     out["syncer"] = syncer
 
     if running and not status.get("startTime"):
         out["startTime"] = now
     elif spec.suspend and status.get("startTime"):
         out["startTime"] = None  # as for a Job: a resume starts the deadline's clock again
-    active = obs.syncer.active_learners if obs.syncer else 0
+    active = own_active(spec, obs.syncer) if obs.syncer else 0
     acc = _accounting(status, desired, active, obs.now, counting=running)
     out["accounting"] = acc
     if acc["desiredLearnerSeconds"] > 0:
         out["goodput"] = round(acc["activeLearnerSeconds"] / acc["desiredLearnerSeconds"], 3)
 
-    conds = _conditions(spec, status, list(status.get("conditions") or []), out, ended, running, ready, desired,
-                        now, generation)
+    conds = _conditions(spec, status, list(status.get("conditions") or []), out, obs, ended, running, ready,
+                        desired, now, generation)
     out["conditions"] = conds
     out["phase"] = phase(conds, spec.suspend)
     return out
 
 
+def own_active(spec: JobSpec, view: SyncerView) -> int:
+    """Connected learners of this manifest's regions: in a multi-cluster job the syncer's total
+    also counts other clusters', which would hide this cluster's losses from its goodput."""
+    if not view.regions:
+        return view.active_learners
+    mine = {g.region for g in spec.learner_groups}
+    return sum(r.active_learners for r in view.regions if r.region in mine)
+
+
+def region_entry(r: RegionView) -> dict[str, Any]:
+    return {"region": r.region, "learners": r.learners, "activeLearners": r.active_learners,
+            "tokensMerged": r.tokens_merged, "bytesReceived": r.bytes_received, "contributions": r.contributions,
+            "meanStaleness": round(r.mean_staleness, 3)}
+
+
+def _running(obs: Observation, running: bool, syncer_ready: bool, ready: int, desired: int) -> tuple[bool, str, str]:
+    """The Running condition: (status, reason, message); a blocker or an unreachable syncer says why not."""
+    up = running and syncer_ready and ready > 0 and obs.blocker is None
+    if running and obs.blocker is not None:
+        return False, obs.blocker.reason, obs.blocker.message
+    if running and not syncer_ready and obs.syncer_error:
+        return False, "SyncerUnreachable", (f"the syncer at {obs.syncer_endpoint} did not answer its Status RPC "
+                                            f"({obs.syncer_error}); {ready} of {desired} learners ready")
+    return up, "LearnersTraining" if up else "NotRunning", \
+        f"{ready} of {desired} learners ready; syncer {'' if syncer_ready else 'not '}ready"
+
+
 def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any]], out: dict[str, Any],
-                ended: Ending | None, running: bool, ready: int, desired: int, now: str,
+                obs: Observation, ended: Ending | None, running: bool, ready: int, desired: int, now: str,
                 gen: int) -> list[dict[str, Any]]:
     if not spec.suspend or started(status):
         conds = c.set_condition(conds, c.CREATED, True, "ChildrenCreated", "children created", now, gen)
@@ -171,11 +223,8 @@ def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any
         conds = c.set_condition(conds, kind, True, ended.reason, ended.message, now, gen)
     elif not finished(status):
         conds = c.set_condition(conds, c.FAILED, False, "SpecValid", "", now, gen)
-    syncer_ready = out["syncer"]["ready"]
-    up = running and syncer_ready and ready > 0
-    conds = c.set_condition(conds, c.RUNNING, up, "LearnersTraining" if up else "NotRunning",
-                            f"{ready} of {desired} learners ready; syncer {'' if syncer_ready else 'not '}ready",
-                            now, gen)
+    up, reason, message = _running(obs, running, out["syncer"]["ready"], ready, desired)
+    conds = c.set_condition(conds, c.RUNNING, up, reason, message, now, gen)
     degraded = up and ready < desired
     message = ""
     if degraded:

@@ -1,53 +1,92 @@
 """The operator's view of a syncer: one Status RPC per timer tick, with a short deadline.
 
-Channels are cached per address (gRPC reconnects by itself) and closed when a job goes.
-A syncer that does not answer is not an error here: the status then shows it not ready.
+Channels are cached per job and target (gRPC reconnects by itself) and closed when the job
+goes. A syncer that does not answer is not an error here: the caller gets the gRPC
+status code's name, so the job status can tell a refused token (UNAUTHENTICATED) from a
+syncer that is not there yet (UNAVAILABLE).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
-from diloco.operator.status import SyncerView
+from diloco.operator.status import RegionView, SyncerView
 
 log = logging.getLogger("diloco.operator")
 TIMEOUT = 3.0
 
 
+
+@dataclass(frozen=True)
+class Target:
+    """A syncer as the operator dials it: address, the job token and, for TLS, CA and name."""
+
+    address: str
+    token: str
+    ca: bytes | None = None
+    server_name: str | None = None
+
+
+ChannelKey = tuple[str, str, str, bytes | None, str | None]  # namespace, job, address, CA, server name
+
+
 class SyncerClients:
     def __init__(self) -> None:
-        self._channels: dict[str, Any] = {}
+        self._channels: dict[ChannelKey, Any] = {}
         self._lock = threading.Lock()
 
-    def status(self, address: str, token: str) -> SyncerView | None:
+    def _channel(self, key: ChannelKey) -> Any:
         import grpc
 
-        from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+        from diloco.wire import GRPC_OPTIONS
 
+        _, _, address, ca, server_name = key
         with self._lock:
-            channel = self._channels.get(address)
+            channel = self._channels.get(key)
             if channel is None:
-                channel = self._channels[address] = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                if ca is None:
+                    channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+                else:
+                    options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
+                    channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca),
+                                                  options=options)
+                self._channels[key] = channel
+        return channel
+
+    def status(self, namespace: str, job: str, target: Target) -> tuple[SyncerView | None, str]:
+        """The syncer's view and "", or None and the gRPC status code's name."""
+        import grpc
+
+        from diloco.wire import auth_metadata, pb, rpc
+
+        channel = self._channel((namespace, job, target.address, target.ca, target.server_name))
         try:
-            reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(token),
+            reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(target.token),
                                                    timeout=TIMEOUT)
         except grpc.RpcError as exc:
-            log.debug("syncer %s: Status failed: %s", address, exc.code())
-            return None
+            log.debug("syncer %s: Status failed: %s", target.address, exc.code())
+            return None, exc.code().name
+        regions = tuple(RegionView(region=r.region, learners=int(r.learners), active_learners=int(r.active_learners),
+                                   tokens_merged=int(r.tokens_merged), bytes_received=int(r.bytes_received),
+                                   contributions=int(r.contributions), mean_staleness=float(r.mean_staleness))
+                        for r in reply.regions)
         return SyncerView(
             incarnation=reply.incarnation,
             outer_version=int(sum(reply.versions)),
             tokens_merged=int(reply.tokens_merged),
             active_learners=int(reply.active_learners),
             readmissions=int(sum(max(0, ls.joins - 1) for ls in reply.learners)),
-        )
+            regions=regions,
+        ), ""
 
-    def forget(self, address: str) -> None:
+    def forget(self, namespace: str, job: str) -> None:
+        """Close the job's channels (a changed address or CA leaves the old one open until then)."""
         with self._lock:
-            channel = self._channels.pop(address, None)
-        if channel is not None:
+            gone = [self._channels.pop(k) for k in [k for k in self._channels if k[:2] == (namespace, job)]]
+        for channel in gone:
             channel.close()
 
     def close(self) -> None:

@@ -47,13 +47,14 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
           checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]") -> None:
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
-    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics,
-                      regions=frozenset(g.region for g in job.spec.learner_groups))
+    # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
+    regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
+    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics, regions=regions)
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
-    # Each learner holds a subscription thread and briefly a push or join thread; the head-room
-    # admits learners this spec does not list (other clusters' groups, scavengers).
-    workers = 4 * max(job.spec.total_learners, 1) + 64
+    # Each learner holds a subscription thread and briefly a push or join thread; spec.data.shards
+    # counts other clusters' learners too, and the head-room admits scavengers.
+    workers = 4 * max(job.spec.total_learners, job.spec.shard_count) + 64
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
     rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
     if tls is not None:
@@ -75,7 +76,11 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     def merge_loop() -> None:
         # Woken by every accepted push; otherwise sleeps until the next grace deadline.
         while not stop.is_set():
-            core.merge_ready()
+            try:
+                core.merge_ready()
+            except Exception:  # a bug must not silently end all merging: say so, keep serving
+                metrics.merge_errors.inc()
+                log.exception("merge failed; the round's contributions are dropped")
             with core.lock:
                 if not core.book.ready(core.clock(), core.active_learners()):
                     delay = core.next_wakeup() - core.clock()

@@ -143,3 +143,20 @@ def test_dashboard_queries_parse_as_promql(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_syncer_exposure_values_reach_the_operator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's syncerExposure becomes the operator's Config, and RBAC for GRPCRoutes only when asked."""
+    from diloco.operator.context import Config
+
+    for values, gateway in ((None, False), (ALL_ON, True)):
+        docs = rendered(values)
+        (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+        for item in deploy["spec"]["template"]["spec"]["containers"][0]["env"]:
+            monkeypatch.setenv(item["name"], item["value"])
+        config = Config.from_env()
+        assert config.gateway_api is gateway and ("GRPCRoute" in config.managed_kinds) is gateway
+        assert config.expose_annotations == yaml.safe_load(ALL_ON.read_text())["syncerExposure"]["annotations"] \
+            if gateway else config.expose_annotations == {}
+        (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+        assert any("grpcroutes" in rule["resources"] for rule in role["rules"]) is gateway

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.operator import access, exposure, render
 from diloco.operator import naming as n
-from diloco.operator import render
 from diloco.operator.children import plan, stamped
 from diloco.spec import DecoupledDiLoCoJob, parse_job
 
@@ -106,13 +106,98 @@ def test_big_models_get_bigger_checkpoint_volumes() -> None:
     assert int(claim["spec"]["resources"]["requests"]["storage"].removesuffix("Gi")) > 100
 
 
+REMOTE = {"syncer": {"external": {"endpoint": "syncer.example.com:50051", "tokenSecret": "shared",
+                                   "serverName": "syncer.internal"}},
+          "data": {"shards": 8}}
+
+
+def remote_job() -> DecoupledDiLoCoJob:
+    groups = [{"name": "eu", "region": "europe-west4", "replicas": 2, "shardOffset": 4},
+              {"name": "asia", "region": "asia-southeast1", "replicas": 2, "shardOffset": 6}]
+    return job(learnerGroups=groups, **REMOTE)
+
+
+def learner_container(objs: list[dict[str, Any]], group: str) -> dict[str, Any]:
+    (c,) = by_key(objs)[("StatefulSet", f"demo-{group}")]["spec"]["template"]["spec"]["containers"]
+    return dict(c)
+
+
 def test_external_syncer_means_learners_only() -> None:
-    ext = job(syncer={"external": {"endpoint": "syncer.example.com:443", "tokenSecret": "shared-token"}})
-    objs = by_key(render.children(ext, OWNER, TOKEN, started=True, finished=False))
-    assert ("Deployment", "demo-syncer") not in objs and ("Secret", "demo-token") not in objs
-    (c,) = objs[("StatefulSet", "demo-eu")]["spec"]["template"]["spec"]["containers"]
-    assert "syncer.example.com:443" in c["args"]
-    assert {"name": "shared-token", "key": "token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]]
+    plain = access.link(remote_job(), "research", {"shared": {"data": {"token": "dA=="}}})
+    objs = render.children(remote_job(), OWNER, TOKEN, started=True, finished=False, link=plain)
+    assert kinds(objs) == {("ConfigMap", "demo-config"), ("StatefulSet", "demo-eu"), ("Service", "demo-eu"),
+                           ("StatefulSet", "demo-asia"), ("Service", "demo-asia")}  # no syncer, PVC or token
+    c = learner_container(objs, "eu")
+    assert c["args"][c["args"].index("--syncer") + 1] == "syncer.example.com:50051" and "--tls-ca" not in c["args"]
+    assert {"name": "shared", "key": "token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]]
+    # A CA in the copied Secret turns TLS on, checked for the certificate's name.
+    tls = access.link(remote_job(), "research", {"shared": {"data": {"token": "dA==", "ca.crt": "Y2E="}}})
+    objs = render.children(remote_job(), OWNER, TOKEN, started=True, finished=False, link=tls)
+    c = learner_container(objs, "asia")
+    assert c["args"][-4:] == ["--tls-ca", "/etc/diloco-tls/ca.crt", "--tls-server-name", "syncer.internal"]
+    pod = by_key(objs)[("StatefulSet", "demo-asia")]["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "shared", "defaultMode": 0o440,
+                                      "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in pod["volumes"]
+    # Blocked (Secret missing, token refused): no pods at all, only the config.
+    assert kinds(render.children(remote_job(), OWNER, TOKEN, started=True, finished=False, blocked=True,
+                                 link=tls)) == {("ConfigMap", "demo-config")}
+
+
+EXPOSED = {"syncer": {"expose": {"host": "syncer.us.example.com", "annotations": {"team": "ml", "lb": "mine"},
+                                 "loadBalancerSourceRanges": ["203.0.113.0/24"],
+                                 "tls": {"secretName": "syncer-tls"}}}}
+
+
+def test_exposed_syncer_gets_a_load_balancer_and_tls() -> None:
+    exposed = job(**EXPOSED)
+    link = access.link(exposed, "research", {})
+    objs = by_key(render.children(exposed, OWNER, TOKEN, started=True, finished=False, link=link,
+                                  expose_annotations={"lb": "chart", "dns": "chart"}))
+    svc = objs[("Service", "demo-syncer-exposed")]
+    assert svc["spec"]["type"] == "LoadBalancer" and svc["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
+    assert [p["name"] for p in svc["spec"]["ports"]] == ["grpc"]  # metrics stay inside the cluster
+    assert svc["metadata"]["annotations"] == {"lb": "mine", "dns": "chart", "team": "ml"}  # the job's win
+    assert svc["spec"]["selector"] == objs[("Service", "demo-syncer")]["spec"]["selector"]
+    (syncer,) = objs[("Deployment", "demo-syncer")]["spec"]["template"]["spec"]["containers"]
+    assert syncer["args"][-4:] == ["--tls-cert", "/etc/diloco-tls/tls.crt", "--tls-key", "/etc/diloco-tls/tls.key"]
+    # Learners in this cluster dial the in-cluster Service, over TLS, checked for the exposed name.
+    c = learner_container(list(objs.values()), "us")
+    assert c["args"][c["args"].index("--syncer") + 1] == "demo-syncer.research.svc:50051"
+    assert c["args"][-4:] == ["--tls-ca", "/etc/diloco-tls/ca.crt", "--tls-server-name", "syncer.us.example.com"]
+    # Exposure settings do not restart the syncer; the TLS files do (they are in the template).
+    other = job(syncer={"expose": {**EXPOSED["syncer"]["expose"], "annotations": {}}})
+    assert render.syncer_config_hash(other) == render.syncer_config_hash(exposed)
+    plain = job(syncer={"expose": {"tls": {"enabled": False}}})
+    objs = by_key(render.children(plain, OWNER, TOKEN, started=True, finished=False))
+    assert "--tls-ca" not in learner_container(list(objs.values()), "us")["args"]
+    assert "annotations" not in objs[("Service", "demo-syncer-exposed")]["metadata"]
+
+
+def test_grpc_route_attaches_to_the_gateway() -> None:
+    routed = job(syncer={"expose": {"type": "GRPCRoute", "host": "syncer.us.example.com",
+                                    "gateway": {"name": "edge", "namespace": "gateways", "sectionName": "grpc"},
+                                    "tls": {"enabled": False}}})
+    route = by_key(render.children(routed, OWNER, TOKEN, started=True, finished=False))[("GRPCRoute",
+                                                                                          "demo-syncer-exposed")]
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1"
+    assert route["spec"] == {
+        "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "edge",
+                        "namespace": "gateways", "sectionName": "grpc"}],
+        "hostnames": ["syncer.us.example.com"],
+        "rules": [{"backendRefs": [{"name": "demo-syncer", "port": 50051}]}]}
+    assert exposure.problems(routed, gateway_api=False)[0].startswith("spec.syncer.expose.type: GRPCRoute needs")
+    assert exposure.problems(routed, gateway_api=True) == []
+    assert exposure.address(routed, None) == "syncer.us.example.com"
+
+
+def test_exposed_address_is_the_host_or_the_load_balancers() -> None:
+    lb = job(syncer={"expose": {"tls": {"enabled": False}}})
+    assert exposure.address(lb, None) == ""  # not provisioned yet
+    assert exposure.address(lb, {"status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}) == \
+        "198.51.100.7:50051"
+    assert exposure.address(lb, {"status": {"loadBalancer": {"ingress": [{"ip": "2001:db8::7"}]}}}) == \
+        "[2001:db8::7]:50051"
+    assert exposure.address(job(**EXPOSED), None) == "syncer.us.example.com:50051"
 
 
 def test_scaling_and_chaos_do_not_restart_pods_but_training_changes_do() -> None:

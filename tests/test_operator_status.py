@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from diloco.operator import chaos, conditions, pods
+from diloco.operator import access, chaos, conditions, pods
 from diloco.operator import status as st
 from diloco.spec import JobSpec, parse_job
 
@@ -145,3 +146,65 @@ def test_chaos_plan_respects_max_concurrent_and_targets() -> None:
     assert len(kills) == 1 and kills[0].number == 0  # a hundred due, one at a time
     assert chaos.plan(job.chaos, state, ready[:3], 4, T0 + 100) == []  # one learner already down
     assert chaos.state(job.chaos, {"chaos": {**state, "kills": 5}}, T0 + 9)["kills"] == 5  # survives restarts
+
+
+def remote(**extra: Any) -> JobSpec:
+    return spec(syncer={"external": {"endpoint": "syncer.example.com:50051", "tokenSecret": "home"}},
+                data={"shards": 8}, learnerGroups=[{"name": "us", "replicas": 2, "shardOffset": 4},
+                                                   {"name": "eu", "replicas": 2, "shardOffset": 6}], **extra)
+
+
+def test_regions_come_from_the_syncer_and_outlive_its_silence() -> None:
+    regions = (st.RegionView("europe-west4", 2, 2, 5000, 1 << 20, 40, 0.25),
+               st.RegionView("us-central1", 4, 3, 9000, 2 << 20, 80, 0.1234))
+    v = st.SyncerView(incarnation="i1", outer_version=12, tokens_merged=14000, active_learners=5, readmissions=0,
+                      regions=regions)
+    s = st.compute(remote(), {}, obs(syncer=v), 1)
+    assert s["regions"][1] == {"region": "us-central1", "learners": 4, "activeLearners": 3, "tokensMerged": 9000,
+                               "bytesReceived": 2 << 20, "contributions": 80, "meanStaleness": 0.123}
+    assert s["syncer"]["external"] is True and s["phase"] == "Running"
+    eu = spec(learnerGroups=[{"name": "eu", "region": "europe-west4", "replicas": 4}])
+    assert st.own_active(eu, v) == 2 and st.own_active(eu, dataclasses.replace(v, regions=())) == 5
+    quiet = st.compute(remote(), s, st.Observation(now=T0 + 5, ready={"us": 2, "eu": 2},
+                                                   syncer_endpoint="syncer.example.com:50051",
+                                                   syncer_error="UNAVAILABLE"), 1)
+    assert quiet["regions"] == s["regions"] and quiet["tokensMerged"] == 14000  # the last known picture
+    running = conditions.find(quiet["conditions"], "Running")
+    assert (running["status"], running["reason"], quiet["phase"]) == ("False", "SyncerUnreachable", "Pending")
+    assert "syncer.example.com:50051" in running["message"] and "UNAVAILABLE" in running["message"]
+
+
+def test_a_blocker_is_the_running_condition() -> None:
+    blocker = access.Blocker("SecretMissing", "Secret home (spec.syncer.external.tokenSecret) does not exist")
+    s = st.compute(remote(), {}, obs(ready={}, blocker=blocker), 1)
+    running = conditions.find(s["conditions"], "Running")
+    assert (s["phase"], running["status"], running["reason"]) == ("Pending", "False", "SecretMissing")
+    assert running["message"] == blocker.message and not conditions.is_true(s["conditions"], "Failed")
+    assert st.compute(remote(), s, obs(T0 + 5, syncer=view()), 1)["phase"] == "Running"  # recovers
+
+
+def test_referenced_secrets_are_checked_by_name_and_key() -> None:
+    job = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "j"},
+                     "spec": {"learnerGroups": [{"name": "us"}],
+                              "syncer": {"expose": {"tls": {"secretName": "j-tls"}}}}})
+    assert [r[0] for r in access.referenced(job)] == ["j-tls"]
+    missing = access.secret_blocker(job, {"j-tls": None})
+    assert missing is not None and missing.reason == "SecretMissing" and "Secret j-tls" in missing.message
+    partial = access.secret_blocker(job, {"j-tls": {"data": {"tls.crt": "eA==", "tls.key": "!!"}}})
+    assert partial is not None and partial.reason == "SecretIncomplete"
+    assert "has no tls.key, ca.crt" in partial.message  # not base64 counts as missing
+    assert access.secret_blocker(job, {"j-tls": {"data": {k: "eA==" for k in ("tls.crt", "tls.key", "ca.crt")}}}) \
+        is None
+    link = access.link(job, "ns", {})
+    assert (link.address, link.token_secret, link.ca_secret) == ("j-syncer.ns.svc:50051", "j-token", "j-tls")
+
+
+def test_only_an_unauthenticated_answer_refuses_a_remote_token() -> None:
+    job = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "j"},
+                     "spec": {"learnerGroups": [{"name": "eu", "shardOffset": 1}], "data": {"shards": 2},
+                              "syncer": {"external": {"endpoint": "s.example.com:443", "tokenSecret": "home"}}}})
+    link = access.link(job, "ns", {"home": {"data": {"token": "dA=="}}})
+    refused = access.refused(job, link, "UNAUTHENTICATED")
+    assert refused is not None and refused.reason == "SyncerUnauthenticated"
+    assert "Secret home" in refused.message and "j-token" in refused.message
+    assert access.refused(job, link, "UNAVAILABLE") is None and access.refused(job, link, "") is None

@@ -83,3 +83,62 @@ def test_cli_validate_exit_codes(tmp_path: Path) -> None:
     broken.write_text("spec: [unclosed")
     assert run_validate(broken).returncode == 2
     assert run_validate(tmp_path / "missing.yaml").returncode == 2
+
+
+def test_data_shards_are_disjoint_within_and_across_clusters() -> None:
+    groups = [{"name": "a", "replicas": 2}, {"name": "b", "replicas": 3}]
+    s = parse_job(minimal(learnerGroups=groups)).spec
+    assert s.shard_count == 5 and [s.shard_of("a", 1), s.shard_of("b", 0)] == [(1, 5), (2, 5)]
+    assert s.shard_of("a", 2) == (7, 5)  # a scavenger past its group's replicas: no shard of its own
+    remote = parse_job(minimal(learnerGroups=[{"name": "a", "replicas": 2, "shardOffset": 8}, {"name": "b"}],
+                               data={"shards": 12})).spec
+    assert remote.shard_offsets() == [8, 10] and remote.shard_of("b", 0) == (10, 12)
+    bad = problems(minimal(learnerGroups=[{"name": "a", "replicas": 2, "shardOffset": 1},
+                                          {"name": "b", "replicas": 2, "shardOffset": 0},
+                                          {"name": "c", "replicas": 2, "shardOffset": 3}], data={"shards": 4}))
+    assert bad == [
+        "spec.learnerGroups[1].shardOffset: shards 0..1 of group 'b' overlap group 'a' (1..2); give each group "
+        "its own range",
+        "spec.learnerGroups[2].shardOffset: shards 3..4 of group 'c' exceed spec.data.shards (4); raise "
+        "spec.data.shards or lower shardOffset"]
+    # A home cluster's quorum may count other clusters' learners (spec.data.shards counts them all).
+    assert parse_job(minimal(syncer={"quorum": 6}, data={"shards": 8})).spec.syncer.quorum == 6
+    assert problems(minimal(syncer={"quorum": 9}, data={"shards": 8}))[0].startswith(
+        "spec.syncer.quorum: 9 exceeds the 8 learners in spec.data.shards")
+    assert problems(minimal(learnerGroups=[{"name": "a", "shardOffset": 1}]))[0].startswith(
+        "spec.learnerGroups[0].shardOffset: needs spec.data.shards")
+
+
+def test_learners_only_clusters_must_place_their_shards() -> None:
+    external = {"external": {"endpoint": "syncer.example.com:50051", "tokenSecret": "home-token"}}
+    assert problems(minimal(syncer=external))[0].startswith("spec.data.shards: a cluster that only hosts learners")
+    assert problems(minimal(syncer=external, data={"shards": 8}))[0].startswith(
+        "spec.learnerGroups[0].shardOffset: a cluster that only hosts learners must place")
+    ok = parse_job(minimal(syncer={**external, "quorum": 9}, data={"shards": 8},
+                           learnerGroups=[{"name": "a", "replicas": 4, "shardOffset": 4}]))
+    assert ok.spec.syncer.quorum == 9  # the home cluster's syncer decides; this copy is not checked
+    assert problems(minimal(syncer={**external, "expose": {}}, data={"shards": 8},
+                            learnerGroups=[{"name": "a", "replicas": 4, "shardOffset": 4}])) == [
+        "spec.syncer.expose: the syncer is external (spec.syncer.external), so there is none here to expose; "
+        "remove one of the two"]
+    assert problems(minimal(syncer={"external": {"endpoint": "https://x", "tokenSecret": "Home"}})) == [
+        "spec.syncer.external.endpoint: 'https://x' is not host:port (e.g. syncer.example.com:50051)",
+        "spec.syncer.external.tokenSecret: 'Home' is not a DNS name (lower-case letters, digits, '-' and '.')"]
+
+
+def test_exposure_needs_a_certificate_unless_tls_is_off() -> None:
+    assert problems(minimal(syncer={"expose": {}})) == [
+        "spec.syncer.expose.tls.secretName: TLS is on when the syncer is exposed; name a kubernetes.io/tls "
+        "Secret holding tls.crt, tls.key and ca.crt, or set spec.syncer.expose.tls.enabled: false"]
+    assert parse_job(minimal(syncer={"expose": {"tls": {"enabled": False}}})).spec.syncer.expose is not None
+    route = problems(minimal(syncer={"expose": {"type": "GRPCRoute", "loadBalancerSourceRanges": ["10.0.0.0/8"],
+                                                "tls": {"secretName": "t"}}}))
+    assert [p.split(":")[0] for p in route] == ["spec.syncer.expose.gateway",
+                                               "spec.syncer.expose.loadBalancerSourceRanges"]
+
+
+def test_managed_by_names_the_controller() -> None:
+    assert parse_job(minimal()).spec.runs_here()
+    assert parse_job(minimal(managedBy="diloco.dev/operator")).spec.runs_here()
+    assert not parse_job(minimal(managedBy="kueue.x-k8s.io/multikueue")).spec.runs_here()
+    assert problems(minimal(managedBy="MultiKueue"))[0].startswith("spec.managedBy:")

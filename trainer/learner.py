@@ -50,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"--group {args.group!r} --index {args.index}: no such learner in spec.learnerGroups", file=sys.stderr)
         return 2
     learner_id = f"{group.name}-{args.index}"
-    ids = spec.learner_ids()
-    shard_index = ids.index(learner_id) if learner_id in ids else len(ids) + args.index  # scavenger past replicas
+    # Disjoint across groups and clusters: spec.data.shards and the groups' shardOffset.
+    shard_index, shard_count = spec.shard_of(group.name, args.index)
 
     # Data: our own disjoint shard, and the shared held-out split.
     corpus = data.corpus_bytes()
     train, held_out = data.split(corpus, spec.data.held_out_fraction)
-    shard = data.shard(train, shard_index % max(len(ids), 1), max(len(ids), 1))
+    shard = data.shard(train, shard_index % shard_count, shard_count)
     # A restart must not replay the same batches: the runner passes its restart count; in a
     # pod (no count available) fresh entropy does the job.
     restart_entropy = args.restart if args.restart is not None else int.from_bytes(os.urandom(4), "little")

@@ -79,6 +79,10 @@ class Cluster(kmock.KubernetesEmulator):
         self.resources[f"{crd.GROUP}/{crd.VERSION}/{crd.PLURAL}"] = kmock.ResourceInfo(
             kind="DecoupledDiLoCoJob", singular=crd.SINGULAR, namespaced=True, shortnames=set(crd.SHORT_NAMES),
             verbs={"get", "list", "watch", "create", "update", "patch", "delete"}, subresources={"status"})
+        # The Gateway API's GRPCRoute, as if its CRDs were installed (exposed syncers).
+        self.resources["gateway.networking.k8s.io/v1/grpcroutes"] = kmock.ResourceInfo(
+            kind="GRPCRoute", singular="grpcroute", namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"}, subresources={"status"})
 
     # -- writes -----------------------------------------------------------------------------
 

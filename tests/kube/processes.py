@@ -1,11 +1,12 @@
 """A container runtime for the full-system test: each pod's container runs as a local process.
 
 What a node would provide is emulated from the pod spec itself: `$(VAR)` expansion of the
-args from env (values, pod labels, Secrets), ConfigMap volumes written to a directory,
-persistent volumes as directories that outlive pods, Service names resolved to 127.0.0.1
-with each Service port mapped to a free local port (stable, so a re-created syncer pod keeps
-its address), and readiness when the process says so on stdout (the syncer's SYNCER_READY,
-a learner's `joined` event). Learners are pinned to alternating CPUs (SPEC §5).
+args from env (values, pod labels, Secrets), ConfigMap and Secret volumes written to a
+directory, persistent volumes as directories that outlive pods, Service names resolved to
+127.0.0.1 with each Service port mapped to a free local port (stable, so a re-created syncer
+pod keeps its address; every Service in front of the same port shares it), and readiness
+when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
+Learners are pinned to alternating CPUs (SPEC §5).
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ def free_port() -> int:
 
 
 class ProcessRuntime(Runtime):
-    def __init__(self, api: Kube, namespace: str, root: Path, cpus: int = 2):
+    def __init__(self, api: Kube, namespace: str, root: Path, cpus: int = 2, first_cpu: int = 0):
+        """`first_cpu`: where this runtime's learners start pinning (two clusters share one machine)."""
         super().__init__()
         self.api, self.namespace, self.root, self.cpus = api, namespace, root, cpus
         self.ports: dict[str, int] = {}  # "svc.ns.svc:port" -> local port
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> process
         self.logs: dict[str, Path] = {}
         self.stopping: dict[str, float] = {}
-        self._learners_started = 0
+        self._learners_started = first_cpu
 
     # -- addresses --------------------------------------------------------------------------
 
@@ -55,15 +57,18 @@ class ProcessRuntime(Runtime):
     def _container_port(self, pod: dict[str, Any], container: dict[str, Any], port: dict[str, Any]) -> int:
         """The local port for a container port: a Service's stable one if a Service targets it."""
         labels = pod["metadata"].get("labels") or {}
+        addresses = []
         for svc in self.api.list("Service", self.namespace):
             selector = svc["spec"].get("selector") or {}
             if svc["spec"].get("clusterIP") == "None" or not selector or not selector.items() <= labels.items():
                 continue  # headless Services address each pod, not one shared port
-            for sp in svc["spec"]["ports"]:
-                if sp.get("targetPort") in (port.get("name"), port["containerPort"]):
-                    return int(self.local(f"{svc['metadata']['name']}.{self.namespace}.svc:{sp['port']}")
-                               .rsplit(":", 1)[1])
-        return free_port()
+            addresses += [f"{svc['metadata']['name']}.{self.namespace}.svc:{sp['port']}" for sp in svc["spec"]["ports"]
+                          if sp.get("targetPort") in (port.get("name"), port["containerPort"])]
+        if not addresses:
+            return free_port()
+        local = next((self.ports[a] for a in addresses if a in self.ports), None) or free_port()
+        self.ports.update(dict.fromkeys(addresses, local))
+        return local
 
     # -- environment --------------------------------------------------------------------------
 
@@ -98,6 +103,13 @@ class ProcessRuntime(Runtime):
                 assert cm, f"ConfigMap {vol['configMap']['name']} is missing"
                 for key, text in cm["data"].items():
                     (path / key).write_text(text)
+            elif "secret" in vol:  # the listed items only, as the kubelet projects them
+                path = pod_dir / mount["name"]
+                path.mkdir(parents=True, exist_ok=True)
+                secret = self.api.get("Secret", self.namespace, vol["secret"]["secretName"])
+                assert secret, f"Secret {vol['secret']['secretName']} is missing"
+                for item in vol["secret"].get("items") or [{"key": k, "path": k} for k in secret["data"]]:
+                    (path / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
             elif "persistentVolumeClaim" in vol:  # outlives the pod, like a real volume
                 path = self.root / "volumes" / vol["persistentVolumeClaim"]["claimName"]
             else:
