@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 
 .PHONY: run test bench clean
 
+# `python -P`: never put the working directory (with its top-level operator/ folder) on sys.path.
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PYTHON) -P -m venv $(VENV)
+	$(BIN)/python -P -m pip install --quiet --upgrade pip
+	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
 	touch $@
 
 run: $(VENV)/.installed

@@ -48,7 +48,7 @@ print(t1 - t0, t3 - t2, t4 - t3)
 
 def measure(code: str, mib: float) -> list[float]:
     with tempfile.TemporaryDirectory() as d:
-        out = subprocess.run([sys.executable, "-c", textwrap.dedent(code.format(mib=mib, d=d))],
+        out = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code.format(mib=mib, d=d))],
                              capture_output=True, text=True, check=True)
     return [float(x) for x in out.stdout.split()[-3:]]
 

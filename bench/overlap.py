@@ -61,16 +61,16 @@ def free_port() -> int:
 
 
 def plain(config: str, seconds: float) -> float:
-    out = subprocess.run([sys.executable, "-c", PLAIN, config, str(seconds)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-P", "-c", PLAIN, config, str(seconds)], capture_output=True, text=True, check=True)
     return float(out.stdout.split()[-1])
 
 
 def attached(config: str, seconds: float) -> tuple[float, dict]:
     env = dict(os.environ, DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
     port = free_port()
-    syncer = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-m", "diloco.cli", "syncer", "--config", config,
+    syncer = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", config,
                                "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    learner = subprocess.Popen([sys.executable, "-m", "diloco.cli", "learner", "--config", config, "--group",
+    learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", config, "--group",
                                 "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     samples: list[tuple[float, int]] = []

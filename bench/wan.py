@@ -153,7 +153,7 @@ def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
 def run_arm(net, mode: str, config: Path, seconds: float, workdir: Path) -> tuple[float, Path | None]:
     """Tokens/s over `seconds` after warm-up; returns it and where the final weights went."""
     env = dict(os.environ, DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    cli = [sys.executable, "-m", "diloco.cli"]
+    cli = [sys.executable, "-P", "-m", "diloco.cli"]
     me = [sys.executable, str(Path(__file__).resolve())]
     procs, readers = [], []
     weights = workdir / f"{mode}-final.npz"

@@ -46,7 +46,7 @@ def test_two_regions_train_over_throttled_links(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(manifest()))
     env = dict(os.environ, DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    cli = [sys.executable, "-m", "diloco.cli"]
+    cli = [sys.executable, "-P", "-m", "diloco.cli"]
     procs: list[subprocess.Popen] = []
     with wan.Wan(["us-east", "eu-west"], mbit=20) as net:
         try:

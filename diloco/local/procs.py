@@ -109,4 +109,6 @@ class Supervisor:
 
 
 def diloco_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "diloco.cli", *args]
+    """`python -P -m diloco.cli ...`: -P keeps the working directory off sys.path, so a clone's
+    top-level `operator/` folder can never shadow the standard library's `operator`."""
+    return [sys.executable, "-P", "-m", "diloco.cli", *args]
