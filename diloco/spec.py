@@ -124,6 +124,9 @@ class Syncer(Model):
     grace_window: GraceWindow = Field(default_factory=GraceWindow)
     merge: Literal["rda", "average"] = "rda"
     token_weighting: bool = True  # w = tokens·(tokens/steps); off gives uniform weights
+    # A round holding n of the M active learners moves Θ by n/M of its merged update, so Θ
+    # advances by the learners' average progress however the asynchronous rounds split.
+    participation_scaling: bool = True
     fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
     fragmentation: Literal["balanced", "layer", "strided"] = "balanced"
     compression: Literal["int4", "int8", "bf16", "fp32"] = "int4"  # +0.09% loss vs bf16

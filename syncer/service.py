@@ -192,7 +192,7 @@ class SyncerCore:
                 t0 = self.clock()
                 deadline = self.book.deadline(p) or now
                 closed = self.book.close(p, self.model.versions[p])
-                result = self.model.apply(closed)
+                result = self.model.apply(closed, active=len(self.active_learners()))
                 self.book.published(self.clock() - t0)
                 for c in closed.contributions:
                     self.learners[c.learner].tokens += c.tokens

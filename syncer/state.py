@@ -70,8 +70,13 @@ class GlobalModel:
     def full_blob(self) -> bytes:
         return encode_tensors(self.params, "fp32")
 
-    def apply(self, closed: Closed[Tensors]) -> MergeResult:
-        """Merge a closed round into Θ_p with the Nesterov outer step; bump its version."""
+    def apply(self, closed: Closed[Tensors], active: int = 1) -> MergeResult:
+        """Merge a closed round into Θ_p with the Nesterov outer step; bump its version.
+
+        With `spec.participationScaling`, a round that holds n of the `active` learners moves
+        Θ by n/active of the merged update: however rounds split, Θ then advances by the
+        average progress of the active learners, as synchronous DiLoCo's mean does, instead
+        of by the sum of every lone contribution."""
         p = closed.fragment
         deltas = [self._rebased(c) for c in closed.contributions]
         weights = token_weights(
@@ -83,6 +88,9 @@ class GlobalModel:
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
         merged = merge_fragment(deltas, weights, self.spec.merge, embeddings)
+        if self.spec.participation_scaling and active > len(deltas):
+            share = np.float32(len(deltas) / active)
+            merged = {n: v * share for n, v in merged.items()}
         current = self.fragment(p)
         if self.history[p].maxlen:
             self.history[p].append((self.versions[p], {n: v.copy() for n, v in current.items()}))

@@ -127,3 +127,15 @@ def test_momentum_and_counters_are_checked(tmp_path: Path) -> None:
         GlobalModel.from_state(model.spec, bad, meta, SHAPES)
     with pytest.raises(ValueError, match="tokens_merged"):
         GlobalModel.from_state(model.spec, arrays, dict(meta, tokens_merged=None), SHAPES)
+
+
+def test_participation_scaling_moves_theta_by_the_share_of_active_learners() -> None:
+    spec = SyncerSpec(fragments=2, outer_learning_rate=1.0, outer_momentum=0.0, merge="average")
+    delta = {n: np.full(s, 0.3, np.float32) for n, s in GlobalModel.fresh(spec, params()).shapes(0).items()}
+    moved = []
+    for scaling in (True, False):
+        model = GlobalModel.fresh(spec.model_copy(update={"participation_scaling": scaling}), params())
+        before = {n: model.params[n].copy() for n in delta}
+        model.apply(Closed(0, 0, [Contribution("a-0", 0, 0, 4, 2048, delta)], [1.0], 0.0), active=3)
+        moved.append(float(np.mean([np.abs(model.params[n] - before[n]).mean() for n in delta])))
+    assert moved[0] == pytest.approx(0.1, rel=1e-5) and moved[1] == pytest.approx(0.3, rel=1e-5)
