@@ -229,6 +229,29 @@ def eval_loss(config: Path, final: Path) -> float:
     return evaluate(job, params)
 
 
+def plot(rates: list[float], fractions: dict[str, dict[str, float]], losses: dict[str, float], budget: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for mode, fr in fractions.items():
+        ax.plot(rates, [fr[f"{r:g}"] for r in rates], marker="o", label=mode)
+    ax.set_xscale("log")
+    ax.set_xlabel("link rate per region (Mbit/s)")
+    ax.set_ylabel("tokens/s, fraction of unthrottled")
+    ax.set_ylim(0, 1.1)
+    ax.legend()
+    bx.bar(list(losses), list(losses.values()), color=["tab:blue", "tab:orange", "tab:green"][: len(losses)])
+    bx.set_ylabel(f"held-out loss after {budget:g} s")
+    bx.set_title(f"at {rates[-1]:g} Mbit/s")
+    fig.tight_layout()
+    out = ROOT / "docs" / "img" / "bench_wan.png"
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rates", default="50,10,2", help="link rates in Mbit/s")
@@ -264,6 +287,7 @@ def main() -> None:
             losses[mode] = eval_loss(config, final)
             print(f"{mode:10} held-out loss after {args.budget:g} s at {rates[-1]:g} Mbit/s: {losses[mode]:.3f}", flush=True)
     fractions = {m: {r: v / speeds[m]["unthrottled"] for r, v in speeds[m].items() if r != "unthrottled"} for m in modes}
+    plot(rates, fractions, losses, args.budget)
     print(json.dumps({"rates_mbit": rates, "tokens_per_s": speeds, "fraction_of_unthrottled": fractions,
                       "loss_after_budget": losses, "budget_s": args.budget, "model": MODEL, "sync_h": SYNC_H}))
 
