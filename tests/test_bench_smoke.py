@@ -1,0 +1,56 @@
+"""Every side-by-side benchmark runs end to end in its cheapest mode and ends with its JSON line.
+
+The scripts run at the same time (each `--smoke`: a tiny model, seconds per phase), so the whole
+test costs about as long as the slowest of them. The numbers are not checked: on a smoke budget
+they mean nothing; docs/BENCHMARKS.md has the real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXPECTED = {
+    "quality.py": {"bench", "final_loss", "ratio_to_dp", "tokens_trained", "sync_diloco"},
+    "bandwidth_measured.py": {"bench", "ratio", "ratio_down", "rows"},
+    "heterogeneous.py": {"bench", "decoupled_ratio", "sync_diloco_ratio", "uncoupled_tokens_per_s",
+                         "decoupled_tokens_per_s", "sync_diloco_tokens_per_s"},
+    "scavenging.py": {"bench", "tokens_per_s_before", "tokens_per_s_after", "fraction_of_ideal",
+                      "loss_before_join", "max_loss_after_join", "spike"},
+    "syncer_scale.py": {"bench", "memcpy_gb_s", "models", "capacity"},
+}
+
+
+@pytest.mark.timeout(240)
+def test_every_bench_script_smoke_runs_and_ends_with_json() -> None:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    procs = {name: subprocess.Popen([sys.executable, str(ROOT / "bench" / name), "--smoke"], cwd=ROOT, env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in EXPECTED}
+    deadline = time.monotonic() + 220
+    failures = []
+    for name, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            failures.append(f"{name}: timed out\n{err[-2000:]}")
+            continue
+        if proc.returncode != 0:
+            failures.append(f"{name}: exit {proc.returncode}\n{err[-3000:]}")
+            continue
+        last = out.strip().splitlines()[-1]
+        result = json.loads(last)
+        missing = EXPECTED[name] - set(result)
+        if missing:
+            failures.append(f"{name}: last line lacks {sorted(missing)}: {last[:500]}")
+    assert not failures, "\n\n".join(failures)
