@@ -195,8 +195,9 @@ class SyncerCore:
                 result = self.model.apply(closed, active=len(self.active_learners()))
                 self.book.published(self.clock() - t0)
                 for c in closed.contributions:
-                    self.learners[c.learner].tokens += c.tokens
-                    self.metrics.region_tokens.labels(self.region_of(c.learner)).inc(c.tokens)
+                    share = round(c.tokens / self.model.plan.num_fragments)  # see GlobalModel.apply
+                    self.learners[c.learner].tokens += share
+                    self.metrics.region_tokens.labels(self.region_of(c.learner)).inc(share)
                 self.last_publish = self.clock()
                 self.metrics.merges.inc()
                 self.metrics.tokens.inc(result.tokens)

@@ -96,7 +96,9 @@ class GlobalModel:
             self.history[p].append((self.versions[p], {n: v.copy() for n, v in current.items()}))
         self.params.update(self.optimizers[p].step(current, merged))
         self.versions[p] += 1
-        tokens = int(sum(c.tokens for c in closed.contributions))
+        # A contribution's tokens trained every fragment; this merge carries 1/P of their effect,
+        # so a token counts once when all P fragments have merged it, not P times.
+        tokens = round(sum(c.tokens for c in closed.contributions) / self.plan.num_fragments)
         self.tokens_merged += tokens
         self.outer_steps += 1
         norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))

@@ -68,13 +68,13 @@ def test_two_regions_train_over_throttled_links(tmp_path: Path) -> None:
             deadline, regions = time.monotonic() + 150, {}
             while time.monotonic() < deadline:
                 regions = {r["region"]: r for r in status().get("regions", [])}
-                if all(int(regions.get(r, {}).get("tokens_merged", 0)) > 200_000 for r in ("us-east", "eu-west")):
+                if all(int(regions.get(r, {}).get("tokens_merged", 0)) > 50_000 for r in ("us-east", "eu-west")):
                     break
                 time.sleep(2)
             assert set(regions) >= {"us-east", "eu-west"}, regions
             for region in ("us-east", "eu-west"):
                 r = regions[region]
-                assert int(r["tokens_merged"]) > 200_000 and int(r["contributions"]) > 50, r
+                assert int(r["tokens_merged"]) > 50_000 and int(r["contributions"]) > 50, r
                 assert int(r["bytes_received"]) > 0
         finally:
             for p in procs:
