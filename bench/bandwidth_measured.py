@@ -8,8 +8,9 @@ gRPC's HTTP/2 framing and protobuf, i.e. what a WAN link would carry. In the sam
 data-parallel would move per token are computed from the same model: one bf16 gradient
 (2 bytes x parameters) per worker step of the same local batch (ring all-reduce sends
 2(M-1)/M times that, shown too). Reported separately: learner -> syncer (outer gradients) and
-syncer -> learner (published fragments, fp32), each with and without the one-time join (the full
-fp32 model a learner pulls when it starts).
+syncer -> learner (published fragments: deltas in `broadcastCompression`, int8 by default, after
+the one-time join, the full fp32 model a learner pulls when it starts, which is shown apart).
+
 
 Configurations: int4-p24 is the issue's target (int4, P = 24; the model has 3 layers so that it
 has at least 24 tensors), int4-p24-b256 the same with one absmax scale per 256 values instead of 64,
@@ -37,6 +38,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int4-p4": {"model": {}, "syncer": {"compression": "int4", "fragments": 4}},
 }
 TARGET = 90.0
+
+
+def broadcast_bits(m: dict[str, Any]) -> float:
+    """Bits a value of a published delta costs: the codec plus its fp32 block scales."""
+    from diloco.spec import parse_job
+
+    sy = parse_job(m).spec.syncer
+    return {"int4": 4 + 32 / sy.block_size, "int8": 8 + 32 / sy.block_size, "bf16": 16.0,
+            "fp32": 32.0}[sy.broadcast_compression]
 
 
 def parameters(m: dict[str, Any]) -> int:
@@ -88,7 +98,9 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, Any]:
     # Published fragments a learner receives per step of its own: 1 when each fragment is merged
     # once per sync period, up to M when every push closes a round of its own (K = 1).
     steps = tokens / tps
-    row["fragments_received_per_step"] = (max(down - join_bytes, 0) / (4 * n / row["fragments"])) / steps
+    row["broadcast_bits"] = broadcast_bits(m)
+    fragment_bytes = n / row["fragments"] * row["broadcast_bits"] / 8
+    row["fragments_received_per_step"] = (max(down - join_bytes, 0) / fragment_bytes) / steps
     return row
 
 
@@ -103,7 +115,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     xs = range(len(rows))
     bars = [("dp_bf16_per_token", "data-parallel bf16 gradient", "black"),
             ("up_per_token", "learner -> syncer (outer gradients)", "tab:red"),
-            ("down_per_token_after_join", "syncer -> learner (fp32 fragments)", "tab:blue")]
+            ("down_per_token_after_join", "syncer -> learner (published deltas)", "tab:blue")]
     for j, (key, label, color) in enumerate(bars):
         vals = [r[key] for r in rows]
         ax.bar([x + (j - 1) * width for x in xs], vals, width, label=label, color=color)

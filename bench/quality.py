@@ -52,6 +52,8 @@ DIAGNOSTIC_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
 EXTRA_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "diag-outer-diloco": ("diagnostic: DiLoCo's outer lr 0.7 / momentum 0.9 instead of 1.0 / 0",
                           {"syncer": {"outerLearningRate": 0.7, "outerMomentum": 0.9}}),
+    "ablate-no-participation-scaling": ("ablation: every round moves Θ by its full merged update",
+                                        {"syncer": {"participationScaling": False}}),
 }
 TARGETS = {"decoupled": 0.02, "decoupled-chaos": 0.03}
 

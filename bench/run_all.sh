@@ -17,7 +17,7 @@ fi
 SMOKE=""
 if [[ "${1:-}" == "--smoke" ]]; then SMOKE="--smoke"; fi
 
-LOGS=runs/bench/logs
+LOGS=runs/bench/logs${SMOKE:+-smoke}
 mkdir -p "$LOGS"
 RESULTS=runs/bench/results${SMOKE:+-smoke}.jsonl
 : > "$RESULTS"

@@ -7,18 +7,20 @@ Measured in one run, on the syncer's own code (`SyncerCore`: admission, rounds, 
 step, publish encoding) with synthetic int4 outer gradients, no network:
 
 * a: admitting one push (int4 decode, shape and NaN/Inf checks, round bookkeeping);
-* m(K): closing a round of K contributions (token weights, RDA per tensor, Nesterov step, the
-  fp32 publish blob);
+* m(K): closing a round of K contributions (token weights, RDA per tensor, Nesterov step);
+* c: publishing one merged fragment to one subscriber (the delta against what that subscriber
+  holds, encoded in `broadcastCompression`, int8 by default, decoded again for error feedback:
+  the syncer does this per subscriber) and its size b;
 * g: gRPC loopback throughput of the syncer's chunked streams (a real server in this process
   serving `Join`, a client in this process too: both ends share one interpreter, so this is
   pessimistic);
 * memcpy bandwidth of this machine, for the ratios.
 
-Each learner pushes one fragment (1/P of the model) per step, and every merge is published (fp32)
-to every learner. One syncer core then keeps up with M learners at step time T while
-  worst case (K = 1, every push closes its own round): M/T x (a + m(1) + M x f/g) <= 1,
-  best case (each round gathers all M):               1/T x (M a + m(M) + M x f/g) <= 1,
-with f the fp32 bytes of one fragment. Last line: JSON.
+Each learner pushes one fragment (1/P of the model) per step, and every merge is published to
+every learner. One syncer core then keeps up with M learners at step time T while
+  worst case (K = 1, every push closes its own round): M/T x (a + m(1) + M x (c + b/g)) <= 1,
+  best case (each round gathers all M):               1/T x (M a + m(M) + M x (c + b/g)) <= 1.
+Last line: JSON.
 """
 
 from __future__ import annotations
@@ -92,6 +94,32 @@ def time_rounds(params: dict[str, np.ndarray], fragments: int, k: int, rounds: i
     return admit_total / pushes, merge_total / merges, frag_bytes
 
 
+def time_publish(params: dict[str, np.ndarray], fragments: int) -> tuple[float, float, str]:
+    """Seconds and bytes to publish one fragment to one subscriber, as `SyncerCore.updates` does:
+    encode Θ_p − held in the broadcast codec, decode it, advance held by what was decoded."""
+    from diloco.core.codecs import decode_tensors, encode_tensors
+    from diloco.spec import Syncer
+
+    spec = Syncer(fragments=fragments)
+    core = make_core(params, fragments, 1)
+    rng = np.random.default_rng(2)
+    seconds, size = 0.0, 0
+    for p in range(fragments):
+        values = core.model.fragment(p)
+        held = {n: v - (1e-3 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in values.items()}
+
+        def publish() -> int:
+            blob = encode_tensors({n: values[n] - held[n] for n in values}, spec.broadcast_compression,
+                                  spec.block_size)
+            decoded = decode_tensors(blob)
+            _ = {n: held[n] + decoded[n] for n in values}
+            return len(blob)
+
+        size += publish()
+        seconds += best_seconds(publish, repeats=3, min_seconds=0.0)
+    return seconds / fragments, size / fragments, spec.broadcast_compression
+
+
 def grpc_throughput(params: dict[str, np.ndarray]) -> float:
     """Bytes/s of a full-model Join from a real gRPC server (both ends in this process)."""
     from concurrent import futures
@@ -125,12 +153,13 @@ def grpc_throughput(params: dict[str, np.ndarray]) -> float:
     return size / seconds
 
 
-def capacity(step: float, a: float, m_of_k: Any, f: float, g: float, best: bool) -> int:
-    """Largest M a single syncer core keeps up with at step time `step` (capped at 100000)."""
+def capacity(step: float, a: float, m_of_k: Any, pub: float, best: bool) -> int:
+    """Largest M a single syncer core keeps up with at step time `step` (capped at 100000);
+    `pub` is the cost of publishing one fragment to one subscriber (CPU plus transfer)."""
     m = 0
     while m < 100_000:
         nxt = m + 1
-        load = (nxt * a + m_of_k(nxt) + nxt * f / g) / step if best else nxt / step * (a + m_of_k(1) + nxt * f / g)
+        load = (nxt * a + m_of_k(nxt) + nxt * pub) / step if best else nxt / step * (a + m_of_k(1) + nxt * pub)
         if load > 1.0:
             break
         m = nxt
@@ -174,10 +203,13 @@ def main() -> None:
             return max(intercept + slope * k, 0.0)
 
         g = grpc_throughput(params)
+        c, b, codec = time_publish(params, p)
+        pub = c + b / g
         kmax = max(ks)
         row = {"model": f"{layers}L d{d_model}", "parameters": int(n), "fragments": p,
                "fragment_mib": f / 2**20, "admit_ms": 1e3 * a,
                **{f"merge_k{k}_ms": 1e3 * mk[k] for k in ks},
+               "publish_ms": 1e3 * c, "publish_kib": b / 1024, "broadcast_codec": codec,
                "grpc_gb_s": g / 1e9, "memcpy_gb_s": memcpy / 1e9,
                # fp32 input each path reads (int4 admission decodes into fp32 of the same size)
                "admit_ratio_to_memcpy": (f / a) / memcpy,
@@ -185,14 +217,14 @@ def main() -> None:
         models.append(row)
         for step in steps:
             caps.append({"model": row["model"], "parameters": int(n), "fragments": p, "step_seconds": step,
-                         "max_learners_worst": capacity(step, a, m_of_k, f, g, best=False),
-                         "max_learners_best": capacity(step, a, m_of_k, f, g, best=True)})
+                         "max_learners_worst": capacity(step, a, m_of_k, pub, best=False),
+                         "max_learners_best": capacity(step, a, m_of_k, pub, best=True)})
         print(f"{row['model']}: measured", flush=True)
 
     cols = [("model", "model", ""), ("parameters", "params", ",d"), ("fragments", "P", "d"),
             ("fragment_mib", "frag MiB", ".2f"), ("admit_ms", "admit ms", ".2f")]
     cols += [(f"merge_k{k}_ms", f"merge K={k} ms", ".2f") for k in ks]
-    cols += [("grpc_gb_s", "gRPC GB/s", ".2f"), ("admit_ratio_to_memcpy", "admit/memcpy", ".3f"),
+    cols += [("publish_ms", "publish ms", ".2f"), ("publish_kib", "publish KiB", ",.0f"), ("grpc_gb_s", "gRPC GB/s", ".2f"), ("admit_ratio_to_memcpy", "admit/memcpy", ".3f"),
              ("merge_ratio_to_memcpy", f"merge K={max(ks)}/memcpy", ".3f")]
     print(f"memcpy {memcpy / 1e9:.2f} GB/s")
     print(common.table(models, cols))
