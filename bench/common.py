@@ -322,7 +322,7 @@ class _Setup:
         self.spec, self.cfg, self.tr = spec, spec.model, spec.training
         train, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
         # The same shards the job's learners get: learner i of M has the i-th slice.
-        self.shards = [data.shard(train, i, learners) for i in range(learners)]
+        self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.rngs = [np.random.default_rng([spec.data.seed, i, 0]) for i in range(learners)]
         self.window = spec.model.context + 1
         self.evals = [jnp.asarray(b) for b in data.eval_batches(held_out, self.tr.eval_batches, self.tr.batch_size,
@@ -642,11 +642,16 @@ def _main() -> None:
     parser = argparse.ArgumentParser(description="internal: run one in-process arm and print its JSON")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("inproc")
-    p.add_argument("kind", choices=["dp", "sync", "plain"])
+    p.add_argument("kind", choices=["dp", "sync", "plain", "replay"])
     p.add_argument("--manifest", required=True)
     p.add_argument("--options", default="{}")
     args = parser.parse_args()
     m, kw = json.loads(args.manifest), json.loads(args.options)
+    if args.kind == "replay":
+        from replay import replay_arm
+
+        print(json.dumps(replay_arm(m, **kw)), flush=True)
+        return
     fn = {"dp": data_parallel, "sync": sync_diloco, "plain": plain_loop}[args.kind]
     print(json.dumps(fn(m, **kw)), flush=True)
 

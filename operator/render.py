@@ -124,7 +124,7 @@ def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
     """What a running learner read at start; scaling, chaos and other groups are not in it."""
     s = dump_job(job)["spec"]
     mine = {k: v for k, v in group.model_dump(mode="json", by_alias=True).items() if k != "replicas"}
-    syncer = {k: s["syncer"][k] for k in ("fragments", "fragmentation", "compression", "blockSize", "blend")}
+    syncer = {k: s["syncer"][k] for k in ("fragments", "fragmentation", "compression", "blockSize", "adoption")}
     return _hash({"model": s["model"], "data": s["data"], "training": s["training"], "syncer": syncer,
                   "group": mine})
 

@@ -97,7 +97,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     core.stopping = True
     with core.lock:
         core.lock.notify_all()
-    core.merge_ready()
+    core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
     core.checkpoint()
     server.stop(grace=2).wait()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -70,6 +71,10 @@ class SyncerCore:
     checkpoint_version: int = 0
     stopping: bool = False
     regions: frozenset[str] = frozenset()  # the job's regions; others are reported as "other"
+    # Recently accepted pushes per learner process: push id -> the version merging it, so a
+    # push retried after a lost reply is acknowledged again instead of merged twice.
+    accepted: dict[tuple[str, int], OrderedDict[int, int]] = field(default_factory=dict)
+    published_slot: list[int] = field(default_factory=list)  # per fragment: newest slot merged
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -78,9 +83,13 @@ class SyncerCore:
 
     def __post_init__(self) -> None:
         g = self.spec.grace_window
+        num = self.model.plan.num_fragments
         policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds,
-                             self.spec.staleness.max_versions, self.spec.staleness.policy)
-        self.book: RoundBook[Tensors] = RoundBook(self.model.plan.num_fragments, policy)
+                             self.spec.staleness.max_versions, self.spec.staleness.policy, num)
+        self.book: RoundBook[Tensors] = RoundBook(num, policy, GlobalModel.combine)
+        if self.model.schedule:
+            self.book.load_schedule(self.model.schedule)
+        self.published_slot = list(self.book.closed_slot)
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -103,15 +112,25 @@ class SyncerCore:
             if not np.all(np.isfinite(arr)):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"outer gradient of {name!r} holds NaN or Inf",
                               "nonfinite")
-        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors)
+        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors,
+                         session=int(header.session), push_id=int(header.push_id),
+                         slot=int(header.slot) if header.push_id else None, trained_tokens=int(header.trained_tokens))
         with self.lock:
             info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
             info.last_seen, info.loss = self.clock(), header.loss
+            seen = self.accepted.setdefault(c.origin, OrderedDict())
+            if c.push_id and c.push_id in seen:  # a retry of a push we already hold
+                return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=seen[c.push_id])
             self.book.observe_step_time(header.step_seconds)
             offer = self.book.offer(c, self.clock(), self.model.versions[p])
             if offer.verdict is not Verdict.ACCEPTED:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
+            merged_into = self.model.versions[p] + 1  # the open round closes into the next version
+            if c.push_id:
+                seen[c.push_id] = merged_into
+                while len(seen) > 4 * self.model.plan.num_fragments:
+                    seen.popitem(last=False)
             info.contributions += 1
             info.bytes_received += len(blob)
             info.staleness += offer.lag
@@ -123,7 +142,8 @@ class SyncerCore:
             self.metrics.staleness.observe(offer.lag)
             self.metrics.region_staleness.labels(region).observe(offer.lag)
             self.lock.notify_all()
-            return pb.PushReply(accepted=True, version=self.model.versions[p])
+            return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into,
+                                late=offer.late)
 
     def count_refusal(self, outcome: str) -> None:
         with self.lock:
@@ -145,6 +165,8 @@ class SyncerCore:
                        f"bound of fragment {h.fragment}")
         elif not np.isfinite(h.step_seconds) or h.step_seconds < 0 or h.steps < 1:
             problem = "steps must be >= 1 and step_seconds finite and non-negative"
+        elif h.slot > (1 << 48) or h.trained_tokens > (1 << 62):
+            problem = "slot and trained_tokens are out of range"
         if problem:
             raise Refused(code, problem)
 
@@ -169,7 +191,7 @@ class SyncerCore:
                     for n in self.model.plan.fragments[p]:
                         self.model.params[n] = tensors[n].astype(np.float32, copy=True)
                     self.model.versions[p] = v
-                    self.book.reset(p)
+                    # The open round stays: its outer gradients are progress, valid on any base.
                     adopted.append(p)
             if adopted:
                 self.metrics.outer_version.set(sum(self.model.versions))
@@ -183,21 +205,23 @@ class SyncerCore:
     def active_learners(self) -> set[str]:
         return {name for name, info in self.learners.items() if info.subscriptions > 0}
 
-    def merge_ready(self) -> list[int]:
-        """Close and apply every round that is due; returns the fragments published."""
+    def merge_ready(self, flush: bool = False) -> list[int]:
+        """Close and apply every round that is due (with `flush`: every round holding
+        anything, before the final checkpoint); returns the fragments published."""
         done = []
         with self.lock:
             now = self.clock()
-            for p in self.book.ready(now, self.active_learners()):
+            due = self.book.pending() if flush else self.book.ready(now, self.active_learners())
+            for p in due:
                 t0 = self.clock()
                 deadline = self.book.deadline(p) or now
                 closed = self.book.close(p, self.model.versions[p])
                 result = self.model.apply(closed, active=len(self.active_learners()))
                 self.book.published(self.clock() - t0)
-                for c in closed.contributions:
-                    share = round(c.tokens / self.model.plan.num_fragments)  # see GlobalModel.apply
-                    self.learners[c.learner].tokens += share
-                    self.metrics.region_tokens.labels(self.region_of(c.learner)).inc(share)
+                self.published_slot[p] = closed.slot
+                for learner, credit in result.credits.items():
+                    self.learners[learner].tokens += credit
+                    self.metrics.region_tokens.labels(self.region_of(learner)).inc(credit)
                 self.last_publish = self.clock()
                 self.metrics.merges.inc()
                 self.metrics.tokens.inc(result.tokens)
@@ -221,6 +245,7 @@ class SyncerCore:
         if self.store is None:
             return False
         with self.lock:
+            self.model.schedule = self.book.schedule_state()
             arrays, meta = self.model.state()
             arrays = {k: v.copy() for k, v in arrays.items()}
             version = sum(self.model.versions)
@@ -237,8 +262,9 @@ class SyncerCore:
 
     # -- subscriptions -------------------------------------------------------------
 
-    def updates(self, known: list[int], exact: bool, alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool]]:
-        """Yield (fragment, version, bundle, is_delta) whenever a fragment moves past what this
+    def updates(self, known: list[int], exact: bool,
+                alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool, int]]:
+        """Yield (fragment, version, bundle, is_delta, slot) whenever a fragment moves past what this
         subscriber holds. `held` mirrors the subscriber's copy bit for bit: the first send of a
         fragment is an fp32 keyframe, later ones encode Θ_p − held (error feedback), and held
         advances by exactly what the subscriber decodes."""
@@ -250,12 +276,12 @@ class SyncerCore:
                     held[p] = (version, self.model.fragment(p))
         while alive() and not self.stopping:
             with self.lock:
-                fresh = [(p, v, self.model.fragment(p)) for p, v in enumerate(self.model.versions)
-                         if p not in held or held[p][0] < v]
+                fresh = [(p, v, self.model.fragment(p), self.published_slot[p])
+                         for p, v in enumerate(self.model.versions) if p not in held or held[p][0] < v]
                 if not fresh:
                     self.lock.wait(timeout=1.0)
                     continue
-            for p, version, values in fresh:
+            for p, version, values, slot in fresh:
                 if p not in held or codec == "fp32":
                     blob, delta, now_held = encode_tensors(values, "fp32"), False, values
                 else:
@@ -264,7 +290,7 @@ class SyncerCore:
                     decoded = decode_tensors(blob)
                     now_held, delta = {n: prev[n] + decoded[n] for n in values}, True
                 held[p] = (version, now_held)
-                yield p, version, blob, delta
+                yield p, version, blob, delta, slot
 
     def set_active_gauges(self) -> None:
         with self.lock:

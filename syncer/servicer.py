@@ -56,7 +56,7 @@ class SyncerServicer:
         header = pb.JoinHeader(
             incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
             fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
-            codec=core.spec.compression, block_size=core.spec.block_size,
+            codec=core.spec.compression, block_size=core.spec.block_size, slot=core.book.next_slot,
         )
         core.count_sent(len(blob))
         for i, part in enumerate(chunks(blob)):
@@ -86,12 +86,13 @@ class SyncerServicer:
             info.subscriptions += 1
         core.set_active_gauges()
         try:
-            for p, version, blob, delta in core.updates(list(request.known_versions), request.exact, context.is_active):
+            for p, version, blob, delta, slot in core.updates(list(request.known_versions), request.exact, context.is_active):
                 sent = 0
                 for part in chunks(blob):
                     sent += len(part)
                     yield pb.Published(fragment=p, version=version, total_bytes=len(blob), data=bytes(part),
-                                       last=sent >= len(blob), incarnation=core.incarnation, delta=delta)
+                                       last=sent >= len(blob), incarnation=core.incarnation, delta=delta,
+                                       slot=slot + 1)
                 core.count_sent(len(blob))
         finally:
             with core.lock:

@@ -6,9 +6,8 @@ merges; tests drive it directly.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,8 +26,9 @@ class MergeResult:
     fragment: int
     version: int
     learners: list[str]
-    tokens: int
+    tokens: int  # trained tokens this merge credited, each counted once over the whole job
     update_norm: float
+    credits: dict[str, int]  # the same, by learner
 
 
 @dataclass
@@ -40,8 +40,11 @@ class GlobalModel:
     optimizers: list[NesterovSGD] = field(init=False)
     tokens_merged: int = 0
     outer_steps: int = 0
-    # Past values of each fragment by version, for the `reanchor` staleness policy.
-    history: list[deque[tuple[int, Tensors]]] = field(init=False)
+    # Trained tokens already credited per learner process ("learner/session"): each push
+    # carries its process's cumulative count, so a token is credited by the first merge
+    # of any fragment that follows it, exactly once.
+    credited: dict[str, int] = field(default_factory=dict)
+    schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -52,8 +55,6 @@ class GlobalModel:
             NesterovSGD(self.spec.outer_learning_rate, self.spec.outer_momentum)
             for _ in range(self.plan.num_fragments)
         ]
-        depth = self.spec.staleness.max_versions if self.spec.staleness.policy == "reanchor" else 0
-        self.history = [deque(maxlen=depth) for _ in range(self.plan.num_fragments)]
 
     @classmethod
     def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray]) -> GlobalModel:
@@ -73,47 +74,48 @@ class GlobalModel:
     def apply(self, closed: Closed[Tensors], active: int = 1) -> MergeResult:
         """Merge a closed round into Θ_p with the Nesterov outer step; bump its version.
 
-        With `spec.participationScaling`, a round that holds n of the `active` learners moves
-        Θ by n/active of the merged update: however rounds split, Θ then advances by the
-        average progress of the active learners, as synchronous DiLoCo's mean does, instead
-        of by the sum of every lone contribution."""
+        Stale outer gradients are scaled by the round book's absolute factors first. With
+        `spec.participationScaling`, a round that holds n of the `active` learners moves
+        Θ by n/active of the merged update: a partial round (a learner down or late) then
+        moves Θ by the active learners' average progress, as a full one does."""
         p = closed.fragment
-        deltas = [self._rebased(c) for c in closed.contributions]
+        deltas = [c.payload if s == 1.0 else {n: v * np.float32(s) for n, v in c.payload.items()}
+                  for c, s in zip(closed.contributions, closed.scales, strict=True)]
         weights = token_weights(
             [c.tokens for c in closed.contributions],
             [c.steps for c in closed.contributions],
             self.spec.token_weighting,
-        ) * np.asarray(closed.scales)
+        )
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
         merged = merge_fragment(deltas, weights, self.spec.merge, embeddings)
-        if self.spec.participation_scaling and active > len(deltas):
-            share = np.float32(len(deltas) / active)
+        learners = {c.learner for c in closed.contributions}
+        if self.spec.participation_scaling and active > len(learners):
+            share = np.float32(len(learners) / active)
             merged = {n: v * share for n, v in merged.items()}
-        current = self.fragment(p)
-        if self.history[p].maxlen:
-            self.history[p].append((self.versions[p], {n: v.copy() for n, v in current.items()}))
-        self.params.update(self.optimizers[p].step(current, merged))
+        self.params.update(self.optimizers[p].step(self.fragment(p), merged))
         self.versions[p] += 1
-        # A contribution's tokens trained every fragment; this merge carries 1/P of their effect,
-        # so a token counts once when all P fragments have merged it, not P times.
-        tokens = round(sum(c.tokens for c in closed.contributions) / self.plan.num_fragments)
+        credits: dict[str, int] = {}
+        for c in closed.contributions:
+            key = f"{c.learner}/{c.session}"
+            credit = max(0, c.trained_tokens - self.credited.get(key, 0))
+            if credit:
+                self.credited[key] = c.trained_tokens
+                credits[c.learner] = credits.get(c.learner, 0) + credit
+        tokens = sum(credits.values())
         self.tokens_merged += tokens
         self.outer_steps += 1
         norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
-        return MergeResult(p, self.versions[p], [c.learner for c in closed.contributions], tokens, norm)
+        return MergeResult(p, self.versions[p], sorted(learners), tokens, norm, credits)
 
-    def _rebased(self, c: Contribution[Tensors]) -> Tensors:
-        """Re-anchor a stale outer gradient: Δ' = Θ_now − (Θ_base − Δ), the same local weights
-        measured from the current global fragment. Other policies use Δ as it came."""
-        lag = self.versions[c.fragment] - c.base_version
-        if lag == 0 or self.spec.staleness.policy != "reanchor":
-            return c.payload
-        for version, old in self.history[c.fragment]:
-            if version == c.base_version:
-                return {n: self.params[n] - old[n] + d for n, d in c.payload.items()}
-        return c.payload  # history shorter than the bound: use it as it came
+    @staticmethod
+    def combine(old: Contribution[Tensors], new: Contribution[Tensors]) -> Contribution[Tensors]:
+        """Two pushes of one learner process in one round carry disjoint progress: add them."""
+        payload = {n: old.payload[n] + new.payload[n] for n in old.payload}
+        return replace(new, base_version=min(old.base_version, new.base_version), steps=old.steps + new.steps,
+                       tokens=old.tokens + new.tokens, payload=payload,
+                       trained_tokens=max(old.trained_tokens, new.trained_tokens))
 
     # -- checkpoint state ----------------------------------------------------------
 
@@ -122,7 +124,8 @@ class GlobalModel:
         for p, opt in enumerate(self.optimizers):
             arrays.update({f"momentum/{p}/{n}": b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
-                "outer_steps": self.outer_steps, "plan": self.plan.to_dict()}
+                "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
+                "schedule": dict(self.schedule)}
         return arrays, meta
 
     @classmethod
@@ -152,4 +155,13 @@ class GlobalModel:
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"checkpoint {key} is malformed")
             setattr(model, key, value)
+        credited = meta.get("credited", {})
+        if not isinstance(credited, dict) or any(
+                not isinstance(k, str) or not isinstance(v, int) or v < 0 for k, v in credited.items()):
+            raise ValueError("checkpoint credited is malformed")
+        model.credited = dict(credited)
+        schedule = meta.get("schedule", {})
+        if not isinstance(schedule, dict):
+            raise ValueError("checkpoint schedule is malformed")
+        model.schedule = dict(schedule)
         return model

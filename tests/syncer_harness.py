@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -43,17 +45,21 @@ class Harness:
     server: grpc.Server
     channel: grpc.Channel
     stub: rpc.SyncerStub
+    push_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
-             total_bytes: int | None = None, codec: str = "int4") -> pb.PushReply:
+             total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
+             slot: int = 0, trained_tokens: int | None = None) -> pb.PushReply:
         if blob is None:
             blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
         header = pb.PushHeader(
             learner=learner, region="r", incarnation=self.core.incarnation, fragment=fragment,
             base_version=(self.core.model.versions + [0] * 8)[fragment] if base_version is None else base_version,
             steps=steps, tokens=steps * 512, step_seconds=0.05,
-            total_bytes=len(blob) if total_bytes is None else total_bytes,
+            total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
+            push_id=next(self.push_ids) if push_id is None else push_id, slot=slot,
+            trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
         )
         msgs = [pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
         return self.stub.Push(iter(msgs), metadata=auth_metadata(token), timeout=10)

@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED = {
-    "quality.py": {"bench", "final_loss", "ratio_to_dp", "tokens_trained", "sync_diloco"},
+    "quality.py": {"bench", "decoupled_over_dp", "decoupled_over_sync", "chaos_over_dp", "seeds", "std"},
+    "replay.py": {"bench", "arms", "seeds"},
     "bandwidth_measured.py": {"bench", "ratio", "ratio_down", "rows"},
     "heterogeneous.py": {"bench", "decoupled_ratio", "sync_diloco_ratio", "uncoupled_tokens_per_s",
                          "decoupled_tokens_per_s", "sync_diloco_tokens_per_s"},

@@ -102,3 +102,19 @@ def test_bad_manifest_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "spec.syncer.quorum: 9 exceeds the 3 learners" in res.stderr
     assert not out.exists()
+
+
+def test_a_job_stopped_by_step_count_flushes_and_counts_every_token(tmp_path: Path) -> None:
+    m = manifest("e2e-steps", {}, seconds=200, replicas=2)
+    m["spec"]["training"].update(steps=150, evalIntervalSteps=50)
+    summary, events = run(tmp_path, m)
+    exits = [e for e in events if e["event"] == "exit"]
+    assert sorted(e["source"] for e in exits) == ["local-0", "local-1"]
+    assert all(e["reason"] == "finished" and e["flushed"] and e["slot"] >= 150 for e in exits), exits
+    assert any(e["event"] == "finished" for e in events)
+    # Tokens: what the learners' own step counts give, each credited once by the syncer.
+    per_step = 8 * 64
+    trained = sum(e["step"] * per_step for e in exits)
+    assert summary["tokens_trained"] == trained
+    assert abs(summary["tokens_merged"] - trained) <= 0.01 * trained, (summary["tokens_merged"], trained)
+    assert summary["tokens_per_second"] == pytest.approx(trained / summary["wall_seconds"], rel=0.01)

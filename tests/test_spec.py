@@ -10,6 +10,8 @@ import yaml
 
 from diloco.spec import SpecError, dump_job, load_job, parse_job
 
+OUTER_LR, OUTER_MOMENTUM = 1.0, 0.0  # the measured defaults (docs/BENCHMARKS.md, "The outer step")
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
@@ -28,9 +30,11 @@ def problems(manifest) -> list[str]:
 def test_defaults_follow_the_paper() -> None:
     s = parse_job(minimal()).spec
     assert (s.syncer.quorum, s.syncer.grace_window.gamma, s.syncer.grace_window.tau) == (1, 0.8, 2)
-    assert (s.syncer.outer_learning_rate, s.syncer.outer_momentum) == (0.7, 0.9)
+    # DiLoCo's 0.7 / 0.9 were tuned for a sync every ~500 steps; ours syncs each fragment every
+    # P steps, where they overshoot (docs/BENCHMARKS.md, the outer-step sweep).
+    assert (s.syncer.outer_learning_rate, s.syncer.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
     assert (s.syncer.compression, s.syncer.merge, s.syncer.fragmentation) == ("int4", "rda", "balanced")
-    assert s.syncer.blend == 0.0 and s.learner_ids() == ["a-0", "a-1", "a-2", "a-3"]
+    assert s.syncer.adoption == "rebase" and s.learner_ids() == ["a-0", "a-1", "a-2", "a-3"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

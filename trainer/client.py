@@ -1,17 +1,20 @@
 """The learner's side of the wire: join, a background sender and a background subscriber.
 
-The training loop never waits on the network: it drops outer gradients into the
-sender's mailbox (the newest per fragment wins, since each is cumulative since its
-anchor) and picks up published fragments from the inbox at step boundaries. Both
-threads reconnect with capped exponential backoff while the loop keeps training.
+The training loop never waits on the network: it queues outer gradients for the sender
+(each carries progress no other push carries, so none replaces another) and picks up,
+at step boundaries, the fragments published since and what the syncer said of each
+push (accepted into which version, or refused). Both threads reconnect with capped
+exponential backoff while the loop keeps training.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +22,7 @@ import grpc
 import numpy as np
 
 from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.ledger import Arrival
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 log = logging.getLogger("diloco.learner")
@@ -37,6 +41,7 @@ class JoinState:
     params: dict[str, np.ndarray]
     codec: str
     block_size: int
+    slot: int  # the shared schedule's next slot
 
 
 @dataclass
@@ -50,6 +55,19 @@ class Outgoing:
     blob: bytes
     train_seconds: float  # the learner's cumulative training time when this was made
     incarnation: str  # the syncer incarnation whose anchors the outer gradient is against
+    push_id: int = 0
+    slot: int = 0
+    trained_tokens: int = 0  # this process's cumulative trained tokens when this was made
+
+
+@dataclass
+class Updates:
+    """Everything that arrived since the last step boundary."""
+
+    rejoined: JoinState | None
+    published: dict[int, Arrival]
+    accepted: list[tuple[int, int, int, bool]]  # (fragment, push id, version that merges it, late)
+    refused: list[tuple[int, int]]  # (fragment, push id)
 
 
 @dataclass
@@ -84,8 +102,11 @@ class SyncerClient:
         self.emit = on_event
         self.incarnation = ""
         self.lock = threading.Condition()
-        self.outbox: dict[int, Outgoing] = {}
-        self.inbox: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
+        self.session = int.from_bytes(os.urandom(7), "little") | 1  # this process, as an origin of pushes
+        self.outbox: deque[Outgoing] = deque()
+        self.inbox: dict[int, Arrival] = {}
+        self.accepted: list[tuple[int, int, int, bool]] = []
+        self.refused: list[tuple[int, int]] = []
         self.rejoined: JoinState | None = None
         self.known_versions: list[int] = []
         self.stopping = threading.Event()
@@ -128,7 +149,7 @@ class SyncerClient:
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
-                         params, header.codec, header.block_size)
+                         params, header.codec, header.block_size, int(header.slot))
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
         backoff = Backoff()
@@ -158,15 +179,22 @@ class SyncerClient:
 
     def submit(self, item: Outgoing) -> None:
         with self.lock:
-            self.outbox[item.fragment] = item
+            self.outbox.append(item)
             self.lock.notify_all()
 
-    def take_updates(self) -> tuple[JoinState | None, dict[int, tuple[int, dict[str, np.ndarray]]]]:
-        """Everything that arrived since the last step boundary: a full re-join, or fragments."""
+    def take_updates(self) -> Updates:
+        """Everything that arrived since the last step boundary: a full re-join, fragments,
+        and the syncer's answers to our pushes."""
         with self.lock:
-            rejoined, self.rejoined = self.rejoined, None
-            updates, self.inbox = self.inbox, {}
-        return rejoined, updates
+            out = Updates(self.rejoined, self.inbox, self.accepted, self.refused)
+            self.rejoined, self.inbox, self.accepted, self.refused = None, {}, [], []
+        return out
+
+    def wait_for_news(self, timeout: float) -> None:
+        """Block until something arrives for the loop (used while flushing at the end)."""
+        with self.lock:
+            if not (self.inbox or self.accepted or self.refused or self.rejoined):
+                self.lock.wait(timeout)
 
     def flush(self, timeout: float) -> bool:
         """Wait until the outbox is empty and nothing is in flight (used on SIGTERM)."""
@@ -193,18 +221,22 @@ class SyncerClient:
                     self.lock.wait(0.5)
                 if self.stopping.is_set():
                     return
-                fragment = min(self.outbox, key=lambda p: self.outbox[p].base_version)
-                item = self.outbox.pop(fragment)
+                item = self.outbox.popleft()
                 if item.incarnation != self.incarnation:
-                    continue  # made against a syncer that has since restarted: worthless
+                    continue  # made against a syncer that has since restarted: the re-join resets it
                 self.sending = True
             try:
                 reply = self.stub.Push(self._push_chunks(item), metadata=self.metadata, timeout=60)
                 backoff.reset()
                 self.bytes_sent += len(item.blob)
-                if reply.accepted:
-                    self.acked_train_seconds = max(self.acked_train_seconds, item.train_seconds)
-                else:
+                with self.lock:
+                    if reply.accepted:
+                        self.acked_train_seconds = max(self.acked_train_seconds, item.train_seconds)
+                        self.accepted.append((item.fragment, item.push_id, int(reply.merged_into), reply.late))
+                    else:
+                        self.refused.append((item.fragment, item.push_id))
+                    self.lock.notify_all()
+                if not reply.accepted:
                     self.emit("push_refused", fragment=item.fragment, reason=reply.reason)
             except grpc.RpcError as exc:
                 code = exc.code()
@@ -217,10 +249,12 @@ class SyncerClient:
                     # The syncer found our outer gradient malformed or non-finite: our weights
                     # are suspect, so the loop starts over from the global model.
                     self.emit("push_refused", fragment=item.fragment, reason=exc.details())
-                    self.resync.set()
-                else:  # unreachable: keep the newest version of this fragment for later
                     with self.lock:
-                        self.outbox.setdefault(item.fragment, item)
+                        self.refused.append((item.fragment, item.push_id))
+                    self.resync.set()
+                else:  # unreachable: send it again later (the syncer ignores a repeat it holds)
+                    with self.lock:
+                        self.outbox.appendleft(item)
                     self.stopping.wait(backoff.next())
             finally:
                 with self.lock:
@@ -232,6 +266,7 @@ class SyncerClient:
             learner=self.learner, region=self.region, incarnation=item.incarnation, fragment=item.fragment,
             base_version=item.base_version, steps=item.steps, tokens=item.tokens,
             step_seconds=item.step_seconds, total_bytes=len(item.blob), loss=item.loss,
+            session=self.session, push_id=item.push_id, slot=item.slot, trained_tokens=item.trained_tokens,
         )
         for i, part in enumerate(chunks(item.blob)):
             yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
@@ -325,5 +360,6 @@ class SyncerClient:
                     tensors = {n: self.view[n] + t for n, t in tensors.items()}
                 self.view.update(tensors)
                 self.known_versions[msg.fragment] = msg.version
-                self.inbox[msg.fragment] = (msg.version, tensors)
+                self.inbox[msg.fragment] = Arrival(int(msg.version), tensors, int(msg.slot))
+                self.lock.notify_all()
             buf = bytearray()

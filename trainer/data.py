@@ -30,10 +30,18 @@ def split(data: np.ndarray, held_out_fraction: float) -> tuple[np.ndarray, np.nd
     return data[:cut], data[cut:]
 
 
-def shard(train: np.ndarray, index: int, count: int) -> np.ndarray:
-    """Learner `index` of `count` gets the index-th contiguous slice: shards never overlap."""
+INTERLEAVE_BYTES = 16 << 10  # chunk dealt round robin: far longer than a window, many per play
+
+
+def shard(train: np.ndarray, index: int, count: int, layout: str = "contiguous") -> np.ndarray:
+    """Learner `index` of `count`'s disjoint part of the training bytes: the index-th contiguous
+    slice (each learner reads different plays: non-IID, like shards of different sources), or
+    with `interleaved` every count-th 16 KiB chunk (each learner sees a bit of every play)."""
     if not 0 <= index < count:
         raise ValueError(f"shard index {index} outside 0..{count - 1}")
+    if layout == "interleaved":
+        chunks = [train[s : s + INTERLEAVE_BYTES] for s in range(0, len(train), INTERLEAVE_BYTES)]
+        return np.concatenate(chunks[index::count])
     size = len(train) // count
     return train[index * size : (index + 1) * size]
 

@@ -1,8 +1,9 @@
-"""`diloco learner`: one Decoupled DiLoCo learner (SPEC §2, the learner loop).
+"""`diloco learner`: one Decoupled DiLoCo learner (docs/ALGORITHM.md, "The learner loop").
 
-Read top to bottom: join and pull the global model; then forever: adopt any global
-fragments that arrived, take one AdamW step on our own shard, and hand the outer
-gradient of the one fragment that is due to the background sender. Events go to
+Read top to bottom: join and pull the global model; then until the end: adopt (rebase
+onto) any global fragments that arrived, take one AdamW step on our own shard, and hand
+the outer gradient of the fragment the shared schedule says is due to the background
+sender; at the end, flush every fragment's unmerged progress. Events go to
 stdout as JSON lines (the local runner and the operator's logs read them).
 """
 
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 log = logging.getLogger("diloco.learner")
+FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -36,12 +38,12 @@ def run(args: argparse.Namespace) -> int:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
 
-    from diloco.core.codecs import encode_tensors
-    from diloco.core.fragments import due_fragment, plan_fragments, specs_from_shapes
-    from diloco.trainer import data, model
-    from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated
+    from diloco.core.fragments import plan_fragments, specs_from_shapes
+    from diloco.core.ledger import Ledger, absorb, prepare_push
+    from diloco.core.schedule import Schedule
+    from diloco.trainer import data, inner, model
+    from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated, Updates
     from diloco.trainer.metrics import LearnerMetrics
 
     spec = job.spec
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     # Data: our own disjoint shard, and the shared held-out split.
     corpus = data.corpus_bytes()
     train, held_out = data.split(corpus, spec.data.held_out_fraction)
-    shard = data.shard(train, shard_index % shard_count, shard_count)
+    shard = data.shard(train, shard_index % shard_count, shard_count, spec.data.sharding)
     # A restart must not replay the same batches: the runner passes its restart count; in a
     # pod (no count available) fresh entropy does the job.
     restart_entropy = args.restart if args.restart is not None else int.from_bytes(os.urandom(4), "little")
@@ -64,19 +66,14 @@ def run(args: argparse.Namespace) -> int:
     window = spec.model.context + 1
     evals = [jnp.asarray(b) for b in data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)]
 
-    # Model and inner optimizer: AdamW, linear warmup then cosine decay.
+    # Model and inner optimizer (trainer/inner.py): AdamW, its learning rate taken from the
+    # shared schedule's slot, so a (re)joining learner resumes the job's schedule.
     cfg, tr = spec.model, spec.training
     params = model.init_params(cfg, spec.data.seed)
     shapes = model.shapes(params)
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
-    tx = optax.chain(optax.clip_by_global_norm(tr.grad_clip), optax.adamw(schedule, weight_decay=tr.weight_decay))
-
-    @jax.jit
-    def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch))(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
+    schedule_lr = inner.learning_rate(tr)
+    tx = inner.optimizer(tr)
+    train_step = inner.train_step(cfg, tx)
 
     batch_loss = jax.jit(lambda params, b: model.loss_fn(cfg, params, b))
 
@@ -85,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Compile before joining, so the state we pull is fresh when training starts.
     opt_state = tx.init(params)
-    jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng)))
+    jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng), 0.0))
     eval_loss(params)
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
@@ -103,53 +100,67 @@ def run(args: argparse.Namespace) -> int:
         emit("fatal", reason="fragment plan differs from the syncer's; learner and syncer run different specs")
         return 2
     P = plan.num_fragments
+    codec, block_size = joined.codec, joined.block_size  # the syncer decides the wire format
 
-    def adopt(state) -> dict[str, np.ndarray]:
-        nonlocal params, versions, incarnation
-        params = {n: jnp.asarray(v) for n, v in state.params.items()}
-        versions, incarnation = list(state.versions), state.incarnation
-        return {n: np.array(v) for n, v in state.params.items()}
-
-    versions: list[int] = []
-    incarnation = ""
-    anchors = adopt(joined)
+    params = {n: jnp.asarray(v) for n, v in joined.params.items()}
+    ledger = Ledger(plan.fragments, joined.params, joined.versions, spec.syncer.adoption)
+    schedule = Schedule(P, joined.slot)
+    incarnation = joined.incarnation
     opt_state = tx.init(params)
-    steps_since = [0] * P
-    tokens_since = [0] * P
     tokens_per_step = tr.batch_size * spec.model.context
     pull_seconds = time.monotonic() - t_join
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
     first_eval = eval_loss(params)  # the global model as pulled: a late joiner starts from it
-    emit("joined", learner=learner_id, region=group.region, restart=args.restart or 0, versions=versions,
-         eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
+    emit("joined", learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
+         slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
     client.start()
+
+    def local(p: int) -> dict[str, np.ndarray]:
+        return {n: np.asarray(params[n]) for n in plan.fragments[p]}
+
+    def write(values: dict[str, np.ndarray]) -> None:
+        params.update({n: jnp.asarray(v) for n, v in values.items()})
+
+    def apply(u: Updates) -> None:
+        """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
+        nonlocal incarnation
+        if u.rejoined is not None:  # the syncer restarted: rebase every fragment onto its state
+            anchors = ledger.anchors()
+            write({n: u.rejoined.params[n] + (np.asarray(params[n]) - anchors[n]) for n in anchors})
+            ledger.restart(u.rejoined.params, u.rejoined.versions)
+            schedule.observe(u.rejoined.slot)
+            incarnation = u.rejoined.incarnation
+            emit("readopted", incarnation=incarnation, versions=ledger.versions)
+        absorb(ledger, schedule, local, write, u.refused, u.accepted, u.published)
+
+    push_seq = 0
+    trained_tokens = 0
+
+    def push(p: int, slot: int) -> None:
+        """Hand fragment p's unpushed progress to the sender, recorded as the syncer will decode it."""
+        nonlocal push_seq
+        push_seq += 1
+        blob, f = prepare_push(ledger, p, local(p), push_seq, codec, block_size)
+        client.submit(Outgoing(p, ledger.books[p].version, f.steps, f.tokens, step_ema, loss_value, blob,
+                               train_seconds, incarnation, push_seq, slot, trained_tokens))
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
+    finished = False
     last_report = time.monotonic()
     while not stop.is_set() and not client.stopping.is_set():
-        # 1. Adopt what the syncer published: θ_p ← α·θ_p + (1−α)·Θ_p, A_p ← Θ_p, counters reset.
-        rejoined, updates = client.take_updates()
-        if rejoined is not None:
-            anchors = adopt(rejoined)
-            steps_since, tokens_since = [0] * P, [0] * P
-            emit("readopted", incarnation=incarnation, versions=versions)
-        for p, (version, tensors) in updates.items():
-            alpha = spec.syncer.blend
-            for n, v in tensors.items():
-                params[n] = jnp.asarray(v if alpha == 0 else alpha * np.asarray(params[n]) + (1 - alpha) * v)
-                anchors[n] = v
-            versions[p], steps_since[p], tokens_since[p] = version, 0, 0
+        # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold).
+        apply(client.take_updates())
 
         # 2. One inner step on our shard (stretched by the group's slowdown factor).
         t0 = time.monotonic()
         batch = data.sample_batch(shard, tr.batch_size, window, rng)
-        params, opt_state, loss = train_step(params, opt_state, batch)
+        params, opt_state, loss = train_step(params, opt_state, batch, schedule_lr(schedule.slot))
         loss_value = float(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
@@ -157,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
         dt = time.monotonic() - t0
         train_seconds += dt
         step_ema = dt if step == 0 else 0.9 * step_ema + 0.1 * dt
-        steps_since = [s + 1 for s in steps_since]
-        tokens_since = [k + tokens_per_step for k in tokens_since]
+        ledger.stepped(tokens_per_step)
+        trained_tokens += tokens_per_step
         metrics.step(dt, tokens_per_step, loss_value)
 
         # A diverged learner pushes nothing and starts over from the global model; so does one
@@ -166,41 +177,55 @@ def run(args: argparse.Namespace) -> int:
         if not np.isfinite(loss_value) or client.resync.is_set():
             emit("diverged" if not np.isfinite(loss_value) else "resynced", step=step)
             client.resync.clear()
-            params = {n: jnp.asarray(v) for n, v in anchors.items()}
+            params = {n: jnp.asarray(v) for n, v in ledger.anchors().items()}
             opt_state = tx.init(params)
-            steps_since, tokens_since = [0] * P, [0] * P
+            ledger.restart()
+            ledger.reset_counters()
+            schedule.take()
             step += 1
             continue
 
-        # 3. The due fragment's outer gradient Δ = A_p − θ_p, compressed, to the sender.
-        p = due_fragment(step, P)
-        delta = {n: anchors[n] - np.asarray(params[n]) for n in plan.fragments[p]}
+        # 3. Our slot in the shared schedule: push the due fragment's outer gradient, unless its
+        #    previous push is still in flight (then its progress goes out with the next one).
+        slot, p = schedule.take()
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
-            params = {n: v * jnp.nan if n in delta else v for n, v in params.items()}
-            delta = {n: d * np.nan for n, d in delta.items()}
-        blob = encode_tensors(delta, spec.syncer.compression, spec.syncer.block_size)
-        client.submit(Outgoing(p, versions[p], steps_since[p], tokens_since[p], step_ema, loss_value,
-                               blob, train_seconds, incarnation))
+            params = {n: v * jnp.nan if n in plan.fragments[p] else v for n, v in params.items()}
+        if not ledger.busy(p):
+            push(p, slot)
         step += 1
 
         if step % tr.eval_interval_steps == 0:
             ev = eval_loss(params)
             metrics.eval_loss.set(ev)
-            emit("eval", step=step, eval_loss=ev, versions=list(versions))
+            emit("eval", step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
         if time.monotonic() - last_report >= 1.0:
             last_report = time.monotonic()
             metrics.network(client.bytes_sent, client.bytes_received)
             metrics.productive(client.acked_train_seconds)
-            emit("progress", step=step, loss=loss_value, step_seconds=step_ema, train_seconds=train_seconds,
+            emit("progress", step=step, slot=schedule.slot, loss=loss_value, step_seconds=step_ema,
+                 train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
-                 bytes_received=client.bytes_received, versions=list(versions))
-        if args.max_steps and step >= args.max_steps:
+                 bytes_received=client.bytes_received, versions=ledger.versions)
+        if (args.max_steps and step >= args.max_steps) or (tr.steps and schedule.slot >= tr.steps):
+            finished = True
             break
 
-    # SIGTERM: finish the in-flight push and exit cleanly.
-    flushed = client.flush(timeout=10.0)
-    emit("exit", step=step, train_seconds=train_seconds, acked_train_seconds=client.acked_train_seconds,
-         bytes_sent=client.bytes_sent, bytes_received=client.bytes_received, flushed=flushed,
-         reason="fatal" if client.stopping.is_set() and not stop.is_set() else "stopped")
+    # The end (SIGTERM or the last step): push every fragment's unmerged progress, and wait
+    # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
+    flushed = False
+    deadline = time.monotonic() + FLUSH_SECONDS
+    while not client.stopping.is_set() and time.monotonic() < deadline:
+        apply(client.take_updates())
+        for p in range(P):
+            if ledger.unpushed(p):
+                push(p, schedule.slot)
+        if not ledger.unacknowledged():
+            flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
+            break
+        client.wait_for_news(0.2)
+    emit("exit", step=step, slot=schedule.slot, train_seconds=train_seconds, trained_tokens=trained_tokens,
+         acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
+         bytes_received=client.bytes_received, flushed=flushed,
+         reason="fatal" if client.stopping.is_set() and not stop.is_set() else ("finished" if finished else "stopped"))
     client.close()
     return 0 if not client.stopping.is_set() or stop.is_set() else 3

@@ -49,6 +49,7 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
         "learners": len(tracker.slots),
         "initial_eval_loss": initial,
         "final_eval_loss": final,
+        "tokens_trained": tracker.tokens_trained,
         "tokens_merged": tracker.tokens_merged,
         "outer_versions": tracker.outer_versions,
         "outer_steps": tracker.outer_steps,
@@ -62,7 +63,8 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
         "contributions_refused": tracker.refused,
         "max_publish_gap_seconds": tracker.max_publish_gap,
         "wall_seconds": wall,
-        "tokens_per_second": tracker.tokens_merged / wall if wall > 0 else 0.0,
+        "tokens_per_second": tracker.tokens_trained / wall if wall > 0 else 0.0,
+        "merged_tokens_per_second": tracker.tokens_merged / wall if wall > 0 else 0.0,
     }
     if failure:
         summary["failure"] = failure

@@ -53,12 +53,12 @@ class LocalRun:
             "syncer", "--config", str(self.config), "--port", str(self.port),
             "--metrics-port", str(free_port()), "--checkpoint-dir", str(out / "checkpoints")),
             out / "logs" / "syncer.log"))
-        ncpu = len(os.sched_getaffinity(0))
+        cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner in turn
         for i, (group, index) in enumerate((g, k) for g in spec.learner_groups for k in range(g.replicas)):
             name = f"{group.name}-{index}"
             self.sup.add(Child(name, "learner", diloco_argv(
                 "learner", "--config", str(self.config), "--group", group.name, "--index", str(index),
-                "--syncer", f"127.0.0.1:{self.port}", "--metrics-port", str(free_port()), "--cpus", str(i % ncpu)),
+                "--syncer", f"127.0.0.1:{self.port}", "--metrics-port", str(free_port()), "--cpus", str(cpus[i % len(cpus)])),
                 out / "logs" / f"{name}.log"))
         self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
         self.events = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
@@ -66,6 +66,7 @@ class LocalRun:
         self.stub = rpc.SyncerStub(self.channel)
         self.stopping = False
         self.failure: str | None = None
+        self.finished: set[str] = set()  # learners that reached spec.training.steps and exited 0
 
     def record(self, event: dict[str, Any]) -> None:
         self.events.write(json.dumps(event) + "\n")
@@ -106,6 +107,9 @@ class LocalRun:
                 self.failure = self._detect_crashes(now)
                 if self.failure:
                     self.runner_event("failed", reason=self.failure)
+                    break
+                if self.finished and self.finished >= set(self.tracker.slots):
+                    self.runner_event("finished", steps=spec.training.steps)
                     break
                 eligible = self._chaos_targets(targets)
                 down = sum(1 for c in self.sup.children.values() if c.down_since is not None)
@@ -155,11 +159,17 @@ class LocalRun:
 
     def _detect_crashes(self, now: float) -> str | None:
         """A child that exits on its own is restarted like a killed one, up to backoffLimit;
-        a configuration or authentication failure (exit 2 or 3) ends the run at once."""
+        a configuration or authentication failure (exit 2 or 3) ends the run at once; a
+        learner that exits 0 has reached spec.training.steps and is done."""
         for name, c in self.sup.children.items():
+            if name in self.finished:
+                continue
             if c.down_since is None and c.proc is not None and c.proc.poll() is not None:
                 code = c.proc.returncode
                 self.runner_event("exited", target=name, returncode=code)
+                if code == 0 and c.kind == "learner":
+                    self.finished.add(name)
+                    continue
                 if c.restarts >= self.job.spec.run_policy.backoff_limit or code in (2, 3):
                     return f"{name} exited with code {code}; see {c.log_path}"
                 c.down_since = now

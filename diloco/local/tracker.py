@@ -26,6 +26,7 @@ class Incarnation:
     bytes_sent: int = 0
     bytes_received: int = 0
     steps: int = 0
+    trained_tokens: int = 0  # as the learner counts them: its steps times its batch's tokens
 
 
 @dataclass
@@ -94,6 +95,7 @@ class RunTracker:
             inc.bytes_sent = int(e.get("bytes_sent", inc.bytes_sent))
             inc.bytes_received = int(e.get("bytes_received", inc.bytes_received))
             inc.steps = int(e.get("step", inc.steps))
+            inc.trained_tokens = int(e.get("trained_tokens", inc.trained_tokens))
             if kind == "exit":
                 self._down(slot, t, killed=False)
         elif kind == "eval":
@@ -163,6 +165,11 @@ class RunTracker:
                 return prev[1] + frac * (tokens - prev[1])
             prev = (ts, tokens)
         return float(prev[1])
+
+    @property
+    def tokens_trained(self) -> int:
+        """Tokens the learners trained, every incarnation included (a kill's lost work too)."""
+        return sum(inc.trained_tokens for s in self.slots.values() for inc in s.incarnations)
 
     def readmissions(self) -> int:
         return sum(1 for s in self.slots.values() for inc in s.incarnations if inc.restart > 0)

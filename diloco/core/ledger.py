@@ -1,0 +1,214 @@
+"""The learner's books per fragment: anchor, pushes in flight, exact rebase on adoption.
+
+For fragment p the learner holds an anchor A_p (the newest global value Θ_p it adopted)
+and its local weights θ_p; their difference θ_p − A_p is progress the global model does
+not hold, except for the part already pushed. A push carries only progress no earlier
+push carries (Δ = A_p − θ_p minus what is in flight), and the learner records exactly
+what the syncer will decode, so compression error stays local and goes out with the
+next push (error feedback). When Θ_p' arrives the learner rebases,
+
+    θ_p ← Θ_p' + (θ_p − A_p) − (progress of its pushes that Θ_p' already merged),
+
+so neither the steps taken while a push was in flight nor progress other learners'
+rounds overtook is thrown away, and nothing is counted twice: a push is known merged
+once the learner holds the version the syncer said it would be merged into
+(`PushReply.merged_into`). Pure numpy, no clock and no network: tests script it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.schedule import Schedule
+
+Tensors = dict[str, np.ndarray]
+Adoption = Literal["rebase", "overwrite"]
+
+
+@dataclass
+class InFlight:
+    """One push of one fragment, from the moment it was handed to the sender."""
+
+    push_id: int
+    delta: Tensors  # exactly what the syncer decodes: −(the progress this push carries)
+    steps: int
+    tokens: int
+    merged_into: int | None = None  # set when the syncer accepts it
+
+
+@dataclass
+class FragmentBook:
+    version: int
+    anchor: Tensors
+    in_flight: list[InFlight] = field(default_factory=list)
+    steps: int = 0  # inner steps whose progress no push carries yet
+    tokens: int = 0
+
+
+class Ledger:
+    def __init__(self, fragments: Sequence[Sequence[str]], anchors: Mapping[str, np.ndarray],
+                 versions: Sequence[int], adoption: Adoption = "rebase"):
+        if len(fragments) != len(versions):
+            raise ValueError("one version per fragment")
+        self.fragments = [tuple(f) for f in fragments]
+        self.adoption = adoption
+        self.books = [FragmentBook(int(v), {n: _copy(anchors[n]) for n in names})
+                      for names, v in zip(self.fragments, versions, strict=True)]
+
+    # -- training -------------------------------------------------------------------
+
+    def stepped(self, tokens: int) -> None:
+        """One inner step trained every fragment."""
+        for b in self.books:
+            b.steps += 1
+            b.tokens += tokens
+
+    def busy(self, p: int) -> bool:
+        """A push of p is in flight: the training loop waits for it before pushing p again."""
+        return bool(self.books[p].in_flight)
+
+    def unpushed(self, p: int) -> bool:
+        return self.books[p].steps > 0
+
+    def unacknowledged(self) -> bool:
+        """Some push in flight has no answer from the syncer yet."""
+        return any(f.merged_into is None for b in self.books for f in b.in_flight)
+
+    def outer_gradient(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors:
+        """Δ = A_p − θ_p, less what pushes in flight already carry."""
+        b = self.books[p]
+        delta = {n: b.anchor[n] - np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
+        for f in b.in_flight:
+            for n in delta:
+                delta[n] = delta[n] - f.delta[n]
+        return delta
+
+    def pushed(self, p: int, push_id: int, sent: Mapping[str, np.ndarray]) -> InFlight:
+        """Record a push handed to the sender; `sent` is its outer gradient as the syncer decodes it."""
+        b = self.books[p]
+        f = InFlight(push_id, {n: _copy(sent[n]) for n in self.fragments[p]}, b.steps, b.tokens)
+        b.in_flight.append(f)
+        b.steps, b.tokens = 0, 0
+        return f
+
+    # -- what the syncer said ---------------------------------------------------------
+
+    def accepted(self, p: int, push_id: int, merged_into: int) -> None:
+        for f in self.books[p].in_flight:
+            if f.push_id == push_id:
+                f.merged_into = merged_into
+
+    def refused(self, p: int, push_id: int) -> None:
+        """Its progress was never merged: it is still in θ − A and goes out with the next push."""
+        b = self.books[p]
+        for f in [f for f in b.in_flight if f.push_id == push_id]:
+            b.in_flight.remove(f)
+            b.steps += f.steps
+            b.tokens += f.tokens
+
+    def settle(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors | None:
+        """Drop the progress of pushes the held global version already contains from θ_p.
+        Returns the new θ_p, or None if nothing changed."""
+        b = self.books[p]
+        merged = [f for f in b.in_flight if f.merged_into is not None and f.merged_into <= b.version]
+        if not merged:
+            return None
+        out = {n: np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
+        for f in merged:
+            b.in_flight.remove(f)
+            out = {n: out[n] + f.delta[n] for n in out}  # θ − g, and Δ = −g
+        return out
+
+    def adopt(self, p: int, version: int, global_values: Mapping[str, np.ndarray],
+              local: Mapping[str, np.ndarray]) -> Tensors:
+        """Adopt Θ_p at `version`; returns the new θ_p."""
+        b = self.books[p]
+        fresh = {n: _copy(global_values[n]) for n in self.fragments[p]}
+        if self.adoption == "overwrite":  # the ablation: θ_p ← Θ_p, losing unmerged progress
+            out = {n: v.copy() for n, v in fresh.items()}
+            b.in_flight.clear()
+            b.steps, b.tokens = 0, 0
+        else:
+            out = {n: fresh[n] + (np.asarray(local[n], dtype=np.float32) - b.anchor[n]) for n in fresh}
+        b.anchor, b.version = fresh, int(version)
+        settled = self.settle(p, out)
+        return out if settled is None else settled
+
+    def restart(self, anchors: Mapping[str, np.ndarray] | None = None,
+                versions: Sequence[int] | None = None) -> None:
+        """Forget every push in flight (the syncer restarted, or our weights are being reset)
+        and optionally take new anchors. Progress of forgotten pushes stays unpushed."""
+        for p, b in enumerate(self.books):
+            for f in b.in_flight:
+                b.steps += f.steps
+                b.tokens += f.tokens
+            b.in_flight.clear()
+            if anchors is not None and versions is not None:
+                b.anchor = {n: _copy(anchors[n]) for n in self.fragments[p]}
+                b.version = int(versions[p])
+
+    def reset_counters(self) -> None:
+        for b in self.books:
+            b.steps, b.tokens = 0, 0
+
+    def anchors(self) -> Tensors:
+        return {n: v for b in self.books for n, v in b.anchor.items()}
+
+    @property
+    def versions(self) -> list[int]:
+        return [b.version for b in self.books]
+
+
+def _copy(x: np.ndarray) -> np.ndarray:
+    return np.array(x, dtype=np.float32, copy=True)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A published fragment as the learner holds it: version, values, and the schedule
+    position it implies (one past the newest slot merged)."""
+
+    version: int
+    tensors: Tensors
+    next_slot: int
+
+
+def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], write: Callable[[Tensors], None],
+           refused: Iterable[tuple[int, int]] = (), accepted: Iterable[tuple[int, int, int, bool]] = (),
+           published: Mapping[int, Arrival] | None = None) -> None:
+    """One step boundary's news, in the order that keeps the books exact: refusals, then
+    acceptances (settling pushes the held version already merged; a late one moves the
+    schedule a slot forward), then new global fragments (rebase) and the schedule
+    position they carry. `local(p)` reads θ_p,
+    `write` stores new values; the learner and the replay harness share this."""
+    for p, push_id in refused:
+        ledger.refused(p, push_id)
+    for p, push_id, merged_into, late in accepted:
+        ledger.accepted(p, push_id, merged_into)
+        if late:
+            schedule.skip()
+        settled = ledger.settle(p, local(p))
+        if settled is not None:
+            write(settled)
+    for p, arrival in (published or {}).items():
+        if arrival.version > ledger.books[p].version:
+            write(ledger.adopt(p, arrival.version, arrival.tensors, local(p)))
+        schedule.observe(arrival.next_slot)
+
+
+def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: str,
+                 block_size: int) -> tuple[bytes, InFlight]:
+    """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
+    the compression error stays in θ − A and leaves with the next push (error feedback)."""
+    delta = ledger.outer_gradient(p, local)
+    blob = encode_tensors(delta, codec, block_size)
+    try:
+        sent = decode_tensors(blob)
+    except CodecError:  # non-finite weights: the syncer will refuse it and the learner re-syncs
+        sent = delta
+    return blob, ledger.pushed(p, push_id, sent)

@@ -1,0 +1,48 @@
+"""The shared fragment schedule (docs/ALGORITHM.md, "The shared schedule").
+
+Slot s is due for fragment s mod P. Every learner fills one slot per inner step, and
+all of them take their slot numbers from the syncer (the Join reply, then every
+publish), not from their own step counters: learners that started at unrelated times
+then push fragment p in the same step, so a healthy round holds one push from every
+live learner and each fragment syncs once per P steps. A learner that fell behind
+(slow, paused, just joined) jumps forward to the schedule and skips the slots it
+missed; their progress is not lost, it rides along in that fragment's next push. A
+faster learner never waits: it keeps filling slots, and the others follow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def due_fragment(slot: int, num_fragments: int) -> int:
+    """Round robin: fragment `slot mod P` is due in slot `slot`, so each syncs every P slots."""
+    return slot % num_fragments
+
+
+@dataclass
+class Schedule:
+    num_fragments: int
+    slot: int = 0  # the next slot this learner fills
+    skipped: int = 0  # slots jumped over to catch up with the schedule
+
+    def take(self) -> tuple[int, int]:
+        """Fill the next slot after an inner step: (slot, due fragment)."""
+        slot = self.slot
+        self.slot += 1
+        return slot, due_fragment(slot, self.num_fragments)
+
+    def skip(self, slots: int = 1) -> None:
+        """Our push came after its round closed: we are behind the schedule, catch up."""
+        self.slot += slots
+        self.skipped += slots
+
+    def observe(self, next_slot: int) -> int:
+        """The syncer has merged every slot before `next_slot`; never fall behind it.
+        Returns the slots skipped."""
+        behind = next_slot - self.slot
+        if behind <= 0:
+            return 0
+        self.slot += behind
+        self.skipped += behind
+        return behind

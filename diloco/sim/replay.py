@@ -1,0 +1,296 @@
+"""A deterministic replay of Decoupled DiLoCo: one process, a virtual clock, scripted speeds.
+
+The real protocol without the timing noise of real processes: the learners' books and
+schedule (`diloco.core.ledger`, `diloco.core.schedule`), the syncer's rounds, merging and
+outer step (`diloco.core.rounds`, `diloco.syncer.state.GlobalModel`), the real push codec,
+and whatever inner step the caller passes (`Trainer`: the real JAX model in
+`bench/replay.py`, a toy in the tests). Learners' step times, start times, kills and the
+network latency are scripted, so two runs of one script are identical and an ablation
+differs from its baseline only by the knob it turns.
+
+Simplifications, on purpose: published fragments reach learners exact (the product sends
+int8 deltas with error feedback, so a learner's copy differs from Θ by ~0.4% of one
+update); computing a step takes no virtual time beyond its scripted step time; the
+syncer's merge takes no virtual time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
+from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Verdict
+from diloco.core.schedule import Schedule
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.state import GlobalModel
+
+Tensors = dict[str, np.ndarray]
+
+
+class Trainer(Protocol):
+    """The learners' inner computation, `m` naming the learner (its data shard)."""
+
+    def fresh_state(self, m: int, params: Tensors) -> Any: ...
+
+    def step(self, m: int, params: Tensors, state: Any, slot: int) -> tuple[Tensors, Any, int]:
+        """One inner step at schedule slot `slot`: (new params, new state, tokens trained)."""
+        ...
+
+
+@dataclass
+class Script:
+    """One learner's timeline in virtual seconds."""
+
+    step_seconds: float = 1.0
+    start: float = 0.0
+    jitter: float = 0.05  # each step takes step_seconds x (1 ± jitter), seeded: real steps vary
+    outages: list[tuple[float, float]] = field(default_factory=list)  # (killed at, back at)
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # (from, seconds): frozen, not killed
+
+
+@dataclass
+class _Learner:
+    m: int
+    script: Script
+    life: int = 0
+    alive: bool = False
+    done: bool = False
+    params: Tensors = field(default_factory=dict)
+    state: Any = None
+    ledger: Ledger | None = None
+    schedule: Schedule | None = None
+    session: int = 0
+    push_seq: int = 0
+    trained_tokens: int = 0  # this life's (the push header's cumulative counter)
+    earlier_tokens: int = 0  # earlier lives'
+    steps: int = 0
+    refused: list[tuple[int, int]] = field(default_factory=list)
+    accepted: list[tuple[int, int, int]] = field(default_factory=list)
+    inbox: dict[int, Arrival] = field(default_factory=dict)
+
+
+@dataclass
+class ReplayResult:
+    params: Tensors
+    rounds: list[int]  # learners per merged round
+    tokens_trained: int
+    tokens_merged: int  # less than trained only by what kills threw away before it was pushed
+    skipped_slots: int
+    refused: int
+    outer_steps: int
+    curve: list[tuple[float, int, Tensors]] = field(default_factory=list)  # (time, slot, Θ) snapshots
+
+
+class Replay:
+    def __init__(self, spec: SyncerSpec, params0: Tensors, trainer: Trainer, scripts: list[Script], *,
+                 steps: int, latency: float = 0.05, adoption: str = "rebase",
+                 snapshot_every: float | None = None, seed: int = 0) -> None:
+        self.spec, self.trainer, self.steps, self.latency = spec, trainer, steps, latency
+        self.adoption = adoption
+        self.model = GlobalModel.fresh(spec, params0)
+        num = self.model.plan.num_fragments
+        g = spec.grace_window
+        policy = RoundPolicy(spec.quorum, g.gamma, g.tau, g.cap_seconds, spec.staleness.max_versions,
+                             spec.staleness.policy, num)
+        self.book: RoundBook[Tensors] = RoundBook(num, policy, GlobalModel.combine)
+        self.fragments = [list(f) for f in self.model.plan.fragments]
+        self.learners = [_Learner(m, s) for m, s in enumerate(scripts)]
+        # How a (re)joining learner's schedule starts; ablations swap in one deaf to the syncer.
+        self.schedule_factory: Callable[[int, int, int], Schedule] = lambda num, slot, m: Schedule(num, slot)
+        self.rngs = [np.random.default_rng([seed, m]) for m in range(len(scripts))]
+        self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.published_slot = [-1] * num
+        self.rounds: list[int] = []
+        self.refused = 0
+        self.ticks: set[float] = set()  # deadlines with a tick scheduled
+        self.killed_at: dict[tuple[int, int], float] = {}  # (learner, life) -> when it was killed
+        self.snapshot_every = snapshot_every
+        self.curve: list[tuple[float, int, Tensors]] = []
+
+    # -- the event loop ---------------------------------------------------------------
+
+    def at(self, t: float, kind: str, *args: Any) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), kind, args))
+
+    def run(self) -> ReplayResult:
+        for lr in self.learners:
+            self.at(lr.script.start, "join", lr.m)
+            for down, up in lr.script.outages:
+                self.at(down, "kill", lr.m)
+                self.at(up, "join", lr.m)
+        if self.snapshot_every:
+            self.at(0.0, "snapshot")
+        while self.events:
+            self.now, _, kind, args = heapq.heappop(self.events)
+            getattr(self, f"_on_{kind}")(*args)
+            if kind != "snapshot" and all(lr.done for lr in self.learners) and not self._traffic():
+                break
+        self._merge(flush=True)  # the syncer's final flush
+        return ReplayResult({n: v.copy() for n, v in self.model.params.items()}, self.rounds,
+                            sum(lr.trained_tokens + lr.earlier_tokens for lr in self.learners),
+                            self.model.tokens_merged,
+                            sum(lr.schedule.skipped for lr in self.learners if lr.schedule), self.refused,
+                            self.model.outer_steps, self.curve)
+
+    def _traffic(self) -> bool:
+        return any(kind in ("arrive", "tick") for _, _, kind, _ in self.events)
+
+    def _on_snapshot(self) -> None:
+        slot = max((lr.schedule.slot for lr in self.learners if lr.schedule), default=0)
+        self.curve.append((self.now, slot, {n: v.copy() for n, v in self.model.params.items()}))
+        if self.snapshot_every and not all(lr.done for lr in self.learners):
+            self.at(self.now + self.snapshot_every, "snapshot")
+
+    # -- learners ---------------------------------------------------------------------
+
+    def _on_join(self, m: int) -> None:
+        lr = self.learners[m]
+        if lr.done:
+            return
+        lr.life += 1
+        lr.alive = True
+        lr.params = {n: v.copy() for n, v in self.model.params.items()}
+        lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
+        lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
+        lr.state = self.trainer.fresh_state(m, lr.params)
+        lr.session, lr.push_seq = lr.life, 0
+        lr.earlier_tokens += lr.trained_tokens  # a new process counts its tokens from zero
+        lr.trained_tokens = 0
+        lr.refused, lr.accepted, lr.inbox = [], [], {}
+        self.at(self.now, "step", m, lr.life)
+
+    def _on_kill(self, m: int) -> None:
+        lr = self.learners[m]
+        if not lr.alive:
+            return
+        self.killed_at[(m, lr.life)] = self.now
+        lr.alive = False
+        lr.life += 1
+
+    def _on_step(self, m: int, life: int) -> None:
+        lr = self.learners[m]
+        if not lr.alive or lr.life != life:
+            return
+        assert lr.ledger is not None and lr.schedule is not None
+        self._absorb(lr)
+        if lr.schedule.slot >= self.steps:
+            self._flush(lr)
+            return
+        lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.schedule.slot)
+        lr.ledger.stepped(tokens)
+        lr.trained_tokens += tokens
+        lr.steps += 1
+        slot, p = lr.schedule.take()
+        t_done = self.now + lr.script.step_seconds * (1 + lr.script.jitter * (2 * self.rngs[m].random() - 1))
+        for start, seconds in lr.script.pauses:  # a SIGSTOP: the step in progress ends late
+            if self.now <= start < t_done:
+                t_done += seconds
+        if not lr.ledger.busy(p):
+            self._push(lr, p, slot, t_done)
+        self.at(t_done, "step", m, life)
+
+    def _absorb(self, lr: _Learner) -> None:
+        assert lr.ledger is not None and lr.schedule is not None
+
+        def write(values: Tensors) -> None:
+            lr.params.update(values)
+
+        absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, write,
+               lr.refused, lr.accepted, lr.inbox)
+        lr.refused, lr.accepted, lr.inbox = [], [], {}
+
+    def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
+        assert lr.ledger is not None
+        lr.push_seq += 1
+        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
+                               self.spec.compression, self.spec.block_size)
+        c = Contribution(f"l{lr.m}", p, lr.ledger.books[p].version, f.steps, f.tokens, f.delta,
+                         session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)
+        self.at(t_sent + self.latency, "arrive", lr.m, lr.life, c, lr.script.step_seconds, t_sent)
+
+    def _flush(self, lr: _Learner) -> None:
+        """The end of the job for this learner: push everything unpushed, then stop."""
+        assert lr.ledger is not None and lr.schedule is not None
+        for p in range(len(self.fragments)):
+            if lr.ledger.unpushed(p):
+                self._push(lr, p, lr.schedule.slot, self.now)
+        lr.done = True
+
+    # -- the syncer -------------------------------------------------------------------
+
+    def _active(self) -> set[str]:
+        return {f"l{lr.m}" for lr in self.learners if lr.alive}
+
+    def _on_arrive(self, m: int, life: int, c: Contribution[Tensors], step_seconds: float, t_sent: float) -> None:
+        if self.killed_at.get((m, life), float("inf")) < t_sent:
+            return  # its learner died before the step that made it ended: never sent
+        self.book.observe_step_time(step_seconds)
+        p = c.fragment
+        offer = self.book.offer(c, self.now, self.model.versions[p])
+        reply: tuple[Any, ...]
+        if offer.verdict is Verdict.ACCEPTED:
+            reply = ("accepted", p, c.push_id, self.model.versions[p] + 1, offer.late)
+        else:
+            self.refused += 1
+            reply = ("refused", p, c.push_id)
+        self.at(self.now + self.latency, "reply", m, life, reply)
+        self._merge()
+
+    def _on_tick(self) -> None:
+        self.ticks.discard(self.now)
+        self._merge()
+
+    def _merge(self, flush: bool = False) -> None:
+        active = self._active()
+        due = self.book.pending() if flush else self.book.ready(self.now, active)
+        for p in due:
+            closed = self.book.close(p, self.model.versions[p])
+            self.model.apply(closed, active=max(len(active), 1))
+            self.published_slot[p] = closed.slot
+            self.rounds.append(len({c.learner for c in closed.contributions}))
+            arrival = Arrival(self.model.versions[p], self.model.fragment(p), closed.slot + 1)
+            for lr in self.learners:
+                if lr.alive:
+                    self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
+        for p in range(len(self.fragments)):
+            deadline = self.book.deadline(p)
+            if deadline is not None and deadline > self.now and deadline not in self.ticks:
+                self.ticks.add(deadline)
+                self.at(deadline, "tick")
+
+    def _on_reply(self, m: int, life: int, reply: tuple[Any, ...]) -> None:
+        lr = self.learners[m]
+        if lr.life != life:
+            return
+        if reply[0] == "accepted":
+            lr.accepted.append(reply[1:])
+        else:
+            lr.refused.append(reply[1:])
+
+    def _on_publish(self, m: int, life: int, p: int, arrival: Arrival) -> None:
+        lr = self.learners[m]
+        if lr.life == life:
+            lr.inbox[p] = arrival  # the newest version wins, as in the product's inbox
+
+
+def toy_trainer(directions: list[Tensors]) -> Trainer:
+    """Each step of learner m adds `directions[m]` to its weights: progress independent of θ,
+    so conservation of progress can be checked exactly."""
+
+    class Toy:
+        def fresh_state(self, m: int, params: Tensors) -> Any:
+            return None
+
+        def step(self, m: int, params: Tensors, state: Any, slot: int) -> tuple[Tensors, Any, int]:
+            return {n: v + directions[m][n] for n, v in params.items()}, None, 1
+
+    return Toy()
+

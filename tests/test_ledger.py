@@ -1,0 +1,132 @@
+"""The learner's books: exact rebase whatever order the syncer's answers arrive in."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
+from diloco.core.rounds import Contribution, RoundBook, RoundPolicy
+from diloco.core.schedule import Schedule
+
+FRAGMENTS = [["a"], ["b"]]
+
+
+def books(adoption: str = "rebase") -> tuple[Ledger, dict[str, np.ndarray]]:
+    zero = {"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float32)}
+    return Ledger(FRAGMENTS, zero, [0, 0], adoption), {n: v.copy() for n, v in zero.items()}  # type: ignore[arg-type]
+
+
+def train(theta: dict[str, np.ndarray], ledger: Ledger, by: float) -> None:
+    for n in theta:
+        theta[n] = theta[n] + by
+    ledger.stepped(10)
+
+
+def test_push_carries_unpushed_progress_and_a_second_push_only_what_is_new() -> None:
+    ledger, theta = books()
+    train(theta, ledger, 1.0)
+    blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    assert np.allclose(first.delta["a"], -1.0) and (first.steps, first.tokens) == (1, 10)
+    train(theta, ledger, 2.0)
+    assert np.allclose(ledger.outer_gradient(0, theta)["a"], -2.0)  # the first push's progress is in flight
+
+
+def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -> None:
+    for reply_first in (True, False):
+        ledger, theta = books()
+        schedule = Schedule(2)
+        train(theta, ledger, 1.0)
+        prepare_push(ledger, 0, {"a": theta["a"]}, 7, "fp32", 64)
+        train(theta, ledger, 0.5)  # progress made while the push is in flight
+
+        def write(v: dict[str, np.ndarray], theta: dict[str, np.ndarray] = theta) -> None:
+            theta.update(v)
+
+        # The syncer merged our push (and others'): Θ_a moved to 0.8.
+        publish = {0: Arrival(1, {"a": np.full(3, 0.8, np.float32)}, 1)}
+        reply = [(0, 7, 1, False)]
+        steps = [(reply, {}), ([], publish)] if reply_first else [([], publish), (reply, {})]
+        for accepted, published in steps:
+            absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, write,
+                   accepted=accepted, published=published)
+        # θ_a = Θ_a + the 0.5 made after the push; the pushed 1.0 is Θ's business now.
+        assert np.allclose(theta["a"], 1.3), reply_first
+        assert not ledger.busy(0) and np.allclose(ledger.outer_gradient(0, theta)["a"], -0.5)
+
+
+def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
+    ledger, theta = books()
+    train(theta, ledger, 1.0)
+    prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    ledger.accepted(0, 1, merged_into=2)  # it will be merged into version 2, not 1
+    theta.update(ledger.adopt(0, 1, {"a": np.full(3, 0.3, np.float32)}, {"a": theta["a"]}))
+    assert np.allclose(theta["a"], 1.3) and ledger.busy(0)
+    theta.update(ledger.adopt(0, 2, {"a": np.full(3, 0.9, np.float32)}, {"a": theta["a"]}))
+    assert np.allclose(theta["a"], 0.9) and not ledger.busy(0)
+
+
+def test_a_refused_push_goes_out_again_with_the_next_one() -> None:
+    ledger, theta = books()
+    train(theta, ledger, 1.0)
+    prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    train(theta, ledger, 1.0)
+    ledger.refused(0, 1)
+    _, again = prepare_push(ledger, 0, {"a": theta["a"]}, 2, "fp32", 64)
+    assert np.allclose(again.delta["a"], -2.0) and (again.steps, again.tokens) == (2, 20)
+
+
+def test_int4_push_error_stays_local_and_leaves_with_the_next_push() -> None:
+    zero = {"a": np.zeros(256, np.float32), "b": np.zeros(3, np.float32)}
+    ledger = Ledger(FRAGMENTS, zero, [0, 0])
+    theta = {"a": np.random.default_rng(0).standard_normal(256).astype(np.float32)}
+    ledger.stepped(1)
+    _, sent = prepare_push(ledger, 0, theta, 1, "int4", 64)
+    residual = ledger.outer_gradient(0, theta)["a"]  # what the next push of fragment 0 carries
+    assert np.allclose(residual, -theta["a"] - sent.delta["a"], atol=1e-6)
+    assert 0 < np.linalg.norm(residual) < 0.2 * np.linalg.norm(theta["a"])  # int4's error, nothing more
+
+
+def test_overwrite_ablation_drops_unmerged_progress() -> None:
+    ledger, theta = books("overwrite")
+    train(theta, ledger, 1.0)
+    theta.update(ledger.adopt(0, 1, {"a": np.full(3, 0.3, np.float32)}, {"a": theta["a"]}))
+    assert np.allclose(theta["a"], 0.3) and not ledger.unpushed(0)
+
+
+def test_schedule_jumps_forward_never_back() -> None:
+    s = Schedule(4, slot=10)
+    assert s.take() == (10, 2)
+    assert s.observe(5) == 0 and s.slot == 11
+    assert s.observe(14) == 3 and s.take() == (14, 2) and s.skipped == 3
+    s.skip()
+    assert s.take() == (16, 0) and s.skipped == 4
+
+
+def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int = 4) -> Contribution[int]:
+    return Contribution(learner, fragment, 0, steps, steps, steps, session=session, push_id=slot + 1, slot=slot)
+
+
+def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
+    book: RoundBook[int] = RoundBook(2, RoundPolicy(quorum=1, num_fragments=2),
+                                     combine=lambda a, b: Contribution(a.learner, a.fragment, 0, a.steps + b.steps,
+                                                                       a.tokens + b.tokens, a.payload + b.payload,
+                                                                       a.session, b.push_id, b.slot))
+    book.observe_step_time(1.0)
+    book.offer(c("a", 0), 0.0, 0)
+    assert book.ready(1.0, {"a", "b"}) == [0]
+    assert book.close(0, 0).slot == 0 and book.next_slot == 1
+    late = book.offer(c("b", 0), 1.2, 1)
+    assert late.late and book.ready(2.0, {"a", "b"}) == []  # it opens no lone round
+    book.offer(c("a", 2), 2.1, 1)  # the next slot of fragment 0: b's late push joins it
+    assert book.ready(2.1, {"a", "b"}) == [0]
+    closed = book.close(0, 1)
+    assert sorted(x.learner for x in closed.contributions) == ["a", "b"] and closed.slot == 2
+    # Only late pushes, and nobody else comes: they close by themselves about a period later.
+    book.offer(c("b", 1), 3.0, 1)
+    assert book.ready(3.0 + 2 * 1.0 + 0.5, {"a", "b"}) == []
+    assert book.ready(3.0 + 2 * 1.0 + 1.0, {"a", "b"}) == [0]
+    # Two disjoint pushes of one process in one round are added, not replaced.
+    book.offer(c("a", 5, fragment=1), 9.0, 0)
+    book.offer(c("a", 7, fragment=1, steps=2), 9.0, 0)
+    (only,) = book.close(1, 0).contributions
+    assert (only.steps, only.payload) == (6, 6)
