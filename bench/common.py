@@ -58,7 +58,7 @@ def manifest(name: str, *, steps_per_learner: int, groups: list[dict[str, Any]] 
     tr = {"batchSize": 8, "learningRate": 0.003, "warmupSteps": 50, "decaySteps": max(steps_per_learner, 51),
           "evalIntervalSteps": 100, "evalBatches": 16}
     sy = {"quorum": 1, "fragments": 4, "fragmentation": "balanced", "compression": "int4", "merge": "rda",
-          "tokenWeighting": True, "outerLearningRate": 1.0, "outerMomentum": 0.0, "checkpointIntervalSeconds": 10}
+          "tokenWeighting": True, "checkpointIntervalSeconds": 10}  # the outer step: the product's defaults
     m = {
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
         "spec": {

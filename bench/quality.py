@@ -43,8 +43,6 @@ def manifest(args: argparse.Namespace, seed: int, lr: float, **kw: Any) -> dict[
     m = common.manifest("quality", steps_per_learner=args.steps, seed=seed,
                         training={"learningRate": lr, "evalIntervalSteps": args.eval_interval}, **kw)
     m["spec"]["data"]["sharding"] = args.sharding
-    for key in ("outerLearningRate", "outerMomentum"):  # the product's defaults, as users get them
-        m["spec"]["syncer"].pop(key)
     return m
 
 

@@ -33,8 +33,6 @@ def main() -> None:
                             training={"batchSize": 16, "steps": args.steps, "evalIntervalSteps": 300})
         if args.smoke:
             m["spec"]["training"]["batchSize"] = 4
-        for key in ("outerLearningRate", "outerMomentum"):
-            m["spec"]["syncer"].pop(key)
         r = common.run_job(m, common.RUNS / "repeatability" / f"run{i}", total_steps=None, max_seconds=1800)
         s = r.summary
         rows.append({"run": i, "final_eval_loss": s["final_eval_loss"], "tokens_trained": s["tokens_trained"],

@@ -164,9 +164,7 @@ def arm_manifest(args: argparse.Namespace, change: dict[str, Any], seed: int, lr
     training = {"learningRate": lr} if lr else None
     m = common.manifest("replay", steps_per_learner=args.steps, syncer=syncer, seed=seed, training=training,
                         groups=[{"name": "local", "replicas": args.learners}])
-    for key in ("outerLearningRate", "outerMomentum"):  # the product's defaults, unless an arm sets them
-        if key not in syncer:
-            m["spec"]["syncer"].pop(key, None)
+    m["spec"]["data"]["sharding"] = args.sharding
     return m
 
 
@@ -203,6 +201,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--arms", default="decoupled", help=f"comma list from {sorted(ARMS)} or 'all'")
     parser.add_argument("--lr", type=float, help="inner learning rate (default: the bench's 3e-3)")
+    parser.add_argument("--sharding", choices=["contiguous", "interleaved"], default="contiguous")
     parser.add_argument("--sweep-outer", action="store_true", help="outer lr x momentum grid on the decoupled arm")
     parser.add_argument("--outer-lrs", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 1.3, 1.5, 2.0])
     parser.add_argument("--outer-momenta", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 0.5, 0.9])
@@ -233,13 +232,14 @@ def main() -> None:
                 jobs.append((name, arm_manifest(args, change, seed, args.lr), {**base_kw, "seed": seed, **opts}))
     rows = run_grid(jobs)
     stats = summarise(rows)
-    print(f"\nreplay, M = {args.learners}, {args.steps} slots, seeds {args.seeds}, inner lr {args.lr or 3e-3:g}")
+    print(f"\nreplay, M = {args.learners}, {args.steps} slots, seeds {args.seeds}, inner lr {args.lr or 3e-3:g}, "
+          f"{args.sharding} shards")
     print(common.table([{"arm": k, **v} for k, v in stats.items()],
                        [("arm", "arm", ""), ("mean", "final loss (mean)", ".4f"), ("std", "std", ".4f"),
                         ("n", "seeds", "d")]))
     common.save_json(args.out, rows)
     common.emit({"bench": "replay", "learners": args.learners, "steps": args.steps, "seeds": args.seeds,
-                 "inner_lr": args.lr or 3e-3, "arms": stats, "seconds": round(time.monotonic() - t0, 1)})
+                 "inner_lr": args.lr or 3e-3, "sharding": args.sharding, "arms": stats, "seconds": round(time.monotonic() - t0, 1)})
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def manifest(name: str) -> dict:
         "spec": {
             "learnerGroups": [{"name": "us", "region": "us", "replicas": 1}, {"name": "eu", "region": "eu", "replicas": 1}],
             "syncer": {"fragments": 16, "compression": "int4", "broadcastCompression": "int4",
-                       "outerLearningRate": 1.0, "outerMomentum": 0.0, "checkpointIntervalSeconds": 1000},
+                       "checkpointIntervalSeconds": 1000},
             "model": MODEL,
             "training": {"batchSize": 8, "warmupSteps": 20, "decaySteps": 3000, "evalIntervalSteps": 100000},
         },

@@ -23,7 +23,7 @@ def manifest(name: str, chaos: dict[str, Any], seconds: int, replicas: int = 3) 
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
         "spec": {
             "learnerGroups": [{"name": "local", "replicas": replicas}],
-            "syncer": {"fragments": 4, "checkpointIntervalSeconds": 3, "outerLearningRate": 1.0, "outerMomentum": 0.0},
+            "syncer": {"fragments": 4, "checkpointIntervalSeconds": 3},
             "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
             "training": {"batchSize": 8, "learningRate": 0.003, "warmupSteps": 20, "decaySteps": 3000,
                          "durationSeconds": seconds, "evalIntervalSteps": 100},

@@ -34,7 +34,7 @@ def manifest() -> dict:
         "spec": {
             "learnerGroups": [{"name": "us", "region": "us-east", "replicas": 1},
                               {"name": "eu", "region": "eu-west", "replicas": 1}],
-            "syncer": {"fragments": 4, "outerLearningRate": 1.0, "outerMomentum": 0.0},
+            "syncer": {"fragments": 4},
             "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
             "training": {"batchSize": 8, "warmupSteps": 20, "decaySteps": 3000, "evalIntervalSteps": 1000},
         },
