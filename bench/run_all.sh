@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark in docs/BENCHMARKS.md, one after another (about 25 minutes on a
-# 2-core machine with no GPU). Each script prints a table and, as its last line, one JSON object;
+# Regenerates every benchmark in docs/BENCHMARKS.md, one after another (about two hours on a
+# 2-core machine with no GPU; the soak, `python bench/soak.py`, runs on its own: 30 minutes). Each script prints a table and, as its last line, one JSON object;
 # the full output goes to runs/bench/logs/NAME.log, the JSON lines to runs/bench/results.jsonl,
 # and the plots to docs/img/bench_*.png.
 #
@@ -37,6 +37,8 @@ run() {
 
 # Side by side on the same model, corpus and token budget (docs/BENCHMARKS.md, sections 1-5).
 run quality bench/quality.py $SMOKE
+run replay bench/replay.py --arms all $SMOKE
+run repeatability bench/repeatability.py $SMOKE
 run bandwidth_measured bench/bandwidth_measured.py $SMOKE
 run heterogeneous bench/heterogeneous.py $SMOKE
 run scavenging bench/scavenging.py $SMOKE

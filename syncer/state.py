@@ -15,7 +15,7 @@ from diloco.core.codecs import encode_tensors
 from diloco.core.fragments import FragmentPlan, plan_fragments, specs_from_shapes
 from diloco.core.merge import is_embedding, merge_fragment, token_weights
 from diloco.core.outer import NesterovSGD
-from diloco.core.rounds import Closed, Contribution
+from diloco.core.rounds import Closed, Contribution, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
 
 Tensors = dict[str, np.ndarray]
@@ -161,7 +161,6 @@ class GlobalModel:
             raise ValueError("checkpoint credited is malformed")
         model.credited = dict(credited)
         schedule = meta.get("schedule", {})
-        if not isinstance(schedule, dict):
-            raise ValueError("checkpoint schedule is malformed")
-        model.schedule = dict(schedule)
+        checked_schedule(schedule, model.plan.num_fragments)
+        model.schedule = dict(schedule)  # type: ignore[call-overload]
         return model

@@ -139,3 +139,30 @@ def test_participation_scaling_moves_theta_by_the_share_of_active_learners() -> 
         model.apply(Closed(0, 0, [Contribution("a-0", 0, 0, 4, 2048, delta)], [1.0], 0.0), active=3)
         moved.append(float(np.mean([np.abs(model.params[n] - before[n]).mean() for n in delta])))
     assert moved[0] == pytest.approx(0.1, rel=1e-5) and moved[1] == pytest.approx(0.3, rel=1e-5)
+
+
+def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
+    """A restarted syncer neither credits a learner's tokens again nor loses the schedule."""
+    from diloco.core.rounds import RoundBook, RoundPolicy
+
+    model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
+    delta = {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(0).items()}
+    push = Contribution("a-0", 0, 0, 4, 4096, delta, session=9, push_id=1, slot=6, trained_tokens=4096)
+    model.apply(Closed(0, 0, [push], [1.0], 0.0, slot=6))
+    book: RoundBook[object] = RoundBook(2, RoundPolicy(num_fragments=2))
+    book.closed_slot, book.next_slot = [6, -1], 7
+    model.schedule = book.schedule_state()
+    store = CheckpointStore(tmp_path)
+    store.save(*model.state())
+    loaded, _ = store.load_latest()
+    assert loaded is not None
+    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, SHAPES)
+    assert restored.tokens_merged == 4096 and restored.schedule == {"next_slot": 7, "closed_slot": [6, -1]}
+    later = Contribution("a-0", 1, 0, 4, 4096, {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(1).items()},
+                         session=9, push_id=2, slot=7, trained_tokens=6144)
+    assert restored.apply(Closed(1, 0, [later], [1.0], 0.0)).tokens == 2048  # only what is new
+    bad = dict(loaded.meta, credited={"a-0/9": -1})
+    with pytest.raises(ValueError, match="credited"):
+        GlobalModel.from_state(model.spec, loaded.arrays, bad, SHAPES)
+    with pytest.raises(ValueError, match="schedule"):
+        GlobalModel.from_state(model.spec, loaded.arrays, dict(loaded.meta, schedule={"next_slot": "x"}), SHAPES)

@@ -228,8 +228,15 @@ class RoundBook(Generic[Payload]):
         return {"next_slot": self.next_slot, "closed_slot": list(self.closed_slot)}
 
     def load_schedule(self, state: dict[str, object]) -> None:
-        nxt, closed = state.get("next_slot", 0), state.get("closed_slot", [-1] * len(self._rounds))
-        if (not isinstance(nxt, int) or nxt < 0 or not isinstance(closed, list) or len(closed) != len(self._rounds)
-                or any(not isinstance(v, int) or v < -1 for v in closed)):
-            raise ValueError("checkpoint schedule is malformed")
-        self.next_slot, self.closed_slot = nxt, list(closed)
+        self.next_slot, self.closed_slot = checked_schedule(state, len(self._rounds))
+
+
+def checked_schedule(state: object, num_fragments: int) -> tuple[int, list[int]]:
+    """(next slot, newest closed slot per fragment) from checkpointed state, or ValueError."""
+    if not isinstance(state, dict):
+        raise ValueError("checkpoint schedule is malformed")
+    nxt, closed = state.get("next_slot", 0), state.get("closed_slot", [-1] * num_fragments)
+    if (not isinstance(nxt, int) or nxt < 0 or not isinstance(closed, list) or len(closed) != num_fragments
+            or any(not isinstance(v, int) or v < -1 for v in closed)):
+        raise ValueError("checkpoint schedule is malformed")
+    return nxt, list(closed)
