@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--eval-interval", type=int, default=100)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="safety stop per decoupled run")
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "quality")
+    parser.add_argument("--baseline-from", type=Path,
+                        help="reuse the data-parallel and synchronous DiLoCo rows of an earlier result JSON")
     parser.add_argument("--smoke", action="store_true", help="seconds, not minutes: 2 learners, 24 steps")
     args = parser.parse_args()
     if args.smoke:
@@ -136,7 +138,12 @@ def main() -> None:
         args.out_dir = common.RUNS / "smoke" / "quality"
     t_start = time.monotonic()
     env = common.machine()
-    rows = in_process(args)
+    if args.baseline_from:
+        import json
+
+        rows = [r for r in json.loads(args.baseline_from.read_text()) if r["arm"] in ("data-parallel", "sync-diloco")]
+    else:
+        rows = in_process(args)
     for lr in args.decoupled_lrs or args.lrs:
         for seed in args.seeds:
             rows.append(decoupled(args, "decoupled", lr, seed))

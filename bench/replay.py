@@ -211,6 +211,7 @@ def main() -> None:
     if args.smoke:
         common.use_smoke_model()
         args.steps, args.seeds = 24, [0]
+        args.out = common.RUNS / "smoke" / "replay" / "result.json"
     t0 = time.monotonic()
     jobs: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     base_kw = {"learners": args.learners, "steps": args.steps}

@@ -107,7 +107,7 @@ def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int =
 
 
 def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
-    book: RoundBook[int] = RoundBook(2, RoundPolicy(quorum=1, num_fragments=2),
+    book: RoundBook[int] = RoundBook(2, RoundPolicy(quorum=1, num_fragments=2, cap_seconds=1.0),
                                      combine=lambda a, b: Contribution(a.learner, a.fragment, 0, a.steps + b.steps,
                                                                        a.tokens + b.tokens, a.payload + b.payload,
                                                                        a.session, b.push_id, b.slot))

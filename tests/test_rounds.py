@@ -13,8 +13,8 @@ def test_grace_formula_and_clamps() -> None:
     t = Timings()
     policy = RoundPolicy(gamma=0.8, tau=2)
     t.step.update(1.0), t.quorum.update(0.2), t.sync.update(0.1)
-    assert t.grace(policy) == pytest.approx(1.0)  # 0.8*(2-0.3)=1.36, capped at one step
-    assert t.grace(RoundPolicy(cap_seconds=5.0)) == pytest.approx(1.36)
+    assert t.grace(policy) == pytest.approx(1.36)  # 0.8*(2-0.3); the default cap is τ steps
+    assert t.grace(RoundPolicy(cap_seconds=1.0)) == pytest.approx(1.0)
     t.quorum.value = 3.0
     assert t.grace(policy) == 0.0  # no slack left: close at quorum
 
@@ -40,7 +40,7 @@ def test_everyone_in_closes_immediately_and_quorum_k2_waits() -> None:
     push(book, "a", 0.0)
     assert book.ready(1000.0, {"a", "b", "c"}) == []  # K=2 not met, however long we wait
     push(book, "b", 3.0)
-    assert book.deadline(0) == pytest.approx(3.0 + 10.0)  # 0.8*(2*10) = 16, capped at one step
+    assert book.deadline(0) == pytest.approx(3.0 + 16.0)  # 0.8*(2*10) = 16, under the cap of τ steps
     push(book, "c", 4.0)
     assert book.ready(4.0, {"a", "b", "c"}) == [0]
     closed = book.close(0, version=0)

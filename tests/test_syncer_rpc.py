@@ -40,8 +40,8 @@ def test_accepts_and_merges_a_good_push(syncer: sh.Harness) -> None:
     before = snapshot(syncer)
     reply = syncer.push(0, syncer.fragment_tensors(0))
     assert reply.accepted, reply.reason
-    assert syncer.core.merge_ready() == []  # K = 1 reached; the grace window (one step) is still open
-    syncer.clock.now += 0.06
+    assert syncer.core.merge_ready() == []  # K = 1 reached; the grace window (1.6 steps) is still open
+    syncer.clock.now += 0.09
     assert syncer.core.merge_ready() == [0]
     assert syncer.core.model.versions[0] == 1
     name = next(iter(syncer.core.model.shapes(0)))

@@ -227,5 +227,6 @@ def run(args: argparse.Namespace) -> int:
          acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
          bytes_received=client.bytes_received, flushed=flushed,
          reason="fatal" if client.stopping.is_set() and not stop.is_set() else ("finished" if finished else "stopped"))
+    fatal = client.stopping.is_set() and not stop.is_set()  # the syncer refused us for good
     client.close()
-    return 0 if not client.stopping.is_set() or stop.is_set() else 3
+    return 3 if fatal else 0

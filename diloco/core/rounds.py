@@ -46,7 +46,7 @@ class RoundPolicy:
     quorum: int = 1
     gamma: float = 0.8
     tau: int = 2
-    cap_seconds: float | None = None  # None: one step time
+    cap_seconds: float | None = None  # None: τ step times (only the formula bounds the wait)
     max_staleness: int = 2
     stale_policy: StalePolicy = "accept"
     num_fragments: int = 1  # P: a late push waits up to P step times for its round
@@ -60,7 +60,7 @@ class Timings:
 
     def grace(self, policy: RoundPolicy) -> float:
         step = self.step.get()
-        cap = step if policy.cap_seconds is None else policy.cap_seconds
+        cap = policy.tau * step if policy.cap_seconds is None else policy.cap_seconds
         slack = policy.tau * step - self.quorum.get() - self.sync.get()
         return min(max(policy.gamma * slack, 0.0), cap)
 
