@@ -66,11 +66,12 @@ class JaxTrainer:
     """The learner's real inner step (trainer/inner.py) on each learner's real shard."""
 
     def __init__(self, m: dict[str, Any], learners: int, seed: int) -> None:
+        import jax
         import jax.numpy as jnp
         import numpy as np
 
         from diloco.spec import parse_job
-        from diloco.trainer import data, inner
+        from diloco.trainer import data, inner, model
 
         spec = parse_job(m).spec
         self.jnp, self.np, self.data, self.spec = jnp, np, data, spec
@@ -82,9 +83,7 @@ class JaxTrainer:
         self.tx = inner.optimizer(spec.training)
         self.lr = inner.learning_rate(spec.training)
         self.step_fn = inner.train_step(spec.model, self.tx)
-        from diloco.trainer import model
-
-        self.loss = __import__("jax").jit(lambda p, b: model.loss_fn(spec.model, p, b))
+        self.loss = jax.jit(lambda p, b: model.loss_fn(spec.model, p, b))
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
         self.seed, self.lives = seed, [0] * learners
         self.rngs: list[Any] = [None] * learners

@@ -20,7 +20,7 @@ import grpc
 import numpy as np
 
 from diloco.core.codecs import CodecError, decode_tensors, encode_tensors, encoded_size
-from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Verdict
+from diloco.core.rounds import Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -83,12 +83,7 @@ class SyncerCore:
 
     def __post_init__(self) -> None:
         g = self.spec.grace_window
-        num = self.model.plan.num_fragments
-        policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds,
-                             self.spec.staleness.max_versions, self.spec.staleness.policy, num)
-        self.book: RoundBook[Tensors] = RoundBook(num, policy, GlobalModel.combine)
-        if self.model.schedule:
-            self.book.load_schedule(self.model.schedule)
+        self.book: RoundBook[Tensors] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
         self.last_publish = self.clock()
         self.max_push_bytes = [

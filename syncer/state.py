@@ -15,7 +15,7 @@ from diloco.core.codecs import encode_tensors
 from diloco.core.fragments import FragmentPlan, plan_fragments, specs_from_shapes
 from diloco.core.merge import is_embedding, merge_fragment, token_weights
 from diloco.core.outer import NesterovSGD
-from diloco.core.rounds import Closed, Contribution, checked_schedule
+from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
 
 Tensors = dict[str, np.ndarray]
@@ -108,6 +108,16 @@ class GlobalModel:
         self.outer_steps += 1
         norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
         return MergeResult(p, self.versions[p], sorted(learners), tokens, norm, credits)
+
+    def round_book(self) -> RoundBook[Tensors]:
+        """The round book this model's spec asks for (the syncer's and the replay's)."""
+        g, st = self.spec.grace_window, self.spec.staleness
+        policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds, st.max_versions, st.policy,
+                             self.plan.num_fragments)
+        book: RoundBook[Tensors] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
+        if self.schedule:
+            book.load_schedule(self.schedule)
+        return book
 
     @staticmethod
     def combine(old: Contribution[Tensors], new: Contribution[Tensors]) -> Contribution[Tensors]:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
-from diloco.core.rounds import Contribution, RoundBook, RoundPolicy, Verdict
+from diloco.core.rounds import Contribution, Verdict
 from diloco.core.schedule import Schedule
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.state import GlobalModel
@@ -95,10 +95,7 @@ class Replay:
         self.adoption = adoption
         self.model = GlobalModel.fresh(spec, params0)
         num = self.model.plan.num_fragments
-        g = spec.grace_window
-        policy = RoundPolicy(spec.quorum, g.gamma, g.tau, g.cap_seconds, spec.staleness.max_versions,
-                             spec.staleness.policy, num)
-        self.book: RoundBook[Tensors] = RoundBook(num, policy, GlobalModel.combine)
+        self.book = self.model.round_book()
         self.fragments = [list(f) for f in self.model.plan.fragments]
         self.learners = [_Learner(m, s) for m, s in enumerate(scripts)]
         # How a (re)joining learner's schedule starts; ablations swap in one deaf to the syncer.
