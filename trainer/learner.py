@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         slot, p = schedule.take()
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
             params = {n: v * jnp.nan if n in plan.fragments[p] else v for n, v in params.items()}
-        if not ledger.busy(p):
+        if not ledger.busy(p) or step == args.inject_nan_at_step:  # the poisoned push always goes out
             push(p, slot)
         step += 1
 
