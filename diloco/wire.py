@@ -27,6 +27,12 @@ GRPC_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # A channel that failed to connect waits before trying again, growing to 120 s by default:
+    # a learner would then sit out a restarted syncer for minutes. Keep retries within 2 s;
+    # the callers' own backoff (trainer/client.py) spaces out the RPCs themselves.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 
 

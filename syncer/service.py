@@ -82,7 +82,6 @@ class SyncerCore:
         return region if region in self.regions else "other"
 
     def __post_init__(self) -> None:
-        g = self.spec.grace_window
         self.book: RoundBook[Tensors] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
         self.last_publish = self.clock()

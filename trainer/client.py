@@ -111,6 +111,7 @@ class SyncerClient:
         self.known_versions: list[int] = []
         self.stopping = threading.Event()
         self.resync = threading.Event()
+        self.wake = threading.Event()  # cuts the subscriber's backoff short after a re-join or at close
         self.sending = False
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -209,6 +210,7 @@ class SyncerClient:
 
     def close(self) -> None:
         self.stopping.set()
+        self.wake.set()
         with self.lock:
             self.lock.notify_all()
         self.channel.close()
@@ -307,6 +309,7 @@ class SyncerClient:
             return
         with self.lock:
             self.rejoined = state
+        self.wake.set()  # the subscriber may be backing off from the old syncer: resubscribe now
         self.emit("rejoined", incarnation=state.incarnation)
 
     def _subscribe_loop(self) -> None:
@@ -333,7 +336,9 @@ class SyncerClient:
                     return
                 wait = backoff.next()
                 self.emit("disconnected", reason=exc.code().name, retry_seconds=round(wait, 2))
-                self.stopping.wait(wait)
+                if self.wake.wait(wait):
+                    self.wake.clear()
+                    backoff.reset()
 
     def _consume(self, stream, backoff: Backoff) -> None:
         """Assemble each fragment's chunks, apply keyframe or delta to our copy, hand it to the loop."""

@@ -212,12 +212,16 @@ def run(args: argparse.Namespace) -> int:
 
     # The end (SIGTERM or the last step): push every fragment's unmerged progress, and wait
     # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
+    # A fragment is pushed once per global version it holds: one the syncer refused (too stale)
+    # goes out again only after a newer version arrived, not in a loop of refusals.
     flushed = False
+    flushed_at: dict[int, int] = {}
     deadline = time.monotonic() + FLUSH_SECONDS
     while not client.stopping.is_set() and time.monotonic() < deadline:
         apply(client.take_updates())
         for p in range(P):
-            if ledger.unpushed(p):
+            if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
+                flushed_at[p] = ledger.books[p].version
                 push(p, schedule.slot)
         if not ledger.unacknowledged():
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
