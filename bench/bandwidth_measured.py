@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "int4-p24": {"model": {"layers": 3}, "syncer": {"compression": "int4", "fragments": 24}},
@@ -50,10 +50,10 @@ def broadcast_bits(m: dict[str, Any]) -> float:
 
 
 def parameters(m: dict[str, Any]) -> int:
+    import jax
+
     from diloco.spec import parse_job
     from diloco.trainer import model
-
-    import jax
 
     cfg = parse_job(m).spec.model
     shapes = jax.eval_shape(lambda: model.init_params(cfg, 0))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import socket
@@ -148,7 +149,7 @@ def learner_rates(events: list[dict[str, Any]], t_a: float, t_b: float) -> dict[
     def at(points: list[tuple[float, int]], t: float) -> float:
         if t <= points[0][0]:
             return float(points[0][1])
-        for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        for (t0, s0), (t1, s1) in itertools.pairwise(points):
             if t0 <= t <= t1:
                 return s0 + (s1 - s0) * (t - t0) / (t1 - t0) if t1 > t0 else float(s1)
         return float(points[-1][1])
@@ -289,7 +290,7 @@ def inproc_async(kind: str, m: dict[str, Any], cpu: int | None, **kw: Any) -> An
     def target() -> None:
         try:
             box["value"] = inproc(kind, m, cpu, **kw)
-        except Exception as exc:  # noqa: BLE001 - re-raised in result()
+        except Exception as exc:
             box["error"] = exc
 
     t = threading.Thread(target=target, daemon=True)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 TARGET = 0.95
 
@@ -86,7 +86,7 @@ def main() -> None:
     # One group per distinct speed, in order, so that learner i is the i-th process (core i % 2).
     groups: list[dict] = []
     names: list[str] = []
-    for i, sd in enumerate(slowdowns):
+    for sd in slowdowns:
         if not groups or groups[-1]["slowdown"] != sd:
             groups.append({"name": f"speed{len(groups)}", "replicas": 0, "slowdown": sd})
         names.append(f"{groups[-1]['name']}-{groups[-1]['replicas']}")

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import best_seconds  # noqa: E402
+from _timing import best_seconds
 
-from diloco.core.merge import rda, weighted_average  # noqa: E402
+from diloco.core.merge import rda, weighted_average
 
 
 def main() -> None:

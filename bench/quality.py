@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 TARGETS = {"decoupled_over_sync": 1.00, "decoupled_over_dp": 1.02}
 
@@ -147,7 +147,7 @@ def main() -> None:
     for lr in args.decoupled_lrs or args.lrs:
         for seed in args.seeds:
             rows.append(decoupled(args, "decoupled", lr, seed))
-    dec_lr, dec = best(rows, "decoupled")
+    dec_lr, _dec = best(rows, "decoupled")
     if not args.no_chaos:
         for seed in args.seeds:
             rows.append(decoupled(args, "decoupled-chaos", dec_lr, seed))

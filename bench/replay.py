@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import common
 
 # name -> (description, replay options); options: syncer (spec.syncer changes), scripts
 # (timeline kind), adoption, shared (the shared schedule on/off).

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import itertools
+
+import common
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +92,7 @@ def job(args: argparse.Namespace) -> None:
 
 def loss_at(curve: list[tuple[float, float]], tokens: float) -> float:
     pts = sorted(curve)
-    for (t0, l0), (t1, l1) in zip(pts, pts[1:]):
+    for (t0, l0), (t1, l1) in itertools.pairwise(pts):
         if t0 <= tokens <= t1:
             return l0 + (l1 - l0) * (tokens - t0) / (t1 - t0) if t1 > t0 else l1
     return pts[-1][1] if pts else float("nan")

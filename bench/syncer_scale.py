@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import best_seconds  # noqa: E402
-
-import common  # noqa: E402
+import common
+from _timing import best_seconds
 
 
 def model_params(layers: int, d_model: int) -> dict[str, np.ndarray]:
@@ -166,6 +165,13 @@ def capacity(step: float, a: float, m_of_k: Any, pub: float, best: bool) -> int:
     return m
 
 
+def memcpy_bytes_per_second() -> float:
+    """This machine's copy bandwidth on 64 MiB, the yardstick every figure is a ratio to."""
+    big = np.ones(64 << 18, dtype=np.float32)
+    dst = np.empty_like(big)
+    return big.nbytes / best_seconds(lambda: np.copyto(dst, big), repeats=5)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="2x128,4x512,12x768", help="LAYERSxDMODEL, comma separated")
@@ -181,10 +187,7 @@ def main() -> None:
     ks = [int(k) for k in args.quorums.split(",")]
     steps = [float(s) for s in args.step_seconds.split(",")]
 
-    big = np.ones(64 << 18, dtype=np.float32)  # 64 MiB
-    dst = np.empty_like(big)
-    memcpy = big.nbytes / best_seconds(lambda: np.copyto(dst, big), repeats=5)
-    del big, dst
+    memcpy = memcpy_bytes_per_second()
 
     models, caps = [], []
     for spec in args.models.split(","):

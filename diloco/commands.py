@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from diloco import contract
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest")
@@ -21,36 +23,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.set_defaults(func=lambda a: _call("diloco.local.runner", "main", a))
 
     p = sub.add_parser("learner", help="run one learner (container entry point)")
-    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
-    p.add_argument("--group", required=True, help="learner group name")
-    p.add_argument("--index", type=int, required=True, help="replica index within the group")
-    p.add_argument("--syncer", required=True, help="syncer address host:port")
-    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
-    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
-    p.add_argument("--restart", type=int, default=None,
-                   help="restart count, for a reproducible data order (default: random per start)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
-    p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
-    p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")
-    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
+    contract.add_learner_flags(p)
     p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a))
 
     p = sub.add_parser("syncer", help="run the syncer (container entry point)")
-    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
-    p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
-    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
-    p.add_argument("--tls-cert", default=None, help="server certificate chain (PEM); serve TLS")
-    p.add_argument("--tls-key", default=None, help="server private key (PEM)")
+    contract.add_syncer_flags(p)
     p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
 
     p = sub.add_parser("status", help="ask a syncer for its state (versions, learners, regions)")
     p.add_argument("--syncer", required=True, help="syncer address host:port")
-    p.add_argument("--token-file", default=None, help="file holding the job token (else $DILOCO_TOKEN)")
-    p.add_argument("--tls-ca", default=None, help="CA bundle (PEM) if the syncer serves TLS")
-    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
+    contract.add_token_flag(p)
+    contract.add_client_tls_flags(p)
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")

@@ -6,9 +6,8 @@ import argparse
 import os
 import sys
 
+from diloco.contract import MIN_TOKEN_CHARS, TOKEN_ENV, Exit
 from diloco.spec import DecoupledDiLoCoJob, SpecError, load_job
-
-TOKEN_ENV = "DILOCO_TOKEN"
 
 
 def load_config(path: str) -> DecoupledDiLoCoJob:
@@ -18,7 +17,7 @@ def load_config(path: str) -> DecoupledDiLoCoJob:
     except SpecError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(Exit.CONFIG) from None
 
 
 def read_token(args: argparse.Namespace) -> str:
@@ -32,16 +31,16 @@ def read_token(args: argparse.Namespace) -> str:
             raise SystemExit(f"--token-file {args.token_file}: {exc.strerror}") from None
     else:
         token = os.environ.get(TOKEN_ENV, "").strip()
-    if len(token) < 16:
+    if len(token) < MIN_TOKEN_CHARS:
         raise SystemExit(
-            f"a job token of at least 16 characters is required: pass --token-file or set ${TOKEN_ENV}"
+            f"a job token of at least {MIN_TOKEN_CHARS} characters is required: pass --token-file or set ${TOKEN_ENV}"
         )
     return token
 
 
 def pin_cpus(spec: str | None) -> None:
     """Pin this process to CPUs (`"0"`, `"0,1"`) before JAX starts: XLA's thread flags do nothing
-    on small CPU hosts, and pinned learners share cores fairly (SPEC §5)."""
+    on small CPU hosts, and pinned learners share cores fairly (docs/DEVELOPMENT.md, "Several processes on few cores")."""
     if not spec:
         return
     try:

@@ -13,6 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from diloco.contract import LearnerId
+from diloco.core.codecs import Codec
+from diloco.core.fragments import Method
+from diloco.core.ledger import Adoption
+from diloco.core.merge import MergeMethod
+from diloco.core.rounds import StalePolicy
+
 API_VERSION = "diloco.dev/v1alpha1"
 KIND = "DecoupledDiLoCoJob"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -82,7 +89,7 @@ class Staleness(Model):
     # accept: merge a lagging outer gradient whole (learners rebase, so it holds only progress
     # Θ lacks); downweight: merge 1/(1 + lag) of it; drop: refuse any lag (its learner keeps the
     # progress and pushes it again at its next slot).
-    policy: Literal["accept", "downweight", "drop"] = "accept"
+    policy: StalePolicy = "accept"
 
 
 class ExternalSyncer(Model):
@@ -127,17 +134,17 @@ class Expose(Model):
 class Syncer(Model):
     quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
     grace_window: GraceWindow = Field(default_factory=GraceWindow)
-    merge: Literal["rda", "average"] = "rda"
+    merge: MergeMethod = "rda"
     token_weighting: bool = True  # w = tokens·(tokens/steps); off gives uniform weights
     # A round holding n of the M active learners moves Θ by n/M of its merged update, so Θ
     # advances by the learners' average progress however the asynchronous rounds split.
     participation_scaling: bool = True
     fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
-    fragmentation: Literal["balanced", "layer", "strided"] = "balanced"
-    compression: Literal["int4", "int8", "bf16", "fp32"] = "int4"  # +0.09% loss vs bf16
+    fragmentation: Method = "balanced"
+    compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
     # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
-    broadcast_compression: Literal["int4", "int8", "bf16", "fp32"] = "int8"
+    broadcast_compression: Codec = "int8"
     block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4/int8
     # The outer step for frequent syncs (each fragment every P steps): measured best of lr {0.4 ..
     # 2} x momentum {0, 0.5, 0.9} (docs/BENCHMARKS.md, "The outer step"). DiLoCo's 0.7 / 0.9 were
@@ -148,7 +155,7 @@ class Syncer(Model):
     # How a learner takes a published fragment: rebase keeps its own progress that Θ_p does not
     # hold (θ_p ← Θ_p + unmerged progress); overwrite (θ_p ← Θ_p, the first release's rule) is
     # kept as an ablation: it throws away the steps taken while a push was in flight.
-    adoption: Literal["rebase", "overwrite"] = "rebase"
+    adoption: Adoption = "rebase"
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
@@ -241,9 +248,10 @@ class JobSpec(Model):
     def total_learners(self) -> int:
         return sum(g.replicas for g in self.learner_groups)
 
-    def learner_ids(self) -> list[str]:
-        """Stable learner ids, `group-index`, the same as the StatefulSet pod names' suffix."""
-        return [f"{g.name}-{i}" for g in self.learner_groups for i in range(g.replicas)]
+    def learner_ids(self) -> list[LearnerId]:
+        """Every learner of this manifest, group by group; `str()` of one is the StatefulSet
+        pod name's suffix."""
+        return [LearnerId(g.name, i) for g in self.learner_groups for i in range(g.replicas)]
 
     @property
     def shard_count(self) -> int:

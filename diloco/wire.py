@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-CHUNK_BYTES = 1 << 20  # 1 MiB chunks stream at loopback speed (SPEC §5); big messages do not
+CHUNK_BYTES = 1 << 20  # 1 MiB: per-message overhead is negligible, and far below gRPC's message caps
 MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
 TOKEN_HEADER = "authorization"
 

@@ -1,39 +1,19 @@
-"""Chaos injection: delete learner pods at a seeded random rate so self-healing gets exercised.
+"""Chaos in a cluster: the core's seeded schedule (diloco/core/chaos.py) applied to pods.
 
-The schedule is a pure function of (seed, mean): kill k happens at the k-th arrival of a
-Poisson process, and its victim is a seeded pick among the pods that are ready then. The
-schedule's origin and the kills done so far live in `status.chaos`, so an operator restart
-neither repeats nor skips kills. Kills beyond `maxConcurrent` learners down wait their turn.
+The schedule's origin and the kills made so far live in `status.chaos`, so an operator
+restart neither repeats nor skips kills. Targets are named as in a local run (learner ids,
+`syncer`), so one manifest kills the same targets in the same order here and in `diloco run`.
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any
 
+from diloco.core.chaos import SYNCER, ChaosSchedule
 from diloco.operator import naming as n
 from diloco.operator import pods as p
-from diloco.spec import Chaos
-
-
-def arrivals(seed: int, mean: float, until: float) -> int:
-    """How many kills the schedule places in the first `until` seconds (Poisson, rate 1/mean)."""
-    rng = random.Random(f"diloco-chaos/{seed}")
-    t, k = rng.expovariate(1.0 / mean), 0
-    while t <= until:
-        t, k = t + rng.expovariate(1.0 / mean), k + 1
-    return k
-
-
-def due(seed: int, mean: float, elapsed: float, done: int) -> int:
-    """How many kills are due by `elapsed` seconds beyond the `done` already made."""
-    return max(0, arrivals(seed, mean, elapsed) - done)
-
-
-def victim(seed: int, k: int, candidates: list[str]) -> str:
-    """The pod that kill k takes: a seeded pick, independent of listing order."""
-    return random.Random(f"diloco-chaos/{seed}/{k}").choice(sorted(candidates))
+from diloco.spec import Chaos, JobSpec
 
 
 @dataclass(frozen=True)
@@ -51,23 +31,24 @@ def state(chaos: Chaos, status: dict[str, Any], now: float) -> dict[str, Any]:
             "since": round(now, 3), "kills": 0}
 
 
-def plan(chaos: Chaos, chaos_state: dict[str, Any], pods: list[dict[str, Any]], desired_learners: int,
-         now: float) -> list[Kill]:
-    """The kills to make now: due by the schedule, within maxConcurrent learners down."""
-    learners = [x for x in pods if (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.LEARNER]
-    ready_learners = [x for x in learners if p.ready(x)]
-    down = max(0, desired_learners - len(ready_learners))
-    budget = max(0, chaos.max_concurrent - down)
-    count = min(due(chaos.seed, chaos.mean_seconds_between_kills, now - chaos_state["since"], chaos_state["kills"]),
-                budget)
-    candidates = {x["metadata"]["name"]: x for x in ready_learners} if "learners" in chaos.targets else {}
-    if "syncer" in chaos.targets:
-        candidates.update({x["metadata"]["name"]: x for x in pods if p.ready(x) and
-                           (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER})
-    kills = []
-    for i in range(count):
-        if not candidates:
-            break
-        number = chaos_state["kills"] + i
-        kills.append(Kill(candidates.pop(victim(chaos.seed, number, list(candidates))), number))
-    return kills
+def ready_targets(pods: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The job's ready pods by chaos target name: learner id, or `syncer`."""
+    out = {}
+    for pod in pods:
+        if not p.ready(pod):
+            continue
+        learner = n.learner_of(pod)
+        if learner is not None:
+            out[str(learner[1])] = pod
+        elif (pod["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER:
+            out[SYNCER] = pod
+    return out
+
+
+def plan(spec: JobSpec, chaos_state: dict[str, Any], pods: list[dict[str, Any]], now: float) -> list[Kill]:
+    """The kills to make now: due by the schedule, within maxConcurrent targets down."""
+    schedule = ChaosSchedule(spec.chaos)
+    expected = schedule.targets((str(x) for x in spec.learner_ids()), syncer=spec.syncer.external is None)
+    up = ready_targets(pods)
+    kills = schedule.plan(now - chaos_state["since"], chaos_state["kills"], expected, up.keys())
+    return [Kill(up[k.target], k.number) for k in kills]

@@ -1,6 +1,6 @@
 """The CustomResourceDefinition, generated from the same pydantic model that validates jobs.
 
-One source of truth (SPEC §3): the API server, the operator and `diloco run` all accept exactly
+One source of truth: the API server, the operator and `diloco run` all accept exactly
 what `JobSpec` accepts. Pydantic emits JSON Schema 2020-12; Kubernetes wants a *structural*
 OpenAPI v3.0 schema, so `structural()` inlines `$ref`s, turns `X | None` into `nullable`,
 `str | int` into `x-kubernetes-int-or-string`, and drops what structural schemas forbid.

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from diloco.contract import SYNCER_GRPC_PORT
 from diloco.operator import naming as n
 from diloco.spec import DecoupledDiLoCoJob
 
@@ -30,7 +31,7 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
     if expose.type == "LoadBalancer":
         spec: dict[str, Any] = {
             "type": "LoadBalancer", "selector": n.selector(job_name, n.SYNCER),
-            "ports": [{"name": "grpc", "port": n.SYNCER_GRPC_PORT, "targetPort": "grpc", "appProtocol": "grpc"}]}
+            "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "appProtocol": "grpc"}]}
         if expose.load_balancer_source_ranges:
             spec["loadBalancerSourceRanges"] = list(expose.load_balancer_source_ranges)
         return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
@@ -42,7 +43,7 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
     if gateway.section_name:
         parent["sectionName"] = gateway.section_name
     route: dict[str, Any] = {"parentRefs": [parent],
-                             "rules": [{"backendRefs": [{"name": n.syncer(job_name), "port": n.SYNCER_GRPC_PORT}]}]}
+                             "rules": [{"backendRefs": [{"name": n.syncer(job_name), "port": SYNCER_GRPC_PORT}]}]}
     if expose.host:
         route["hostnames"] = [expose.host]
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute", "metadata": meta, "spec": route}
@@ -70,4 +71,4 @@ def address(job: DecoupledDiLoCoJob, service: dict[str, Any] | None) -> str:
                                None)
     if not host:
         return ""
-    return f"[{host}]:{n.SYNCER_GRPC_PORT}" if ":" in host else f"{host}:{n.SYNCER_GRPC_PORT}"
+    return f"[{host}]:{SYNCER_GRPC_PORT}" if ":" in host else f"{host}:{SYNCER_GRPC_PORT}"

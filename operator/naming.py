@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.contract import SYNCER_GRPC_PORT, LearnerId
 from diloco.spec import API_VERSION, KIND
 
 MANAGER = "diloco-operator"  # field manager for server-side apply and the managed-by label
@@ -21,9 +22,6 @@ CONFIG_HASH = "diloco.dev/config-hash"  # on pod templates: restart pods when tr
 CHAOS = "diloco.dev/chaos-kill"  # annotation on a pod deleted by chaos (seen in its DELETED event)
 
 LEARNER, SYNCER = "learner", "syncer"
-SYNCER_GRPC_PORT = 50051
-SYNCER_METRICS_PORT = 9101
-LEARNER_METRICS_PORT = 9100
 CONFIG_KEY = "job.yaml"
 TOKEN_KEY = "token"
 CA_KEY = "ca.crt"  # the CA that signed the syncer's certificate (cert-manager's key name)
@@ -101,12 +99,12 @@ def job_reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": namespace, "uid": uid}}
 
 
-def slot_of(pod: dict[str, Any]) -> tuple[str, str, int] | None:
-    """(job, group, index) of a learner pod, from its labels or its StatefulSet name suffix."""
+def learner_of(pod: dict[str, Any]) -> tuple[str, LearnerId] | None:
+    """(job, learner) of a learner pod, from its labels or its StatefulSet name suffix."""
     meta = pod.get("metadata", {})
     lab = meta.get("labels") or {}
     job, group = lab.get(JOB), lab.get(GROUP)
     if not job or not group or lab.get(COMPONENT) != LEARNER:
         return None
     raw = lab.get(INDEX) or meta.get("name", "").rsplit("-", 1)[-1]
-    return (job, group, int(raw)) if raw.isdigit() else None
+    return (job, LearnerId(group, int(raw))) if raw.isdigit() else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from diloco.contract import LearnerId
 from diloco.operator import status as st
 
 # Pod disruption reasons (the DisruptionTarget condition, Kubernetes 1.26+) -> our reasons.
@@ -72,9 +73,10 @@ def open_losses(status: dict[str, Any]) -> list[dict[str, Any]]:
     return list(status.get("lostLearners") or [])
 
 
-def record_loss(status: dict[str, Any], slot: str, group: str, lost: Loss, pod_uid: str,
+def record_loss(status: dict[str, Any], learner: LearnerId, lost: Loss, pod_uid: str,
                 now: float) -> dict[str, Any] | None:
     """The status patch that counts this loss, or None when the slot is already lost."""
+    slot, group = str(learner), learner.group
     losses = open_losses(status)
     if any(x.get("slot") == slot for x in losses):
         return None
@@ -89,8 +91,9 @@ def record_loss(status: dict[str, Any], slot: str, group: str, lost: Loss, pod_u
     return {"learnerGroups": groups, "lostLearners": losses}  # lists: a merge patch replaces them whole
 
 
-def record_ready(status: dict[str, Any], slot: str, group: str) -> dict[str, Any] | None:
+def record_ready(status: dict[str, Any], learner: LearnerId) -> dict[str, Any] | None:
     """The status patch that re-admits a lost slot whose pod is ready again, or None."""
+    slot, group = str(learner), learner.group
     losses = open_losses(status)
     if not any(x.get("slot") == slot for x in losses):
         return None

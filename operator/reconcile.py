@@ -12,6 +12,7 @@ import time
 from secrets import token_urlsafe
 from typing import Any
 
+from diloco.contract import LearnerId
 from diloco.operator import access, children, exposure, pods, render
 from diloco.operator import chaos as chaos_mod
 from diloco.operator import conditions as c
@@ -98,7 +99,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         if st.changed(status, new):
             ctx.api.patch(KIND, namespace, name, {"status": new}, sub="status")
             post(ref, "InvalidSpec", "; ".join(problems), warning=True)
-            ctx.metrics.reconciles.labels("invalid").inc()
+        ctx.metrics.reconciles.labels("invalid").inc()
         return
     owner = render.Owner(name, namespace, meta["uid"])
     secrets = {secret: ctx.api.get("Secret", namespace, secret) for secret, _, _ in access.referenced(job)}
@@ -156,29 +157,30 @@ def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
                    job_pods: list[dict[str, Any]]) -> dict[str, Any]:
     """Re-admit lost slots whose pod is ready but whose event was missed or came out of order."""
     for pod in job_pods:
-        slot = n.slot_of(pod)
-        if slot is None or not pods.ready(pod):
+        found = n.learner_of(pod)
+        if found is None or not pods.ready(pod):
             continue
-        patch = pods.record_ready(new, f"{slot[1]}-{slot[2]}", slot[1])
+        patch = pods.record_ready(new, found[1])
         if patch is not None:
             new = {**new, **patch}
-            _readmitted(ctx, ref, slot[1], slot[2], pod)
+            _readmitted(ctx, ref, found[1], pod)
     return new
 
 
-def _readmitted(ctx: Context, ref: dict[str, Any], group: str, index: int, pod: dict[str, Any]) -> None:
+def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, pod: dict[str, Any]) -> None:
     meta = ref["metadata"]
-    log.info("%s/%s: learner %s-%s re-admitted", meta["namespace"], meta["name"], group, index)
-    ctx.metrics.readmissions.labels(meta["namespace"], meta["name"], group).inc()
-    post(ref, "LearnerReadmitted", f"learner {group}-{index} is back: pod {pod['metadata']['name']} is ready")
+    log.info("%s/%s: learner %s re-admitted", meta["namespace"], meta["name"], learner)
+    ctx.metrics.readmissions.labels(meta["namespace"], meta["name"], learner.group).inc()
+    post(ref, "LearnerReadmitted", f"learner {learner} is back: pod {pod['metadata']['name']} is ready")
 
 
 def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None:
     """Count a learner pod lost, or re-admit its slot once a pod for it is ready again."""
-    slot = n.slot_of(pod)
-    if slot is None:
+    found = n.learner_of(pod)
+    if found is None:
         return
-    job_name, group, index = slot
+    job_name, learner = found
+    slot_id = str(learner)
     lost = pods.loss(event_type, pod)
     if lost is None and not pods.ready(pod):
         return
@@ -190,28 +192,27 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
         job, _ = load(body)
         status = body.get("status") or {}
         ref = n.job_reference(job_name, namespace, body["metadata"]["uid"])
-        slot_id = f"{group}-{index}"
         if job is None or not job.spec.runs_here() or st.finished(status) or access.blocked(status) or \
                 not st.slot_wanted(job.spec, slot_id):
             return  # scaled down, suspended, finished, blocked, invalid or not ours: removed on purpose
         if lost is not None:
             if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
                 lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")
-            patch = pods.record_loss(status, slot_id, group, lost, pod["metadata"].get("uid", ""), time.time())
+            patch = pods.record_loss(status, learner, lost, pod["metadata"].get("uid", ""), time.time())
             if patch is None:
                 return
             ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
             log.info("%s/%s: learner %s lost (%s)", namespace, job_name, slot_id, lost.detail)
-            ctx.metrics.losses.labels(namespace, job_name, group, lost.reason).inc()
+            ctx.metrics.losses.labels(namespace, job_name, learner.group, lost.reason).inc()
             reason = "LearnerPreempted" if lost.reason == pods.PREEMPTED else "LearnerLost"
             post(ref, reason, f"learner {slot_id} lost ({lost.reason}): {lost.detail}; the others keep "
                               "training", warning=True)
         else:
-            patch = pods.record_ready(status, slot_id, group)
+            patch = pods.record_ready(status, learner)
             if patch is None:
                 return
             ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
-            _readmitted(ctx, ref, group, index, pod)
+            _readmitted(ctx, ref, learner, pod)
 
 
 def chaos_tick(ctx: Context, namespace: str, name: str) -> None:
@@ -227,7 +228,7 @@ def chaos_tick(ctx: Context, namespace: str, name: str) -> None:
         now = time.time()
         state = chaos_mod.state(job.spec.chaos, status, now)
         job_pods = ctx.api.list("Pod", namespace, n.selector(name))
-        kills = chaos_mod.plan(job.spec.chaos, state, job_pods, job.spec.total_learners, now)
+        kills = chaos_mod.plan(job.spec, state, job_pods, now)
         ref = n.job_reference(name, namespace, body["metadata"]["uid"])
         for kill in kills:
             pod_name = kill.pod["metadata"]["name"]

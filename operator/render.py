@@ -19,6 +19,15 @@ from typing import Any
 
 import yaml
 
+from diloco.contract import (
+    LEARNER_METRICS_PORT,
+    SYNCER_GRPC_PORT,
+    SYNCER_METRICS_PORT,
+    TOKEN_ENV,
+    LearnerArgs,
+    SyncerArgs,
+    container_command,
+)
 from diloco.operator import access, exposure
 from diloco.operator import naming as n
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, Resources, dump_job
@@ -154,7 +163,7 @@ def _security() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _token_env(secret: str) -> dict[str, Any]:
-    return {"name": "DILOCO_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
 
 
 def _tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -178,27 +187,25 @@ def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGro
     pod_security, container_security = _security()
     volumes, mounts = _common_volumes(owner)
     match = n.selector(owner.name, n.LEARNER, group.name)
-    tls_args: list[str] = []
+    tls: dict[str, str | None] = {}
     if link.ca_secret is not None:
         volume, mount = _tls_volume(link.ca_secret, (n.CA_KEY,))
         volumes.append(volume)
         mounts.append(mount)
-        tls_args = ["--tls-ca", f"{n.TLS_DIR}/{n.CA_KEY}"]
-        if link.server_name:
-            tls_args += ["--tls-server-name", link.server_name]
+        tls = {"tls_ca": f"{n.TLS_DIR}/{n.CA_KEY}", "tls_server_name": link.server_name or None}
+    args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_INDEX)", link.address,
+                       metrics_port=LEARNER_METRICS_PORT, **tls)
     container = {
         "name": n.LEARNER,
         "image": group.image,
-        "command": ["diloco", "learner"],
-        "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--group", group.name,
-                 "--index", "$(POD_INDEX)", "--syncer", link.address,
-                 "--metrics-port", str(n.LEARNER_METRICS_PORT), *tls_args],
+        "command": container_command("learner"),
+        "args": args.argv(),
         "env": [
             {"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{n.INDEX}']"}}},
             _token_env(link.token_secret),
             {"name": "HOME", "value": "/tmp"},
         ],
-        "ports": [{"name": "metrics", "containerPort": n.LEARNER_METRICS_PORT}],
+        "ports": [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT}],
         "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
         "resources": _resources(group.resources),
         "securityContext": container_security,
@@ -245,7 +252,7 @@ def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, name, n.LEARNER, group.name),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": n.selector(owner.name, n.LEARNER, group.name),
-                     "ports": [{"name": "metrics", "port": n.LEARNER_METRICS_PORT,
+                     "ports": [{"name": "metrics", "port": LEARNER_METRICS_PORT,
                                 "targetPort": "metrics"}]}}
 
 
@@ -256,21 +263,21 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
     volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
     mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
     expose = job.spec.syncer.expose
-    tls_args: list[str] = []
+    tls: dict[str, str] = {}
     if expose is not None and expose.tls.enabled and expose.tls.secret_name:
         volume, mount = _tls_volume(expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY))
         volumes.append(volume)
         mounts.append(mount)
-        tls_args = ["--tls-cert", f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "--tls-key", f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"]
+        tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
+    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", SYNCER_GRPC_PORT, SYNCER_METRICS_PORT, n.CHECKPOINT_DIR, **tls)
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,
-        "command": ["diloco", "syncer"],
-        "args": ["--config", f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", "--port", str(n.SYNCER_GRPC_PORT),
-                 "--metrics-port", str(n.SYNCER_METRICS_PORT), "--checkpoint-dir", n.CHECKPOINT_DIR, *tls_args],
+        "command": container_command("syncer"),
+        "args": args.argv(),
         "env": [_token_env(n.token_secret(owner.name)), {"name": "HOME", "value": "/tmp"}],
-        "ports": [{"name": "grpc", "containerPort": n.SYNCER_GRPC_PORT},
-                  {"name": "metrics", "containerPort": n.SYNCER_METRICS_PORT}],
+        "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT},
+                  {"name": "metrics", "containerPort": SYNCER_METRICS_PORT}],
         # Restoring a large checkpoint takes a while; only then does the port open.
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
@@ -301,6 +308,6 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
 def syncer_service(owner: Owner) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
             "spec": {"selector": n.selector(owner.name, n.SYNCER),
-                     "ports": [{"name": "grpc", "port": n.SYNCER_GRPC_PORT, "targetPort": "grpc",
+                     "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc",
                                 "appProtocol": "grpc"},
-                               {"name": "metrics", "port": n.SYNCER_METRICS_PORT, "targetPort": "metrics"}]}}
+                               {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics"}]}}

@@ -14,6 +14,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco.contract import LearnerId
 from diloco.operator import conditions as c
 from diloco.operator.access import Blocker
 from diloco.spec import JobSpec
@@ -85,9 +86,12 @@ def group_entry(status: dict[str, Any], name: str) -> dict[str, Any]:
 
 def slot_wanted(spec: JobSpec, slot: str) -> bool:
     """Whether learner `group-index` should run now (not suspended, group present, index in range)."""
-    group, _, index = slot.rpartition("-")
-    g = next((x for x in spec.learner_groups if x.name == group), None)
-    return not spec.suspend and g is not None and index.isdigit() and int(index) < g.replicas
+    try:
+        learner = LearnerId.parse(slot)
+    except ValueError:
+        return False
+    g = next((x for x in spec.learner_groups if x.name == learner.group), None)
+    return not spec.suspend and g is not None and learner.index < g.replicas
 
 
 def started(status: dict[str, Any]) -> bool:

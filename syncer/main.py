@@ -16,6 +16,7 @@ from concurrent import futures
 import grpc
 from prometheus_client import start_http_server
 
+from diloco.contract import ready_line
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -67,7 +68,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     server.start()
     log.info("syncer %s listening on %d (incarnation %s, %d fragments)", job.metadata.name, bound,
              core.incarnation, core.model.plan.num_fragments)
-    print(f"SYNCER_READY port={bound} incarnation={core.incarnation}", flush=True)
+    print(ready_line(bound, core.incarnation), flush=True)
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 

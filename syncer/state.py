@@ -111,9 +111,7 @@ class GlobalModel:
 
     def round_book(self) -> RoundBook[Tensors]:
         """The round book this model's spec asks for (the syncer's and the replay's)."""
-        g, st = self.spec.grace_window, self.spec.staleness
-        policy = RoundPolicy(self.spec.quorum, g.gamma, g.tau, g.cap_seconds, st.max_versions, st.policy,
-                             self.plan.num_fragments)
+        policy = round_policy(self.spec, self.plan.num_fragments)
         book: RoundBook[Tensors] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
         if self.schedule:
             book.load_schedule(self.schedule)
@@ -174,3 +172,9 @@ class GlobalModel:
         checked_schedule(schedule, model.plan.num_fragments)
         model.schedule = dict(schedule)  # type: ignore[call-overload]
         return model
+
+
+def round_policy(spec: SyncerSpec, num_fragments: int) -> RoundPolicy:
+    """The rounds' rules, from spec.syncer: the one place the spec's names meet the core's."""
+    g, st = spec.grace_window, spec.staleness
+    return RoundPolicy(spec.quorum, g.gamma, g.tau, g.cap_seconds, st.max_versions, st.policy, num_fragments)

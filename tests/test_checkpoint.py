@@ -15,6 +15,7 @@ from diloco.core.rounds import Closed, Contribution
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel
+from tests.helpers import policy
 from tests.syncer_harness import SHAPES, params
 
 
@@ -143,13 +144,13 @@ def test_participation_scaling_moves_theta_by_the_share_of_active_learners() -> 
 
 def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
     """A restarted syncer neither credits a learner's tokens again nor loses the schedule."""
-    from diloco.core.rounds import RoundBook, RoundPolicy
+    from diloco.core.rounds import RoundBook
 
     model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
     delta = {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(0).items()}
     push = Contribution("a-0", 0, 0, 4, 4096, delta, session=9, push_id=1, slot=6, trained_tokens=4096)
     model.apply(Closed(0, 0, [push], [1.0], 0.0, slot=6))
-    book: RoundBook[object] = RoundBook(2, RoundPolicy(num_fragments=2))
+    book: RoundBook[object] = RoundBook(2, policy(2))
     book.closed_slot, book.next_slot = [6, -1], 7
     model.schedule = book.schedule_state()
     store = CheckpointStore(tmp_path)

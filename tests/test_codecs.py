@@ -24,7 +24,7 @@ def test_gaussian_error_bound(codec: str) -> None:
     err = rel_err(x, decode(encode(x, codec)))  # type: ignore[arg-type]
     assert err <= GAUSSIAN_BOUND[codec]
     if codec == "int4":
-        assert 0.05 < err  # int4 really is lossy: the bound is not vacuous
+        assert err > 0.05  # int4 really is lossy: the bound is not vacuous
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,6 +6,7 @@ and one syncer, all as separate processes talking gRPC on loopback.
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.helpers import TINY_MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +27,7 @@ def manifest(name: str, chaos: dict[str, Any], seconds: int, replicas: int = 3) 
         "spec": {
             "learnerGroups": [{"name": "local", "replicas": replicas}],
             "syncer": {"fragments": 4, "checkpointIntervalSeconds": 3},
-            "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
+            "model": dict(TINY_MODEL),
             "training": {"batchSize": 8, "learningRate": 0.003, "warmupSteps": 20, "decaySteps": 3000,
                          "durationSeconds": seconds, "evalIntervalSteps": 100},
             "chaos": chaos,
@@ -79,7 +82,7 @@ def test_syncer_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> 
     assert len(incarnations) >= 2, "the syncer never came back"
     # Versions never go backwards past the last checkpoint the old syncer reported.
     last_ckpt = {s["incarnation"]: s["checkpoint_version"] for s in status}
-    for before, after in zip(incarnations, incarnations[1:]):
+    for before, after in itertools.pairwise(incarnations):
         first = next(s for s in status if s["incarnation"] == after)
         assert sum(first["versions"]) >= last_ckpt[before] > 0, (first, last_ckpt)
     # Learners reconnect to the new syncer and training continues.

@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from diloco.core.codecs import CODECS, MAGIC, MAX_NDIM, CodecError, decode, decode_tensors, encode_tensors
-from diloco.spec import Syncer as SyncerSpec
 from diloco.spec import SpecError, load_job, parse_job
+from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import MAGIC as CKPT_MAGIC
 from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
-from diloco.core.rounds import Contribution, RoundBook, RoundPolicy
+from diloco.core.rounds import Contribution, RoundBook
 from diloco.core.schedule import Schedule
+from tests.helpers import policy
 
 FRAGMENTS = [["a"], ["b"]]
 
@@ -25,7 +26,7 @@ def train(theta: dict[str, np.ndarray], ledger: Ledger, by: float) -> None:
 def test_push_carries_unpushed_progress_and_a_second_push_only_what_is_new() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    _blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
     assert np.allclose(first.delta["a"], -1.0) and (first.steps, first.tokens) == (1, 10)
     train(theta, ledger, 2.0)
     assert np.allclose(ledger.outer_gradient(0, theta)["a"], -2.0)  # the first push's progress is in flight
@@ -107,7 +108,7 @@ def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int =
 
 
 def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
-    book: RoundBook[int] = RoundBook(2, RoundPolicy(quorum=1, num_fragments=2, cap_seconds=1.0),
+    book: RoundBook[int] = RoundBook(2, policy(2, quorum=1, cap_seconds=1.0),
                                      combine=lambda a, b: Contribution(a.learner, a.fragment, 0, a.steps + b.steps,
                                                                        a.tokens + b.tokens, a.payload + b.payload,
                                                                        a.session, b.push_id, b.slot))

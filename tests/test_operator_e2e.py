@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 
-from diloco.operator import chaos
+from diloco.core.chaos import ChaosSchedule
 from diloco.operator import naming as n
 from diloco.operator.context import Config
 from diloco.operator.kube import Kube
+from diloco.spec import Chaos
+from tests.helpers import TINY_MODEL, wait_for
 from tests.kube import NAMESPACE
-from tests.kube.controllers import Controllers, wait_for
+from tests.kube.controllers import Controllers
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread
 
@@ -28,7 +30,8 @@ pytest_plugins = ["tests.kube.fixtures"]
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 MEAN = 60.0
 # A seed whose schedule kills once within 5 s of the job running, then not again for 80 s.
-SEED = next(s for s in range(10_000) if chaos.arrivals(s, MEAN, 5.0) == 1 and chaos.arrivals(s, MEAN, 80.0) == 1)
+SEED = next(s for s in range(10_000) if (c := ChaosSchedule(Chaos(enabled=True, mean_seconds_between_kills=MEAN, seed=s)))
+            .due_at(0) <= 5.0 < 80.0 < c.due_at(1))
 
 
 def status(kube: Kube) -> dict[str, Any]:
@@ -55,7 +58,7 @@ def test_chaos_kill_readmission_and_training_continue(api: Kube, runtime: Proces
                     "metadata": {"name": "e2e", "namespace": NAMESPACE},
                     "spec": {"learnerGroups": [{"name": "local", "replicas": 2}],
                              "syncer": {"fragments": 2, "checkpointIntervalSeconds": 5},
-                             "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
+                             "model": dict(TINY_MODEL),
                              "training": {"batchSize": 8, "warmupSteps": 10, "decaySteps": 5000,
                                           "evalIntervalSteps": 100000},
                              "chaos": {"enabled": True, "meanSecondsBetweenKills": MEAN, "seed": SEED,

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,8 +25,9 @@ from diloco.operator.children import MANAGED_KINDS, stamped
 from diloco.operator.context import Config
 from diloco.operator.kube import KINDS, Kube
 from diloco.spec import parse_job
+from tests.helpers import wait_for
 from tests.kube import NAMESPACE
-from tests.kube.controllers import Controllers, set_ready, wait_for
+from tests.kube.controllers import Controllers, set_ready
 from tests.kube.emulator import ClusterThread
 from tests.kube.processes import free_port
 from tests.kube.running import OperatorThread
@@ -63,13 +63,6 @@ def events(kube: Kube, reason: str) -> list[dict[str, Any]]:
 
 def learner_pods(kube: Kube, group: str | None = None) -> list[dict[str, Any]]:
     return kube.list("Pod", NAMESPACE, n.selector("demo", n.LEARNER, group))
-
-
-def ticks(op: OperatorThread, count: int = 2) -> None:
-    """Wait for `count` more full reconciles (the status timer runs one each interval)."""
-    done = op.ctx.metrics.reconciles.labels("ok")
-    target = done._value.get() + count
-    wait_for(lambda: done._value.get() >= target, what=f"{count} reconciles")
 
 
 @pytest.fixture
@@ -108,13 +101,13 @@ def test_rerun_and_operator_restart_change_nothing(cluster: ClusterThread, api: 
     with OperatorThread(FAST) as op:
         api.create(manifest())
         wait_for(lambda: status(api).get("phase") == "Running", what="phase Running")
-        ticks(op, 2)
+        op.ticks(2)
         before = {k: o["metadata"]["resourceVersion"] for k, o in children_of(api).items()}
         writes = len(cluster.writes(n.MANAGER, CHILD_PLURALS))
-        ticks(op, 2)  # every tick is a full reconcile: a re-run
+        op.ticks(2)  # every tick is a full reconcile: a re-run
         assert len(cluster.writes(n.MANAGER, CHILD_PLURALS)) == writes
     with OperatorThread(FAST) as op:  # a new operator process: resume handlers, fresh memory
-        ticks(op, 3)
+        op.ticks(3)
     assert len(cluster.writes(n.MANAGER, CHILD_PLURALS)) == writes
     assert {k: o["metadata"]["resourceVersion"] for k, o in children_of(api).items()} == before
     assert api.get(JOB, NAMESPACE, "demo")["metadata"]["generation"] == 1
@@ -166,7 +159,7 @@ def test_suspend_keeps_syncer_and_checkpoint_and_resume_restores(api: Kube, cont
 def test_created_suspended_creates_nothing(api: Kube, operator: OperatorThread) -> None:
     api.create(manifest(suspend=True))
     wait_for(lambda: status(api).get("phase") == "Suspended", what="Suspended")
-    ticks(operator, 2)
+    operator.ticks(2)
     assert children_of(api) == {}
 
 
@@ -178,7 +171,8 @@ def test_delete_cleans_up(cluster: ClusterThread, api: Kube, controllers: Contro
     # Owner references let the garbage collector remove everything, pods included.
     wait_for(lambda: not children_of(api) and not api.list("Pod", NAMESPACE), what="children collected")
     writes = len(cluster.writes(n.MANAGER, CHILD_PLURALS))
-    time.sleep(3 * FAST.status_interval)
+    api.create(manifest("witness", suspend=True))  # its reconciles show the timers keep running
+    operator.ticks(3)
     assert not children_of(api) and len(cluster.writes(n.MANAGER, CHILD_PLURALS)) == writes
 
 
@@ -193,7 +187,7 @@ def test_invalid_spec_names_the_field_and_creates_nothing(api: Kube, operator: O
     assert "spec.syncer.quorum: 9 exceeds the 4 learners" in failed["message"]
     wait_for(lambda: events(api, "InvalidSpec"), what="an InvalidSpec Event")
     posted = len(events(api, "InvalidSpec"))
-    time.sleep(3 * FAST.status_interval)
+    operator.ticks(3, "invalid")
     assert children_of(api, name) == {} and len(events(api, "InvalidSpec")) == posted  # posted once
     api.patch(JOB, NAMESPACE, name, {"spec": {"syncer": {"quorum": 1}}})
     wait_for(lambda: "spec.learnerGroups[2].name" in condition(api, "Failed", name).get("message", ""),
@@ -225,7 +219,7 @@ def test_lost_learner_counted_force_deleted_and_readmitted(api: Kube, controller
     replacement = wait_for(lambda: next((p for p in learner_pods(api, "us") if p["metadata"]["name"] == "demo-us-1"
                                          and p["metadata"]["uid"] != victim["metadata"]["uid"]
                                          and (p.get("status") or {}).get("phase")), None), what="replacement")
-    time.sleep(2 * FAST.status_interval)
+    operator.ticks(2)
     assert status(api)["learnerGroups"][0]["readmitted"] == 0  # not ready yet: not back
     set_ready(api, replacement)
     wait_for(lambda: status(api)["learnerGroups"][0]["readmitted"] == 1, what="re-admission counted")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,9 @@ from diloco.operator.context import Config
 from diloco.operator.kube import Kube
 from diloco.trainer.client import SyncerClient
 from tests import syncer_harness as sh
+from tests.helpers import TINY_MODEL, wait_for
 from tests.kube import NAMESPACE
-from tests.kube.controllers import Controllers, wait_for
+from tests.kube.controllers import Controllers
 from tests.kube.multicluster import local_syncer, secret, site, tls_for
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread
@@ -32,7 +32,6 @@ from tests.kube.running import OperatorThread
 pytest_plugins = ["tests.kube.fixtures"]
 FAST = Config(status_interval=0.5, chaos_interval=0.25, stuck_timeout=1.0)
 JOB = "DecoupledDiLoCoJob"
-TINY = {"layers": 2, "dModel": 64, "heads": 4, "context": 64}
 
 
 def manifest(spec: dict[str, Any], name: str = "mc") -> dict[str, Any]:
@@ -141,11 +140,11 @@ def test_remote_cluster_waits_for_its_secret_and_token_then_runs_learners_only()
 
 def test_jobs_managed_elsewhere_are_left_alone(api: Kube, controllers: Controllers) -> None:
     """MultiKueue's manager cluster holds the job with managedBy set; its workers run the copies."""
-    with OperatorThread(FAST):
+    with OperatorThread(FAST) as op:
         api.create(manifest({**home_spec(), "managedBy": "kueue.x-k8s.io/multikueue"}, "dispatched"))
         api.create(manifest(home_spec(), "witness"))
         wait_for(lambda: status(api, "witness").get("phase") == "Running", what="the witness job running")
-        time.sleep(4 * FAST.status_interval)  # timers and events had every chance
+        op.ticks(4)  # timers and events had every chance
     job = api.get(JOB, NAMESPACE, "dispatched")
     assert "status" not in job and not job["metadata"].get("finalizers")
     assert not [k for k in job["metadata"].get("annotations") or {} if k.startswith("diloco.dev")]
@@ -181,7 +180,7 @@ def test_learners_in_two_clusters_train_with_one_syncer_over_tls(tmp_path: Path)
 
     home_config = dataclasses.replace(
         FAST, status_interval=1.0, syncer_address=lambda job, ns: runtimes["home"].local(n.syncer_address(job, ns)))
-    training = {"model": TINY, "training": {"batchSize": 8, "warmupSteps": 10, "decaySteps": 5000,
+    training = {"model": TINY_MODEL, "training": {"batchSize": 8, "warmupSteps": 10, "decaySteps": 5000,
                                             "evalIntervalSteps": 100000}}
     with site(home_config, runtime("home", 0), period=0.2) as home, \
             site(dataclasses.replace(FAST, status_interval=1.0), runtime("remote", 1), period=0.2) as remote:

@@ -7,9 +7,12 @@ from typing import Any
 
 import pytest
 
+from diloco.contract import LearnerId
 from diloco.operator import access, chaos, conditions, pods
 from diloco.operator import status as st
 from diloco.spec import JobSpec, parse_job
+
+US1 = LearnerId("us", 1)
 
 T0 = 1_800_000_000.0
 
@@ -110,15 +113,15 @@ def test_loss_reasons() -> None:
 def test_a_slot_is_lost_once_until_readmitted() -> None:
     status: dict[str, Any] = {"learnerGroups": [{"name": "us", "lost": 0, "preempted": 0, "readmitted": 0}]}
     loss = pods.Loss("Deleted", "pod j-us-1 deleted")
-    patch = pods.record_loss(status, "us-1", "us", loss, "u1", T0)
+    patch = pods.record_loss(status, US1, loss, "u1", T0)
     status.update(patch)
     assert status["learnerGroups"][0]["lost"] == 1
-    assert pods.record_loss(status, "us-1", "us", loss, "u1", T0) is None  # the DELETED after Terminating
-    assert pods.record_loss(status, "us-1", "us", loss, "u2", T0) is None  # a replacement crashing before ready
-    status.update(pods.record_ready(status, "us-1", "us"))
+    assert pods.record_loss(status, US1, loss, "u1", T0) is None  # the DELETED after Terminating
+    assert pods.record_loss(status, US1, loss, "u2", T0) is None  # a replacement crashing before ready
+    status.update(pods.record_ready(status, US1))
     assert (status["learnerGroups"][0]["readmitted"], status["lostLearners"]) == (1, [])
-    assert pods.record_ready(status, "us-1", "us") is None
-    status.update(pods.record_loss(status, "us-1", "us", pods.Loss("Preempted", ""), "u3", T0))
+    assert pods.record_ready(status, US1) is None
+    status.update(pods.record_loss(status, US1, pods.Loss("Preempted", ""), "u3", T0))
     assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["preempted"]) == (1, 1)
 
 
@@ -128,23 +131,18 @@ def test_stuck_pods_are_those_past_grace_plus_timeout() -> None:
     assert pods.stuck([old, new, pod()], T0, 120) == [old]
 
 
-def test_chaos_schedule_is_seeded_and_poisson() -> None:
-    assert chaos.due(1, 60.0, 3600, 0) == chaos.due(1, 60.0, 3600, 0)
-    assert chaos.due(1, 60.0, 3600, 0) != chaos.due(2, 60.0, 3600, 0)
-    assert 40 <= chaos.due(1, 60.0, 3600, 0) <= 85  # ~60 kills an hour
-    assert chaos.due(1, 60.0, 3600, 10) == chaos.due(1, 60.0, 3600, 0) - 10
-    assert chaos.victim(3, 5, ["b", "a", "c"]) == chaos.victim(3, 5, ["c", "b", "a"])
-
-
 def test_chaos_plan_respects_max_concurrent_and_targets() -> None:
     job = spec(chaos={"enabled": True, "meanSecondsBetweenKills": 1.0, "maxConcurrent": 1})
-    ready = [{**pod(f"j-us-{i}", f"u{i}", phase="Running", conditions=[{"type": "Ready", "status": "True"}])}
-             for i in range(4)]
+    ready = []
+    for group, i in (("us", 0), ("us", 1), ("eu", 0), ("eu", 1)):
+        x = pod(f"j-{group}-{i}", f"{group}{i}", phase="Running", conditions=[{"type": "Ready", "status": "True"}])
+        x["metadata"]["labels"].update({"diloco.dev/group": group, "apps.kubernetes.io/pod-index": str(i)})
+        ready.append(x)
     state = chaos.state(job.chaos, {}, T0)
     assert state == {"seed": 0, "meanSecondsBetweenKills": 1.0, "since": T0, "kills": 0}
-    kills = chaos.plan(job.chaos, state, ready, 4, T0 + 100)
+    kills = chaos.plan(job, state, ready, T0 + 100)
     assert len(kills) == 1 and kills[0].number == 0  # a hundred due, one at a time
-    assert chaos.plan(job.chaos, state, ready[:3], 4, T0 + 100) == []  # one learner already down
+    assert chaos.plan(job, state, ready[:3], T0 + 100) == []  # one learner already down
     assert chaos.state(job.chaos, {"chaos": {**state, "kills": 5}}, T0 + 9)["kills"] == 5  # survives restarts
 
 

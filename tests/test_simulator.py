@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def test_goodput_rises_with_unlisted_learner_counts() -> None:
     ms = [3, 5, 6, 12, 24]
     rows = by_key(sweep([1_000_000], ms, seeds=1, days=10, params=P))
     curve = [rows[("decoupled", 1_000_000, m)].goodput for m in ms]
-    assert all(a < b for a, b in zip(curve, curve[1:])), curve
+    assert all(a < b for a, b in itertools.pairwise(curve)), curve
     assert curve[0] > rows[("elastic_dp", 1_000_000, None)].goodput > rows[("dp", 1_000_000, None)].goodput
 
 
@@ -230,7 +231,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_cli_json_rows_and_plot(tmp_path: Path, capsys) -> None:
     png = tmp_path / "g.png"
-    code, out, err = run_cli(["simulate", "--chips", "20K,40000", "--learners", "2,4", "--seeds", "1",
+    code, out, _err = run_cli(["simulate", "--chips", "20K,40000", "--learners", "2,4", "--seeds", "1",
                               "--days", "1", "--json", "--plot", str(png)], capsys)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and len(rows) == 2 * 4 and png.stat().st_size > 10_000

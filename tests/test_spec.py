@@ -34,7 +34,7 @@ def test_defaults_follow_the_paper() -> None:
     # P steps, where they overshoot (docs/BENCHMARKS.md, the outer-step sweep).
     assert (s.syncer.outer_learning_rate, s.syncer.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
     assert (s.syncer.compression, s.syncer.merge, s.syncer.fragmentation) == ("int4", "rda", "balanced")
-    assert s.syncer.adoption == "rebase" and s.learner_ids() == ["a-0", "a-1", "a-2", "a-3"]
+    assert s.syncer.adoption == "rebase" and [str(x) for x in s.learner_ids()] == ["a-0", "a-1", "a-2", "a-3"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -20,7 +20,7 @@ from tests import syncer_harness as sh
 
 
 def _cert(subject: str, issuer_key, issuer_name, key, ca: bool, san: list[str]) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
                .issuer_name(issuer_name).public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from diloco.testing import wan
+from tests.helpers import TINY_MODEL
 
 REASON = wan.available()
 pytestmark = [
@@ -35,7 +36,7 @@ def manifest() -> dict:
             "learnerGroups": [{"name": "us", "region": "us-east", "replicas": 1},
                               {"name": "eu", "region": "eu-west", "replicas": 1}],
             "syncer": {"fragments": 4},
-            "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
+            "model": dict(TINY_MODEL),
             "training": {"batchSize": 8, "warmupSteps": 20, "decaySteps": 3000, "evalIntervalSteps": 1000},
         },
     }
@@ -51,14 +52,15 @@ def test_two_regions_train_over_throttled_links(tmp_path: Path) -> None:
     with wan.Wan(["us-east", "eu-west"], mbit=20) as net:
         try:
             procs.append(subprocess.Popen(net.argv("home", cli + ["syncer", "--config", str(config), "--port", str(PORT)]),
-                                          env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "syncer.log", "w"),
+                                          env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "syncer.log", "w"),  # noqa: SIM115
                                           start_new_session=True))
             for i, (group, region) in enumerate((("us", "us-east"), ("eu", "eu-west"))):
                 syncer = f"{net.links[region].home_ip}:{PORT}"
                 argv = cli + ["learner", "--config", str(config), "--group", group, "--index", "0",
                               "--syncer", syncer, "--cpus", str(i % 2)]
-                procs.append(subprocess.Popen(net.argv(region, argv), env=env, stdout=open(tmp_path / f"{group}.jsonl", "w"),
-                                              stderr=open(tmp_path / f"{group}.log", "w"), start_new_session=True))
+                procs.append(subprocess.Popen(net.argv(region, argv), env=env, stdout=open(tmp_path / f"{group}.jsonl", "w"),  # noqa: SIM115
+                                              stderr=open(tmp_path / f"{group}.log", "w"),  # noqa: SIM115
+                                              start_new_session=True))
 
             def status() -> dict:
                 res = subprocess.run(net.argv("home", cli + ["status", "--syncer", f"127.0.0.1:{PORT}"]),

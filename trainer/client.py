@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from diloco.contract import Event
 from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
 from diloco.core.ledger import Arrival
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
@@ -239,18 +240,18 @@ class SyncerClient:
                         self.refused.append((item.fragment, item.push_id))
                     self.lock.notify_all()
                 if not reply.accepted:
-                    self.emit("push_refused", fragment=item.fragment, reason=reply.reason)
+                    self.emit(Event.PUSH_REFUSED, fragment=item.fragment, reason=reply.reason)
             except grpc.RpcError as exc:
                 code = exc.code()
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
                     self._request_rejoin(item.incarnation)
                 elif code in FATAL:
-                    self.emit("fatal", reason=f"syncer refused the token: {exc.details()}")
+                    self.emit(Event.FATAL, reason=f"syncer refused the token: {exc.details()}")
                     self.stopping.set()
                 elif code == grpc.StatusCode.INVALID_ARGUMENT:
                     # The syncer found our outer gradient malformed or non-finite: our weights
                     # are suspect, so the loop starts over from the global model.
-                    self.emit("push_refused", fragment=item.fragment, reason=exc.details())
+                    self.emit(Event.PUSH_REFUSED, fragment=item.fragment, reason=exc.details())
                     with self.lock:
                         self.refused.append((item.fragment, item.push_id))
                     self.resync.set()
@@ -297,20 +298,20 @@ class SyncerClient:
             log.warning("recovery offer failed: %s", exc.details())
             return
         if reply.adopted:
-            self.emit("recovered", fragments=list(reply.adopted), versions=list(reply.versions))
+            self.emit(Event.RECOVERED, fragments=list(reply.adopted), versions=list(reply.versions))
 
     def _rejoin(self) -> None:
         self._offer_recovery()
         try:
             state = self.join_with_retry(self.expected_shapes)
         except (RuntimeError, Unauthenticated) as exc:
-            self.emit("fatal", reason=str(exc))
+            self.emit(Event.FATAL, reason=str(exc))
             self.stopping.set()
             return
         with self.lock:
             self.rejoined = state
         self.wake.set()  # the subscriber may be backing off from the old syncer: resubscribe now
-        self.emit("rejoined", incarnation=state.incarnation)
+        self.emit(Event.REJOINED, incarnation=state.incarnation)
 
     def _subscribe_loop(self) -> None:
         backoff = Backoff()
@@ -323,7 +324,7 @@ class SyncerClient:
             try:
                 self._consume(self.stub.Subscribe(request, metadata=self.metadata), backoff)
             except ConnectionError as exc:
-                self.emit("disconnected", reason=str(exc), retry_seconds=0)
+                self.emit(Event.DISCONNECTED, reason=str(exc), retry_seconds=0)
             except grpc.RpcError as exc:
                 if self.stopping.is_set():
                     return
@@ -331,11 +332,11 @@ class SyncerClient:
                     self._request_rejoin(incarnation)
                     continue
                 if exc.code() in FATAL:
-                    self.emit("fatal", reason=f"syncer refused the token: {exc.details()}")
+                    self.emit(Event.FATAL, reason=f"syncer refused the token: {exc.details()}")
                     self.stopping.set()
                     return
                 wait = backoff.next()
-                self.emit("disconnected", reason=exc.code().name, retry_seconds=round(wait, 2))
+                self.emit(Event.DISCONNECTED, reason=exc.code().name, retry_seconds=round(wait, 2))
                 if self.wake.wait(wait):
                     self.wake.clear()
                     backoff.reset()

@@ -23,11 +23,12 @@ log = logging.getLogger("diloco.learner")
 FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
 
 
-def emit(event: str, **fields: Any) -> None:
+def emit(event: str, **fields: Any) -> None:  # one JSON object per line: contract.Event
     print(json.dumps({"t": time.time(), "event": event, **fields}), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    from diloco.contract import Event, Exit, LearnerId
     from diloco.launch import load_config, pin_cpus, read_pem, read_token
 
     t_process = time.monotonic()
@@ -50,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     group = next((g for g in spec.learner_groups if g.name == args.group), None)
     if group is None or args.index < 0:
         print(f"--group {args.group!r} --index {args.index}: no such learner in spec.learnerGroups", file=sys.stderr)
-        return 2
-    learner_id = f"{group.name}-{args.index}"
+        return Exit.CONFIG
+    learner_id = str(LearnerId(group.name, args.index))
     # Disjoint across groups and clusters: spec.data.shards and the groups' shardOffset.
     shard_index, shard_count = spec.shard_of(group.name, args.index)
 
@@ -93,12 +94,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         joined = client.join_with_retry(shapes)
     except Unauthenticated as exc:
-        emit("fatal", reason=f"syncer refused the token: {exc}")
-        return 3
+        emit(Event.FATAL, reason=f"syncer refused the token: {exc}")
+        return Exit.REFUSED
     plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.fragments, spec.syncer.fragmentation)
     if [list(f) for f in plan.fragments] != joined.fragments:
-        emit("fatal", reason="fragment plan differs from the syncer's; learner and syncer run different specs")
-        return 2
+        emit(Event.FATAL, reason="fragment plan differs from the syncer's; learner and syncer run different specs")
+        return Exit.CONFIG
     P = plan.num_fragments
     codec, block_size = joined.codec, joined.block_size  # the syncer decides the wire format
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
     first_eval = eval_loss(params)  # the global model as pulled: a late joiner starts from it
-    emit("joined", learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
+    emit(Event.JOINED, learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
          slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
     client.start()
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             ledger.restart(u.rejoined.params, u.rejoined.versions)
             schedule.observe(u.rejoined.slot)
             incarnation = u.rejoined.incarnation
-            emit("readopted", incarnation=incarnation, versions=ledger.versions)
+            emit(Event.READOPTED, incarnation=incarnation, versions=ledger.versions)
         absorb(ledger, schedule, local, write, u.refused, u.accepted, u.published)
 
     push_seq = 0
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         # A diverged learner pushes nothing and starts over from the global model; so does one
         # whose outer gradient the syncer refused as malformed or non-finite.
         if not np.isfinite(loss_value) or client.resync.is_set():
-            emit("diverged" if not np.isfinite(loss_value) else "resynced", step=step)
+            emit(Event.DIVERGED if not np.isfinite(loss_value) else Event.RESYNCED, step=step)
             client.resync.clear()
             params = {n: jnp.asarray(v) for n, v in ledger.anchors().items()}
             opt_state = tx.init(params)
@@ -197,12 +198,12 @@ def run(args: argparse.Namespace) -> int:
         if step % tr.eval_interval_steps == 0:
             ev = eval_loss(params)
             metrics.eval_loss.set(ev)
-            emit("eval", step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
+            emit(Event.EVAL, step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
         if time.monotonic() - last_report >= 1.0:
             last_report = time.monotonic()
             metrics.network(client.bytes_sent, client.bytes_received)
             metrics.productive(client.acked_train_seconds)
-            emit("progress", step=step, slot=schedule.slot, loss=loss_value, step_seconds=step_ema,
+            emit(Event.PROGRESS, step=step, slot=schedule.slot, loss=loss_value, step_seconds=step_ema,
                  train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
                  bytes_received=client.bytes_received, versions=ledger.versions)
@@ -227,10 +228,10 @@ def run(args: argparse.Namespace) -> int:
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
             break
         client.wait_for_news(0.2)
-    emit("exit", step=step, slot=schedule.slot, train_seconds=train_seconds, trained_tokens=trained_tokens,
+    emit(Event.EXIT, step=step, slot=schedule.slot, train_seconds=train_seconds, trained_tokens=trained_tokens,
          acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
          bytes_received=client.bytes_received, flushed=flushed,
          reason="fatal" if client.stopping.is_set() and not stop.is_set() else ("finished" if finished else "stopped"))
     fatal = client.stopping.is_set() and not stop.is_set()  # the syncer refused us for good
     client.close()
-    return 3 if fatal else 0
+    return Exit.REFUSED if fatal else Exit.OK

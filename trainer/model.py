@@ -1,7 +1,7 @@
 """A byte-level decoder-only transformer (pre-LayerNorm, learned positions, untied head).
 
 Parameter names are flat `a/b/c` paths; fragments, codecs and checkpoints all key on
-them, and `embed`-prefixed tables are merged by plain averaging (SPEC §2).
+them, and `embed`-prefixed tables are merged by plain averaging (docs/ALGORITHM.md, "The syncer": Merge).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Merging learners' outer gradients for one fragment (SPEC §2, steps 4 and 5).
+"""Merging learners' outer gradients for one fragment (docs/ALGORITHM.md, "The syncer": Merge).
 
 Radial-directional averaging (RDA) averages norms and directions separately:
 Δ = (Σ w‖Δ_m‖ / Σ w) · φ(Σ w φ(Δ_m) / Σ w), φ(x) = x/‖x‖, φ(0) = 0.
@@ -100,5 +100,5 @@ def merge_fragment(
 
 
 def is_embedding(name: str) -> bool:
-    """Embedding tables are averaged plainly (SPEC §2): rows untouched by a learner are zero."""
+    """Embedding tables are averaged plainly (docs/ALGORITHM.md, "The syncer"): rows untouched by a learner are zero."""
     return "embed" in name.split("/")[0]

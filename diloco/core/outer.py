@@ -1,4 +1,4 @@
-"""The outer optimizer: SGD with Nesterov momentum, one state per fragment (SPEC §2 step 6).
+"""The outer optimizer: SGD with Nesterov momentum, one state per fragment (docs/ALGORITHM.md, "The syncer": Outer step).
 
 b ← μ·b + Δ;  Θ ← Θ − lr·(Δ + μ·b).  The state is plain arrays so it checkpoints
 with the global fragments and restores bit-for-bit.
@@ -14,8 +14,8 @@ import numpy as np
 
 @dataclass
 class NesterovSGD:
-    learning_rate: float = 0.7  # DiLoCo's outer lr
-    momentum: float = 0.9  # DiLoCo's Nesterov momentum
+    learning_rate: float  # spec.syncer.outerLearningRate
+    momentum: float  # spec.syncer.outerMomentum
     buffers: dict[str, np.ndarray] = field(default_factory=dict)
 
     def step(self, params: Mapping[str, np.ndarray], outer_grad: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

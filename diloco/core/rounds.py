@@ -43,13 +43,15 @@ class Ema:
 
 @dataclass(frozen=True)
 class RoundPolicy:
-    quorum: int = 1
-    gamma: float = 0.8
-    tau: int = 2
-    cap_seconds: float | None = None  # None: τ step times (only the formula bounds the wait)
-    max_staleness: int = 2
-    stale_policy: StalePolicy = "accept"
-    num_fragments: int = 1  # P: a late push waits up to P step times for its round
+    """spec.syncer's quorum, grace window and staleness (syncer/state.py `round_policy`)."""
+
+    quorum: int
+    gamma: float
+    tau: int
+    cap_seconds: float | None  # None: τ step times (only the formula bounds the wait)
+    max_staleness: int
+    stale_policy: StalePolicy
+    num_fragments: int  # P: a late push waits up to P step times for its round
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Child processes of a local run: start, read JSON events, kill, restart.
 
 Children are started with `subprocess` (never fork after JAX starts) and each learner
-is pinned to one core so learners share the machine fairly (SPEC §5).
+is pinned to one core so learners share the machine fairly (docs/DEVELOPMENT.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -107,8 +106,3 @@ class Supervisor:
             if c.reader is not None:
                 c.reader.join(timeout=2.0)
 
-
-def diloco_argv(*args: str) -> list[str]:
-    """`python -P -m diloco.cli ...`: -P keeps the working directory off sys.path, so a clone's
-    top-level `operator/` folder can never shadow the standard library's `operator`."""
-    return [sys.executable, "-P", "-m", "diloco.cli", *args]

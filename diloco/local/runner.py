@@ -19,9 +19,10 @@ from typing import Any
 import grpc
 import yaml
 
-from diloco.chaos import ChaosMonkey
-from diloco.launch import TOKEN_ENV, load_config
-from diloco.local.procs import Child, Supervisor, diloco_argv, free_port
+from diloco.contract import TOKEN_ENV, Exit, LearnerArgs, SyncerArgs, diloco_argv, permanent_failure
+from diloco.core.chaos import SYNCER, ChaosSchedule, Kill
+from diloco.launch import load_config
+from diloco.local.procs import Child, Supervisor, free_port
 from diloco.local.tracker import RunTracker
 from diloco.spec import DecoupledDiLoCoJob, dump_job
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
@@ -49,17 +50,14 @@ class LocalRun:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         })
         self.sup = Supervisor(env)
-        self.sup.add(Child("syncer", "syncer", diloco_argv(
-            "syncer", "--config", str(self.config), "--port", str(self.port),
-            "--metrics-port", str(free_port()), "--checkpoint-dir", str(out / "checkpoints")),
-            out / "logs" / "syncer.log"))
+        syncer = SyncerArgs(str(self.config), self.port, free_port(), str(out / "checkpoints"))
+        self.sup.add(Child("syncer", "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / "syncer.log"))
         cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner in turn
-        for i, (group, index) in enumerate((g, k) for g in spec.learner_groups for k in range(g.replicas)):
-            name = f"{group.name}-{index}"
-            self.sup.add(Child(name, "learner", diloco_argv(
-                "learner", "--config", str(self.config), "--group", group.name, "--index", str(index),
-                "--syncer", f"127.0.0.1:{self.port}", "--metrics-port", str(free_port()), "--cpus", str(cpus[i % len(cpus)])),
-                out / "logs" / f"{name}.log"))
+        for i, learner in enumerate(spec.learner_ids()):
+            args = LearnerArgs(str(self.config), learner.group, learner.index, f"127.0.0.1:{self.port}",
+                               metrics_port=free_port(), cpus=str(cpus[i % len(cpus)]))
+            self.sup.add(Child(str(learner), "learner", diloco_argv("learner", args.argv()),
+                               out / "logs" / f"{learner}.log"))
         self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
         self.events = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
@@ -67,6 +65,7 @@ class LocalRun:
         self.stopping = False
         self.failure: str | None = None
         self.finished: set[str] = set()  # learners that reached spec.training.steps and exited 0
+        self.chaos, self.kills_made = ChaosSchedule(spec.chaos), 0
 
     def record(self, event: dict[str, Any]) -> None:
         self.events.write(json.dumps(event) + "\n")
@@ -95,8 +94,6 @@ class LocalRun:
             if c.kind == "learner":
                 self.sup.start(name)
                 self.runner_event("spawned", target=name, restarts=0)
-        monkey = ChaosMonkey.seeded(spec.chaos, start=t0)
-        targets = set(spec.chaos.targets)
         next_poll = t0
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
         try:
@@ -111,12 +108,7 @@ class LocalRun:
                 if self.finished and self.finished >= set(self.tracker.slots):
                     self.runner_event("finished", steps=spec.training.steps)
                     break
-                eligible = self._chaos_targets(targets)
-                down = sum(1 for c in self.sup.children.values() if c.down_since is not None)
-                victim = monkey.pick(now, eligible, down)
-                if victim:
-                    self.sup.kill(victim)
-                    self.runner_event("kill", target=victim, signal="SIGKILL")
+                self.chaos_step(now - t0)
                 if now >= next_poll:
                     self.poll_status()
                     next_poll = now + POLL_SECONDS
@@ -132,17 +124,19 @@ class LocalRun:
             self.runner_event("interrupted")
         return self.finish(t0)
 
-    def _chaos_targets(self, targets: set[str]) -> list[str]:
-        """Learners that have joined and are training, and the syncer if targeted."""
-        out = []
-        for name, c in self.sup.children.items():
-            if not c.alive:
-                continue
-            if c.kind == "learner" and "learners" in targets and self.tracker.slots[name].up:
-                out.append(name)
-            elif c.kind == "syncer" and "syncer" in targets and self.tracker.syncer_up_since is not None:
-                out.append(name)
-        return out
+    def chaos_step(self, elapsed: float) -> list[Kill]:
+        """Make the kills the schedule has due `elapsed` seconds into the run. Up means joined
+        and training (a learner) or answering Status (the syncer), as the tracker saw it."""
+        expected = self.chaos.targets(n for n in self.tracker.slots if n not in self.finished)
+        up = {n for n, s in self.tracker.slots.items() if s.up}
+        if self.tracker.syncer_up_since is not None:
+            up.add(SYNCER)
+        kills = self.chaos.plan(elapsed, self.kills_made, expected, up)
+        for kill in kills:
+            self.sup.kill(kill.target)
+            self.runner_event("kill", target=kill.target, signal="SIGKILL", number=kill.number)
+            self.kills_made += 1
+        return kills
 
     def _drain(self) -> None:
         while not self.sup.events.empty():
@@ -159,7 +153,7 @@ class LocalRun:
 
     def _detect_crashes(self, now: float) -> str | None:
         """A child that exits on its own is restarted like a killed one, up to backoffLimit;
-        a configuration or authentication failure (exit 2 or 3) ends the run at once; a
+        a configuration or authentication failure (a permanent exit code) ends the run at once; a
         learner that exits 0 has reached spec.training.steps and is done."""
         for name, c in self.sup.children.items():
             if name in self.finished:
@@ -167,10 +161,10 @@ class LocalRun:
             if c.down_since is None and c.proc is not None and c.proc.poll() is not None:
                 code = c.proc.returncode
                 self.runner_event("exited", target=name, returncode=code)
-                if code == 0 and c.kind == "learner":
+                if code == Exit.OK and c.kind == "learner":
                     self.finished.add(name)
                     continue
-                if c.restarts >= self.job.spec.run_policy.backoff_limit or code in (2, 3):
+                if c.restarts >= self.job.spec.run_policy.backoff_limit or permanent_failure(code):
                     return f"{name} exited with code {code}; see {c.log_path}"
                 c.down_since = now
         return None

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco.contract import Event
+
 
 @dataclass
 class Incarnation:
@@ -77,7 +79,7 @@ class RunTracker:
             self._runner_event(t, kind, e)
 
     def _learner_event(self, slot: Slot, t: float, kind: Any, e: dict[str, Any]) -> None:
-        if kind == "joined":
+        if kind == Event.JOINED:
             if self.up_count == 0:
                 self.some_up_since = t
             spawned = slot.spawned_at if slot.spawned_at is not None else t
@@ -88,7 +90,7 @@ class RunTracker:
                 slot.intervals.append((slot.down_at, t, "down"))
                 slot.down_at = None
             slot.up = True
-        elif kind in ("progress", "exit") and slot.incarnations:
+        elif kind in (Event.PROGRESS, Event.EXIT) and slot.incarnations:
             inc = slot.incarnations[-1]
             inc.train_seconds = float(e.get("train_seconds", inc.train_seconds))
             inc.acked_train_seconds = float(e.get("acked_train_seconds", inc.acked_train_seconds))
@@ -96,9 +98,9 @@ class RunTracker:
             inc.bytes_received = int(e.get("bytes_received", inc.bytes_received))
             inc.steps = int(e.get("step", inc.steps))
             inc.trained_tokens = int(e.get("trained_tokens", inc.trained_tokens))
-            if kind == "exit":
+            if kind == Event.EXIT:
                 self._down(slot, t, killed=False)
-        elif kind == "eval":
+        elif kind == Event.EVAL:
             self.evals.append((t, slot.name, float(e["eval_loss"])))
 
     def _down(self, slot: Slot, t: float, killed: bool) -> None:
@@ -123,6 +125,8 @@ class RunTracker:
                 self.syncer_up_since = None
         elif kind == "exited" and target in self.slots:
             self._down(self.slots[target], t, killed=True)
+        elif kind == "exited" and target == "syncer":
+            self.syncer_up_since = None
         elif kind == "restart":
             self.last_chaos = f"restarted {target}"
         elif kind == "spawned" and target in self.slots:

@@ -24,7 +24,7 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class BandwidthParams:
-    """A training setup; the defaults are the paper's example (SPEC §4)."""
+    """A training setup; the defaults are the paper's example (arXiv 2604.21428; docs/simulator.md)."""
 
     params: float = 5e9  # model parameters
     step_s: float = 1.0  # wall-clock time of one training step
@@ -34,7 +34,7 @@ class BandwidthParams:
     # example; its 1.7 GB/s for 5B bf16 parameters at 1 s steps means about a sixth of the
     # model per step, so 6 is our default (documented as calibrated in docs/simulator.md).
     fragments: int = 6
-    # Steps a fragment may be in flight (SPEC §2, default 2): its round trip (send the outer
+    # Steps a fragment may be in flight (spec.syncer.graceWindow.tau, default 2): its round trip (send the outer
     # gradient, receive the merged fragment) must finish within tau steps.
     tau: float = 2.0
 

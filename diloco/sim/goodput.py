@@ -22,7 +22,7 @@ HOUR = 3_600.0
 
 SYSTEMS = ("dp", "elastic_dp", "decoupled")
 
-# SPEC §4 (arXiv 2604.21428): goodput by (system, chips, learners); learners is None for dp systems.
+# The paper (arXiv 2604.21428, Table 2): goodput by (system, chips, learners); learners is None for dp systems.
 PAPER_GOODPUT: dict[tuple[str, int, int | None], float] = {
     ("dp", 150_000, None): 0.72,
     ("elastic_dp", 150_000, None): 0.88,
@@ -37,7 +37,7 @@ PAPER_GOODPUT: dict[tuple[str, int, int | None], float] = {
 class SimParams:
     """Every knob of the model, in seconds unless the name says otherwise."""
 
-    # SPEC §4 / the paper: one interruption per chip-year (failures, preemptions, maintenance).
+    # The paper: one interruption per chip-year (failures, preemptions, maintenance).
     mtbi_s: float = 365.25 * DAY
     # A TPU v5e/v6e pod (256 chips) is the usual data-parallel replica of multi-slice training.
     # A failed host breaks its slice's ICI torus, so the slice is the smallest unit an elastic
@@ -68,12 +68,12 @@ class SimParams:
     # this only binds for small jobs, where waiting would idle a slice for hours.
     rejoin_wait_s: float = 600.0
     # A learner that lost every slice is re-admitted by pulling the whole current model from
-    # the syncer (SPEC §2, step 4): e.g. 100B parameters in fp32 over a 100 Gbit/s link.
+    # the syncer (docs/ALGORITHM.md, "The syncer"): e.g. 100B parameters in fp32 over a 100 Gbit/s link.
     state_pull_s: float = 30.0
     # Hot spares held by non-elastic dp: mean slices in repair plus this many standard
     # deviations (Poisson), so that a restart almost never waits for a repair.
     spare_sigma: float = 3.0
-    # SPEC §2: minimum quorum K = 1 -- the syncer merges whenever one learner contributes.
+    # docs/ALGORITHM.md, "The syncer": minimum quorum K = 1 -- the syncer merges whenever one learner contributes.
     quorum: int = 1
 
     def validate(self) -> None:

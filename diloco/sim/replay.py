@@ -207,7 +207,7 @@ class Replay:
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
         assert lr.ledger is not None
         lr.push_seq += 1
-        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
+        _blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
                                self.spec.compression, self.spec.block_size)
         c = Contribution(f"l{lr.m}", p, lr.ledger.books[p].version, f.steps, f.tokens, f.delta,
                          session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)

@@ -32,10 +32,11 @@ from typing import IO, Any, TypeVar
 import grpc
 import yaml
 
-from diloco.launch import TOKEN_ENV
-from diloco.local.procs import diloco_argv, free_port
+from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv
+from diloco.local.procs import free_port
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests.faults.proxy import FaultProxy
+from tests.helpers import TINY_MODEL
 
 T = TypeVar("T")
 # One persistent JAX compilation cache for every test process, so learners (re)start in a few
@@ -55,13 +56,13 @@ def _close_all() -> None:
 
 def job_manifest(name: str, learners: int, syncer: dict[str, Any] | None = None,
                  training: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The tiny job every fault test runs (SPEC §5: 2 layers, d_model 64 is ~15 ms a step)."""
+    """The tiny job every fault test runs (tests/helpers.py TINY_MODEL: ~15 ms a step)."""
     return {
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
         "spec": {
             "learnerGroups": [{"name": "local", "region": "local", "replicas": learners}],
             "syncer": {"fragments": 4, "checkpointIntervalSeconds": 1.0, **(syncer or {})},
-            "model": {"layers": 2, "dModel": 64, "heads": 4, "context": 64},
+            "model": dict(TINY_MODEL),
             "training": {"batchSize": 8, "learningRate": 0.003, "warmupSteps": 20, "decaySteps": 3000,
                          "evalIntervalSteps": 100, "evalBatches": 2, **(training or {})},
         },
@@ -155,10 +156,8 @@ class Cluster:
 
     def start_syncer(self, extra: list[str] | None = None, wait: bool = True, timeout: float = 60.0) -> None:
         p = self.procs["syncer"]
-        argv = diloco_argv("syncer", "--config", str(self.config), "--port", str(self.port),
-                           "--metrics-port", str(p.metrics_port))
-        if self.checkpoint_dir is not None:
-            argv += ["--checkpoint-dir", str(self.checkpoint_dir)]
+        ckpt = str(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        argv = diloco_argv("syncer", SyncerArgs(str(self.config), self.port, p.metrics_port, ckpt).argv())
         before = {s.incarnation for s in self.statuses}
         self._spawn(p, argv + (extra or []))
         if wait:
@@ -170,9 +169,8 @@ class Cluster:
         p = self.procs[name]
         proxy = self.proxies.get(name)
         address = proxy.address if proxy else f"127.0.0.1:{self.port}"
-        argv = diloco_argv("learner", "--config", str(self.config), "--group", "local", "--index", str(i),
-                           "--syncer", address, "--metrics-port", str(p.metrics_port),
-                           "--cpus", str(i % self.ncpu), "--restart", str(p.restarts))
+        argv = diloco_argv("learner", LearnerArgs(str(self.config), "local", i, address, p.metrics_port,
+                                                  cpus=str(i % self.ncpu), restart=p.restarts).argv())
         self._spawn(p, argv + self.learner_args.get(i, []) + (extra or []))
 
     def restart(self, name: str) -> None:

@@ -149,7 +149,7 @@ class FaultProxy:
         while not self._closed:
             try:
                 client, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

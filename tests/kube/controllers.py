@@ -1,6 +1,6 @@
 """The cluster's controllers for tests: StatefulSet, Deployment, garbage collector and kubelet.
 
-kmock runs no controllers (SPEC §5), so this plays them, over the API like the real ones:
+kmock runs no controllers (docs/DEVELOPMENT.md, "Kubernetes in tests"), so this plays them, over the API like the real ones:
 StatefulSets get `<name>-<ordinal>` pods with the pod-index label (Parallel policy, pods
 replaced when their template changes), Deployments get Recreate-style pods, owner references
 cascade deletions, and a kubelet runs pods through a `Runtime` (no processes by default;
@@ -14,7 +14,6 @@ import hashlib
 import json
 import secrets
 import threading
-import time
 from typing import Any
 
 from diloco.operator import naming as n
@@ -186,14 +185,3 @@ class Controllers:
             return
         if not is_ready(pod) and self.runtime.ready(pod):
             set_ready(self.api, pod, True)
-
-
-def wait_for(predicate: Any, timeout: float = 15.0, period: float = 0.1, what: str = "condition") -> Any:
-    """Poll until `predicate()` is truthy; its value is returned."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(period)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

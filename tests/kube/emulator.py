@@ -1,6 +1,6 @@
 """A Kubernetes API server for tests: kmock's emulator with the semantics kopf and we rely on.
 
-kmock 0.8 stores and serves objects but (SPEC §5) assigns no resourceVersion or uid, leaves
+kmock 0.8 stores and serves objects but (docs/DEVELOPMENT.md, "Kubernetes in tests") assigns no resourceVersion or uid, leaves
 metadata.namespace empty, replays ADDED events after a list, and merges every PATCH. This
 subclass adds what the operator depends on: resourceVersions (watches resume from the list's
 version), uid/generation/creationTimestamp, generateName, label selectors, the status

@@ -6,7 +6,7 @@ directory, persistent volumes as directories that outlive pods, Service names re
 127.0.0.1 with each Service port mapped to a free local port (stable, so a re-created syncer
 pod keeps its address; every Service in front of the same port shares it), and readiness
 when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
-Learners are pinned to alternating CPUs (SPEC §5).
+Learners are pinned to alternating CPUs (docs/DEVELOPMENT.md).
 """
 
 from __future__ import annotations

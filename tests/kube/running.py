@@ -2,7 +2,7 @@
 
 kopf gets its own event loop (not pytest's), logs in through a kubeconfig that points at the
 emulator (the same path `kubectl` and the operator's client use), and watches cluster-wide
-with namespace scanning off, as SPEC §5 prescribes for kmock.
+with namespace scanning off, as kmock requires (it serves no namespace list).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import yaml
 from diloco.operator import handlers
 from diloco.operator.context import Config, Context
 from diloco.operator.kube import Kube
+from tests.helpers import wait_for
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:
@@ -53,6 +54,16 @@ class OperatorThread:
         if self._error and exc[0] is None:
             raise self._error[0]
 
+    def reconciles(self, outcome: str = "ok") -> float:
+        value = self.ctx.metrics.registry.get_sample_value("diloco_operator_reconciles_total", {"outcome": outcome})
+        return value or 0.0
+
+    def ticks(self, count: int = 2, outcome: str = "ok") -> None:
+        """Wait for `count` more full reconciles with `outcome` (the status timer runs one per job
+        each interval): after them, anything the operator was going to do has been done."""
+        target = self.reconciles(outcome) + count
+        wait_for(lambda: self.reconciles(outcome) >= target, timeout=30, what=f"{count} {outcome} reconciles")
+
     def _run(self) -> None:
         import asyncio
 
@@ -66,7 +77,7 @@ class OperatorThread:
             kopf.run(loop=loop, registry=handlers.build_registry(self.ctx.config), settings=settings,
                      memo=handlers.build_memo(self.ctx), standalone=True, clusterwide=True,
                      stop_flag=self._stop, ready_flag=self._ready)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+        except BaseException as exc:
             self._error.append(exc)
             self._ready.set()
         finally:

