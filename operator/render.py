@@ -33,7 +33,6 @@ from diloco.operator import naming as n
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, Resources, dump_job
 
 RUN_AS = 10001  # the images' non-root user
-KEEP_CHECKPOINTS = 4  # the syncer keeps 3 plus the one being written
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,12 @@ def token_secret(owner: Owner, token: str) -> dict[str, Any]:
 
 
 def checkpoint_bytes(spec: JobSpec) -> int:
-    """Room for the kept checkpoints: parameters, momentum and the staleness history, in fp32."""
-    m = spec.model
-    params = m.layers * (4 + 2 * m.mlp_ratio) * m.d_model**2 + (2 * 256 + m.context) * m.d_model
-    arrays = 2 + spec.syncer.staleness.max_versions
-    return 4 * params * arrays * KEEP_CHECKPOINTS
+    """Room for the checkpoints the syncer keeps, as its own code sizes them for this model."""
+    from diloco.syncer.checkpoint import disk_bytes
+    from diloco.syncer.state import GlobalModel
+    from diloco.trainer.model import parameter_shapes  # JAX: imported only when sizing a volume
+
+    return disk_bytes(GlobalModel.state_bytes(parameter_shapes(spec.model)))
 
 
 def checkpoint_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
@@ -130,19 +130,11 @@ def _hash(data: Any) -> str:
 
 
 def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
-    """What a running learner read at start; scaling, chaos and other groups are not in it."""
-    s = dump_job(job)["spec"]
-    mine = {k: v for k, v in group.model_dump(mode="json", by_alias=True).items() if k != "replicas"}
-    syncer = {k: s["syncer"][k] for k in ("fragments", "fragmentation", "compression", "blockSize", "adoption")}
-    return _hash({"model": s["model"], "data": s["data"], "training": s["training"], "syncer": syncer,
-                  "group": mine})
+    return _hash(job.spec.learner_inputs(group.name))
 
 
 def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
-    s = dump_job(job)["spec"]
-    # Exposure is not read by the syncer (its TLS files show in the pod template itself).
-    syncer = {k: v for k, v in s["syncer"].items() if k not in ("image", "resources", "expose")}
-    return _hash({"model": s["model"], "data": s["data"], "syncer": syncer})
+    return _hash(job.spec.syncer_inputs())
 
 
 def _resources(res: Resources) -> dict[str, Any]:
@@ -187,14 +179,14 @@ def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGro
     pod_security, container_security = _security()
     volumes, mounts = _common_volumes(owner)
     match = n.selector(owner.name, n.LEARNER, group.name)
-    tls: dict[str, str | None] = {}
+    tls_ca, tls_server_name = None, None
     if link.ca_secret is not None:
         volume, mount = _tls_volume(link.ca_secret, (n.CA_KEY,))
         volumes.append(volume)
         mounts.append(mount)
-        tls = {"tls_ca": f"{n.TLS_DIR}/{n.CA_KEY}", "tls_server_name": link.server_name or None}
+        tls_ca, tls_server_name = f"{n.TLS_DIR}/{n.CA_KEY}", link.server_name or None
     args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_INDEX)", link.address,
-                       metrics_port=LEARNER_METRICS_PORT, **tls)
+                       metrics_port=LEARNER_METRICS_PORT, tls_ca=tls_ca, tls_server_name=tls_server_name)
     container = {
         "name": n.LEARNER,
         "image": group.image,

@@ -105,10 +105,18 @@ def deserialize(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     return arrays, meta
 
 
+KEEP = 3  # newest checkpoints kept: two older ones survive a corrupt newest, and disk stays bounded
+
+
+def disk_bytes(state_bytes: int, keep: int = KEEP) -> int:
+    """The most a store holds: `keep` checkpoints plus the one being written."""
+    return state_bytes * (keep + 1)
+
+
 class CheckpointStore:
     """A directory of numbered checkpoints; keeps the newest `keep`."""
 
-    def __init__(self, directory: str | Path, keep: int = 3):
+    def __init__(self, directory: str | Path, keep: int = KEEP):
         self.dir = Path(directory)
         self.keep = keep
 

@@ -6,14 +6,15 @@ merges; tests drive it directly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from diloco.core.codecs import encode_tensors
-from diloco.core.fragments import FragmentPlan, plan_fragments, specs_from_shapes
-from diloco.core.merge import is_embedding, merge_fragment, token_weights
+from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
+from diloco.core.merge import merge_fragment, token_weights
 from diloco.core.outer import NesterovSGD
 from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
@@ -89,7 +90,7 @@ class GlobalModel:
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
-        merged = merge_fragment(deltas, weights, self.spec.merge, embeddings)
+        merged = merge_fragment(deltas, [float(w) for w in weights], self.spec.merge, embeddings)
         learners = {c.learner for c in closed.contributions}
         if self.spec.participation_scaling and active > len(learners):
             share = np.float32(len(learners) / active)
@@ -126,6 +127,11 @@ class GlobalModel:
                        trained_tokens=max(old.trained_tokens, new.trained_tokens))
 
     # -- checkpoint state ----------------------------------------------------------
+
+    @staticmethod
+    def state_bytes(shapes: Mapping[str, tuple[int, ...]]) -> int:
+        """Bytes of `state()`'s arrays: each parameter and its momentum buffer, in fp32."""
+        return 2 * 4 * sum(math.prod(s) for s in shapes.values())
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, object]]:
         arrays = {f"param/{n}": v for n, v in self.params.items()}

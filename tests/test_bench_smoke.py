@@ -1,13 +1,15 @@
 """Every side-by-side benchmark runs end to end in its cheapest mode and ends with its JSON line.
 
 The scripts run at the same time (each `--smoke`: a tiny model, seconds per phase), so the whole
-test costs about as long as the slowest of them. The numbers are not checked: on a smoke budget
-they mean nothing; docs/BENCHMARKS.md has the real runs.
+test costs about as long as the slowest of them. The figures' values are not compared with
+targets (on a smoke budget they mean nothing; docs/BENCHMARKS.md has the real runs), but every
+number a script reports must be finite: a NaN ratio is a broken benchmark.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +32,20 @@ EXPECTED = {
 }
 
 
+def numbers(value: object) -> list[float]:
+    """Every number in a JSON value, nested lists and objects included."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [float(value)]
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in numbers(v)]
+    return []
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_every_bench_script_smoke_runs_and_ends_with_json() -> None:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -54,4 +70,6 @@ def test_every_bench_script_smoke_runs_and_ends_with_json() -> None:
         missing = EXPECTED[name] - set(result)
         if missing:
             failures.append(f"{name}: last line lacks {sorted(missing)}: {last[:500]}")
+        if not all(math.isfinite(x) for x in numbers(result)):
+            failures.append(f"{name}: a reported figure is not finite: {last[:500]}")
     assert not failures, "\n\n".join(failures)

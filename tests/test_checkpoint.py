@@ -167,3 +167,13 @@ def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
         GlobalModel.from_state(model.spec, loaded.arrays, bad, SHAPES)
     with pytest.raises(ValueError, match="schedule"):
         GlobalModel.from_state(model.spec, loaded.arrays, dict(loaded.meta, schedule={"next_slot": "x"}), SHAPES)
+
+
+def test_state_bytes_is_what_a_checkpoint_of_a_trained_model_holds(tmp_path: Path) -> None:
+    """The operator sizes the checkpoint volume with GlobalModel.state_bytes: it must cover the
+    arrays a checkpoint really holds (the header adds only metadata)."""
+    model = trained_model()
+    arrays, _ = model.state()
+    assert sum(a.nbytes for a in arrays.values()) == GlobalModel.state_bytes(SHAPES)
+    path = CheckpointStore(tmp_path).save(*model.state())
+    assert GlobalModel.state_bytes(SHAPES) < path.stat().st_size < GlobalModel.state_bytes(SHAPES) + (64 << 10)

@@ -241,10 +241,10 @@ def test_cli_json_rows_and_plot(tmp_path: Path, capsys) -> None:
         assert (row["learners"] is None) == (row["system"] != "decoupled")
 
 
-def test_cli_table_and_no_plot(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_cli_prints_a_table_and_writes_no_file_unless_asked(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     code, out, _ = run_cli(["simulate", "--chips", "20000", "--learners", "2", "--seeds", "1",
-                            "--days", "1", "--no-plot", "--restart-s", "90"], capsys)
+                            "--days", "1", "--restart-s", "90"], capsys)
     assert code == 0 and "elastic_dp" in out and not list(tmp_path.iterdir())
 
 
@@ -259,7 +259,7 @@ def test_cli_table_and_no_plot(tmp_path: Path, capsys, monkeypatch) -> None:
     (["--seeds", "0"], "--seeds"),
 ])
 def test_cli_rejects_bad_options_naming_them(argv, option, capsys) -> None:
-    code, _, err = run_cli(["simulate", "--no-plot", "--days", "0.1", *argv], capsys)
+    code, _, err = run_cli(["simulate", "--days", "0.1", *argv], capsys)
     assert code == 2 and option in err
 
 

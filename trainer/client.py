@@ -22,7 +22,7 @@ import grpc
 import numpy as np
 
 from diloco.contract import Event
-from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.codecs import CODECS, Codec, CodecError, decode_tensors, encode_tensors
 from diloco.core.ledger import Arrival
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
@@ -40,7 +40,7 @@ class JoinState:
     versions: list[int]
     fragments: list[list[str]]
     params: dict[str, np.ndarray]
-    codec: str
+    codec: Codec
     block_size: int
     slot: int  # the shared schedule's next slot
 
@@ -140,6 +140,9 @@ class SyncerClient:
             buf += chunk.data
         if header is None or len(buf) != header.total_bytes:
             raise ConnectionError("join stream ended early")
+        codec = next((c for c in CODECS if c == header.codec), None)
+        if codec is None:
+            raise ConnectionError(f"the syncer asked for codec {header.codec!r}; this learner knows {', '.join(CODECS)}")
         params = decode_tensors(bytes(buf), shapes)
         self.bytes_received += len(buf)
         self.expected_shapes = dict(shapes)
@@ -151,7 +154,7 @@ class SyncerClient:
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
-                         params, header.codec, header.block_size, int(header.slot))
+                         params, codec, header.block_size, int(header.slot))
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
         backoff = Backoff()

@@ -6,6 +6,7 @@ them, and `embed`-prefixed tables are merged by plain averaging (docs/ALGORITHM.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -64,7 +65,8 @@ def init_params(cfg: TransformerModel, seed: int) -> Params:
 
 def apply(cfg: TransformerModel, params: Params, tokens: jax.Array) -> jax.Array:
     nested = unflatten_dict({tuple(k.split("/")): v for k, v in params.items()})
-    return Transformer(cfg).apply({"params": nested}, tokens)
+    logits: jax.Array = Transformer(cfg).apply({"params": nested}, tokens)  # type: ignore[assignment]  # no mutable collections: logits only
+    return logits
 
 
 def loss_fn(cfg: TransformerModel, params: Params, batch: jax.Array) -> jax.Array:
@@ -75,6 +77,18 @@ def loss_fn(cfg: TransformerModel, params: Params, batch: jax.Array) -> jax.Arra
 
 def shapes(params: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {k: tuple(int(d) for d in np.shape(v)) for k, v in params.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes_of(cfg_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    cfg = TransformerModel.model_validate_json(cfg_json)
+    abstract = jax.eval_shape(Transformer(cfg).init, jax.random.PRNGKey(0), jnp.zeros((1, cfg.context), jnp.int32))
+    return tuple(("/".join(k), tuple(v.shape)) for k, v in flatten_dict(abstract["params"]).items())
+
+
+def parameter_shapes(cfg: TransformerModel) -> dict[str, tuple[int, ...]]:
+    """The model's parameter shapes without computing any (for sizing volumes and memory)."""
+    return dict(_shapes_of(cfg.model_dump_json()))
 
 
 def count(params: dict[str, Any]) -> int:

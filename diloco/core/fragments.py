@@ -99,12 +99,19 @@ def _balanced(ordered: list[TensorSpec], p: int) -> list[list[str]]:
 _LAYER = re.compile(r"(?:^|/)(?:layers?|blocks?|h)_?(\d+)(?:/|$)")
 
 
+def is_embedding(name: str) -> bool:
+    """A lookup table (`embed`, `pos_embed`, ...: the first path component names it). Such tables
+    sit first in the plan and are merged by plain weighted averaging, since rows a learner never
+    looked up have zero outer gradient (docs/ALGORITHM.md, "The syncer": Merge)."""
+    return "embed" in name.split("/")[0]
+
+
 def layer_key(name: str) -> tuple[int, int]:
     """Sort key placing embeddings first, numbered layers in order, and the head last."""
     match = _LAYER.search(name)
     if match:
         return (1, int(match.group(1)))
-    return (0, 0) if "embed" in name else (2, 0)
+    return (0, 0) if is_embedding(name) else (2, 0)
 
 
 def _by_layer(ordered: list[TensorSpec], p: int) -> list[list[str]]:

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.codecs import Codec, CodecError, decode_tensors, encode_tensors
 from diloco.core.schedule import Schedule
 
 Tensors = dict[str, np.ndarray]
@@ -201,7 +201,7 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
         schedule.observe(arrival.next_slot)
 
 
-def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: str,
+def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: Codec,
                  block_size: int) -> tuple[bytes, InFlight]:
     """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
     the compression error stays in θ − A and leaves with the next push (error feedback)."""

@@ -97,8 +97,3 @@ def merge_fragment(
         else:
             merged[name] = weighted_average(deltas, weights)
     return merged
-
-
-def is_embedding(name: str) -> bool:
-    """Embedding tables are averaged plainly (docs/ALGORITHM.md, "The syncer"): rows untouched by a learner are zero."""
-    return "embed" in name.split("/")[0]

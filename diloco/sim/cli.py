@@ -15,7 +15,6 @@ from diloco.sim.goodput import DAY, HOUR, SYSTEMS, SimParams
 _SIM = SimParams()
 _BW = BandwidthParams()
 DEFAULT_CHIPS = "150000,300000,600000,1200000,2400000"
-DEFAULT_PLOT = "simulate_goodput.png"
 
 
 def _count(text: str) -> int:
@@ -70,7 +69,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "simulate", help="discrete-event goodput simulation of dp, elastic dp and Decoupled DiLoCo",
         description="Replay chip interruptions (Poisson, per-chip MTBI) against data-parallel, "
@@ -85,8 +84,7 @@ def add_simulate_parser(subparsers: argparse._SubParsersAction) -> None:  # type
     p.add_argument("--days", type=_positive, default=30.0, help="length of the run (default 30)")
     p.add_argument("--json", action="store_true",
                    help="one JSON object per row (learners is null for dp and elastic_dp)")
-    p.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write (default ./{DEFAULT_PLOT})")
-    p.add_argument("--no-plot", action="store_true", help="write no PNG")
+    p.add_argument("--plot", default=None, metavar="PNG", help="also draw goodput against chips into this PNG")
     m = p.add_argument_group("model parameters (docs/simulator.md explains each default)")
     m.add_argument("--mtbi-days", type=_positive, default=_SIM.mtbi_s / DAY,
                    help="mean time between interruptions of one chip (default 365.25)")
@@ -143,14 +141,14 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"{r.system:10} {r.chips:9d} {r.learners or '-':>3} {100 * r.goodput:7.1f}%"
                   f" {100 * r.uptime:7.2f}% {'' if paper is None else f'{100 * paper:.0f}%':>6}"
                   f" {r.interruptions:18.0f}")
-    if not args.no_plot:
+    if args.plot:
         from diloco.sim.plot import plot_goodput
 
         print(f"wrote {plot_goodput(rows, args.plot)}", file=sys.stderr)
     return 0
 
 
-def add_bandwidth_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_bandwidth_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bandwidth", help="WAN bandwidth data-parallel and Decoupled DiLoCo need",
         description="Per-site WAN bandwidth to keep the target compute utilization; "

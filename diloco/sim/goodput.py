@@ -327,7 +327,7 @@ def sweep(chips: list[int], learners: list[int], seeds: int, days: float,
             if "decoupled" in systems:
                 for m in learners:
                     runs.setdefault(("decoupled", m), []).append(simulate_decoupled(ev, m, params))
-        for (system, m), outs in runs.items():
-            rows.append(Row(system, n, m, float(np.mean([o.goodput for o in outs])),
+        for (system, group_count), outs in runs.items():
+            rows.append(Row(system, n, group_count, float(np.mean([o.goodput for o in outs])),
                             float(np.mean([o.uptime for o in outs])), events / seeds))
     return rows

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from diloco.sim.goodput import PAPER_GOODPUT, Row
 
@@ -27,7 +28,7 @@ def plot_goodput(rows: list[Row], path: str | Path) -> Path:
     lines: dict[tuple[str, int | None], list[Row]] = {}
     for row in rows:
         lines.setdefault((row.system, row.learners), []).append(row)
-    colors: dict[tuple[str, int | None], str] = {}
+    colors: dict[tuple[str, int | None], Any] = {}  # matplotlib colour specs
     for key, group in lines.items():
         group.sort(key=lambda r: r.chips)
         (line,) = ax.plot([r.chips for r in group], [100 * r.goodput for r in group],

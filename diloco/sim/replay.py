@@ -71,7 +71,7 @@ class _Learner:
     earlier_tokens: int = 0  # earlier lives'
     steps: int = 0
     refused: list[tuple[int, int]] = field(default_factory=list)
-    accepted: list[tuple[int, int, int]] = field(default_factory=list)
+    accepted: list[tuple[int, int, int, bool]] = field(default_factory=list)
     inbox: dict[int, Arrival] = field(default_factory=dict)
 
 
