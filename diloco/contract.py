@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import enum
+import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
 TOKEN_ENV = "DILOCO_TOKEN"  # the job token's variable when no --token-file is given
 SYNCER_GRPC_PORT = 50051  # gRPC's conventional port
@@ -51,6 +53,22 @@ class Event(enum.StrEnum):
     RESYNCED = "resynced"
     FATAL = "fatal"
     EXIT = "exit"  # the last line: flushed or not, and why it stopped
+
+
+def read_events(stream: IO[bytes], clock: Callable[[], float]) -> Iterator[dict[str, Any]]:
+    """A child's stdout as events: each JSON object line as is, any other line as a `log` event
+    (the syncer's ready line, a traceback); `t` defaults to when the line was read."""
+    for raw in stream:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line:
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            event = {"event": "log", "line": line}
+        if isinstance(event, dict):
+            event.setdefault("t", clock())
+            yield event
 
 
 READY = re.compile(r"^SYNCER_READY port=(\d+) incarnation=(\S+)$")

@@ -186,12 +186,10 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
         return
     namespace = pod["metadata"]["namespace"]
     with ctx.lock(namespace, job_name):
-        body = ctx.api.get(KIND, namespace, job_name)
-        if body is None:
+        loaded = _job(ctx, namespace, job_name)
+        if loaded is None:
             return
-        job, _ = load(body)
-        status = body.get("status") or {}
-        ref = n.job_reference(job_name, namespace, body["metadata"]["uid"])
+        job, status, ref = loaded
         if job is None or not job.spec.runs_here() or st.finished(status) or access.blocked(status) or \
                 not st.slot_wanted(job.spec, slot_id):
             return  # scaled down, suspended, finished, blocked, invalid or not ours: removed on purpose
@@ -215,21 +213,29 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             _readmitted(ctx, ref, learner, pod)
 
 
+def _job(ctx: Context, namespace: str, name: str) -> tuple[DecoupledDiLoCoJob | None, dict[str, Any],
+                                                          dict[str, Any]] | None:
+    """(the job if its spec is valid, its status, a reference for Events), or None if it is gone."""
+    body = ctx.api.get(KIND, namespace, name)
+    if body is None:
+        return None
+    job, _ = load(body)
+    return job, body.get("status") or {}, n.job_reference(name, namespace, body["metadata"]["uid"])
+
+
 def chaos_tick(ctx: Context, namespace: str, name: str) -> None:
     """Make the kills the seeded schedule has due; each one is an Event on the job."""
     with ctx.lock(namespace, name):
-        body = ctx.api.get(KIND, namespace, name)
-        if body is None:
+        found = _job(ctx, namespace, name)
+        if found is None:
             return
-        job, _ = load(body)
-        status = body.get("status") or {}
+        job, status, ref = found
         if job is None or not job.spec.chaos.enabled or job.spec.suspend or status.get("phase") != "Running":
             return
         now = time.time()
         state = chaos_mod.state(job.spec.chaos, status, now)
         job_pods = ctx.api.list("Pod", namespace, n.selector(name))
         kills = chaos_mod.plan(job.spec, state, job_pods, now)
-        ref = n.job_reference(name, namespace, body["metadata"]["uid"])
         for kill in kills:
             pod_name = kill.pod["metadata"]["name"]
             ctx.api.patch("Pod", namespace, pod_name, {"metadata": {"annotations": {n.CHAOS: str(kill.number)}}})

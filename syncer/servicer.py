@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Iterator
+from typing import TypeVar
 
 import grpc
 
@@ -12,6 +14,9 @@ from diloco.syncer.service import MAX_ID, LearnerInfo, Refused, SyncerCore
 from diloco.wire import chunks, pb, token_matches
 
 log = logging.getLogger("diloco.syncer")
+
+
+Chunk = TypeVar("Chunk", pb.PushChunk, pb.RecoverChunk)
 
 
 def _assemble(first: pb.PushChunk | pb.RecoverChunk, rest: Iterator, declared: int, what: str) -> bytes:
@@ -62,19 +67,30 @@ class SyncerServicer:
         for i, part in enumerate(chunks(blob)):
             yield pb.JoinChunk(header=header if i == 0 else None, data=bytes(part))
 
-    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
+    def _opening(self, chunks: Iterator[Chunk], context: grpc.ServicerContext, what: str) -> Chunk:
+        """A client stream's first chunk, which must carry the header."""
         self._auth(context)
-        first = next(request_iterator, None)
+        first = next(chunks, None)
         if first is None or not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a push starts with a header")
-        header = first.header
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a {what} starts with a header")
+        return first
+
+    @contextlib.contextmanager
+    def _refusals(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """A Refused becomes the RPC's status (counted by outcome); nothing else is caught."""
         try:
-            self.core.check_header(header)
-            return self.core.admit(header, _assemble(first, request_iterator, header.total_bytes, "push"))
+            yield
         except Refused as exc:
             self.core.count_refusal(exc.outcome)
             context.abort(exc.code, exc.reason)
             raise  # abort raises; this keeps type checkers honest
+
+    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        first = self._opening(request_iterator, context, "push")
+        header = first.header
+        with self._refusals(context):
+            self.core.check_header(header)
+            return self.core.admit(header, _assemble(first, request_iterator, header.total_bytes, "push"))
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._auth(context)
@@ -100,20 +116,13 @@ class SyncerServicer:
             core.set_active_gauges()
 
     def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
-        self._auth(context)
-        first = next(request_iterator, None)
-        if first is None or not first.HasField("header"):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a recovery starts with a header")
+        first = self._opening(request_iterator, context, "recovery")
         header = first.header
-        try:
+        with self._refusals(context):
             if header.total_bytes > self.core.max_recover_bytes:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
             blob = _assemble(first, request_iterator, header.total_bytes, "recover")
             adopted = self.core.recover(list(header.fragments), list(header.versions), blob)
-        except Refused as exc:
-            self.core.count_refusal(exc.outcome)
-            context.abort(exc.code, exc.reason)
-            raise
         with self.core.lock:
             return pb.RecoverReply(adopted=adopted, versions=list(self.core.model.versions))
 

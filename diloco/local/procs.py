@@ -6,7 +6,6 @@ is pinned to one core so learners share the machine fairly (docs/DEVELOPMENT.md)
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -17,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from diloco.contract import read_events
 
 
 def free_port() -> int:
@@ -69,17 +70,7 @@ class Supervisor:
     def _read(self, name: str, stream: IO[bytes] | None) -> None:
         if stream is None:
             return
-        for raw in stream:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                event = {"t": time.time(), "event": "log", "line": line}
-            if not isinstance(event, dict):
-                continue
-            event.setdefault("t", time.time())
+        for event in read_events(stream, time.time):
             event["source"] = name
             self.events.put(event)
 

@@ -15,7 +15,6 @@ shared by every process of a test session, so restarts skip most of the compilat
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import secrets
 import signal
@@ -32,7 +31,7 @@ from typing import IO, Any, TypeVar
 import grpc
 import yaml
 
-from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv
+from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv, read_events
 from diloco.local.procs import free_port
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests.faults.proxy import FaultProxy
@@ -231,17 +230,7 @@ class Cluster:
     def _read(self, name: str, incarnation: int, stream: IO[bytes] | None) -> None:
         if stream is None:
             return
-        for raw in stream:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line:
-                continue
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                event = {"event": "line", "line": line}
-            if not isinstance(event, dict):
-                continue
-            event.setdefault("t", time.time())
+        for event in read_events(stream, time.time):
             event.update(source=name, run=incarnation, seen=time.time())
             with self.cond:
                 self.events.append(event)
