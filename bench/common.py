@@ -23,7 +23,6 @@ import copy
 import itertools
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from diloco.testing.relay import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "bench"
@@ -219,11 +220,11 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
             self.steps = 0
             self.joined_at: float | None = None
             self.late_start: float | None = None
-            self.proxies: dict[str, CountingProxy] = {}
+            self.proxies: dict[str, FaultProxy] = {}
             if proxies:
                 for name, child in list(self.sup.children.items()) + list(self.held.items()):
                     if child.kind == "learner":
-                        proxy = self.proxies[name] = CountingProxy(self.port)
+                        proxy = self.proxies[name] = FaultProxy(self.port).start()
                         i = child.argv.index("--syncer")
                         child.argv[i + 1] = f"127.0.0.1:{proxy.port}"
 
@@ -261,7 +262,7 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
     stop_t = max((float(e["t"]) for e in events if e.get("event") == "stop"), default=wall_end)
     joined = run.joined_at or stop_t
     tps = tokens_per_step(m)
-    wire = {n: (p.upstream, p.downstream) for n, p in run.proxies.items()}
+    wire = {n: (p.stats.upstream_bytes, p.stats.downstream_bytes) for n, p in run.proxies.items()}
     return JobResult(m["metadata"]["name"], summary, events, steps, steps * tps, max(stop_t - joined, 1e-9),
                      eval_curve(events, tps), wire, run.late_start)
 
@@ -542,69 +543,6 @@ def lockstep(m: dict[str, Any], slowdowns: list[float], inner_steps: int, second
         os.environ.clear()
         os.environ.update(env_before)
     return sorted(out, key=lambda r: r["rank"])
-
-
-# -- byte-counting TCP relay (measured wire bytes) ---------------------------------------------------
-
-
-class CountingProxy:
-    """A loopback TCP relay that counts the bytes each way: what a learner really puts on the wire
-    (gRPC's HTTP/2 frames and protobuf included), not what the code thinks it sends."""
-
-    def __init__(self, target_port: int):
-        self.target = ("127.0.0.1", target_port)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = int(self.sock.getsockname()[1])
-        self.upstream = 0  # learner -> syncer
-        self.downstream = 0  # syncer -> learner
-        self.lock = threading.Lock()
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(self.target)
-            except OSError:
-                client.close()
-                continue
-            for a, b, up in ((client, server, True), (server, client, False)):
-                threading.Thread(target=self._pump, args=(a, b, up), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
-        try:
-            while True:
-                buf = src.recv(1 << 16)
-                if not buf:
-                    break
-                dst.sendall(buf)
-                with self.lock:
-                    if up:
-                        self.upstream += len(buf)
-                    else:
-                        self.downstream += len(buf)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.closed = True
-        self.sock.close()
-
-
-# -- output --------------------------------------------------------------------------------------------
 
 
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:

@@ -142,11 +142,16 @@ class GlobalModel:
                 "schedule": dict(self.schedule)}
         return arrays, meta
 
+    @staticmethod
+    def params_of(arrays: Mapping[str, np.ndarray]) -> Tensors:
+        """Θ from a checkpoint's arrays (what `state()` wrote under `param/`)."""
+        return {k.removeprefix("param/"): np.array(v, np.float32) for k, v in arrays.items() if k.startswith("param/")}
+
     @classmethod
     def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object],
                    expect: Mapping[str, tuple[int, ...]]) -> GlobalModel:
         """Restore, refusing a checkpoint whose tensors or plan do not match this job."""
-        params = {k.removeprefix("param/"): np.array(v, np.float32) for k, v in arrays.items() if k.startswith("param/")}
+        params = cls.params_of(arrays)
         got = {k: tuple(v.shape) for k, v in params.items()}
         if got != dict(expect):
             raise ValueError("checkpoint tensors do not match the job's model (different spec.model?)")

@@ -11,6 +11,7 @@ import numpy as np
 from diloco.local.tracker import RunTracker
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.state import GlobalModel
 
 
 def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
@@ -32,7 +33,7 @@ def global_params(out: Path) -> dict[str, np.ndarray] | None:
     loaded, _ = CheckpointStore(out / "checkpoints").load_latest()
     if loaded is None:
         return None
-    return {k.removeprefix("param/"): v for k, v in loaded.arrays.items() if k.startswith("param/")}
+    return GlobalModel.params_of(loaded.arrays)
 
 
 def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,

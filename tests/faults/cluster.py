@@ -33,8 +33,8 @@ import yaml
 
 from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv, read_events
 from diloco.local.procs import free_port
+from diloco.testing.relay import FaultProxy
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
-from tests.faults.proxy import FaultProxy
 from tests.helpers import TINY_MODEL
 
 T = TypeVar("T")

@@ -1,4 +1,6 @@
-"""A threaded TCP proxy on 127.0.0.1 whose behaviour can be switched while traffic flows.
+"""A threaded TCP relay on 127.0.0.1 that counts the bytes each way and whose behaviour can be
+switched while traffic flows: the fault tests cut and slow links with it, the bandwidth benchmark
+reads what a learner really puts on the wire (gRPC framing included).
 
 Modes (`FaultProxy.set_mode`):
 
