@@ -161,6 +161,11 @@ class Syncer(Model):
     # hold (θ_p ← Θ_p + unmerged progress); overwrite (θ_p ← Θ_p, the first release's rule) is
     # kept as an ablation: it throws away the steps taken while a push was in flight.
     adoption: Adoption = "rebase"
+    # Refuse an outer gradient whose norm exceeds this many times the median of the fragment's
+    # recent accepted ones (a broken learner's blow-up; docs/OPERATIONS.md, "Integrity"). Its
+    # learner re-syncs from Θ. Honest runs, chaos and re-admission included, stay far below it
+    # (docs/BENCHMARKS.md, "Outlier refusal"). null turns the check off.
+    max_norm_ratio: float | None = Field(20.0, gt=1.0)
     # A syncer crash loses at most this much merging, and learners hand most of it back (Recover);
     # writing more often costs disk bandwidth for no gain.
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)

@@ -50,7 +50,13 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
     regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
-    core = SyncerCore(job.spec.syncer, initial_model(job, store), store, metrics, regions=regions)
+    model = initial_model(job, store)
+    core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions)
+    if store is not None and sum(model.versions) == 0 and store.load_latest()[0] is None:
+        # A fresh job's first checkpoint, before anything is published: it holds the provenance
+        # key, so a syncer that crashes before its first scheduled checkpoint still recognises
+        # what it published when learners hand it back (Recover).
+        core.checkpoint()
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
     # Each learner holds a subscription thread and briefly a push or join thread; spec.data.shards

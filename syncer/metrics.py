@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# Outcomes of a push or recovery offer: merged; too stale; for a future version; malformed;
+# NaN or Inf; an outlier by norm; a recovery offer without this job's provenance tag.
+OUTCOMES = ("accepted", "stale", "future", "invalid", "nonfinite", "outlier", "forged")
+
 
 class SyncerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
@@ -13,6 +17,8 @@ class SyncerMetrics:
         self.contributions = Counter(
             "diloco_syncer_contributions_total", "Outer-gradient pushes by outcome", ["outcome"], registry=r
         )
+        for outcome in OUTCOMES:  # every series exists from the start, so rates and alerts see 0, not nothing
+            self.contributions.labels(outcome)
         self.joins = Counter("diloco_syncer_joins_total", "Learner joins; a repeat join is a re-admission", ["kind"], registry=r)
         self.bytes_received = Counter("diloco_syncer_received_bytes_total", "Bytes of outer gradients received", registry=r)
         self.bytes_sent = Counter("diloco_syncer_sent_bytes_total", "Bytes of global fragments and joins sent", registry=r)
@@ -26,6 +32,10 @@ class SyncerMetrics:
         self.staleness = Histogram(
             "diloco_syncer_contribution_staleness_versions", "Versions a merged contribution lagged",
             buckets=(0, 1, 2, 4, 8), registry=r,
+        )
+        self.norm_ratio = Histogram(
+            "diloco_syncer_push_norm_ratio", "A push's outer-gradient norm over its fragment's recent median",
+            buckets=(0.25, 0.5, 1, 1.5, 2, 3, 4, 6, 8, 16), registry=r,
         )
         self.active = Gauge("diloco_syncer_active_learners", "Learners with a live subscription", registry=r)
         self.outer_version = Gauge("diloco_syncer_outer_version", "Sum of the fragments' versions", registry=r)

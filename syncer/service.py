@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +29,8 @@ from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
 MAX_ID = 128
+NORM_HISTORY = 64  # accepted norms per fragment the median is taken over: ~16 rounds of 4 learners
+NORM_WARMUP = 16  # no outlier check before this many: early rounds move fast, and few samples mislead
 
 
 class Refused(Exception):
@@ -75,6 +77,8 @@ class SyncerCore:
     # push retried after a lost reply is acknowledged again instead of merged twice.
     accepted: dict[tuple[str, int], OrderedDict[int, int]] = field(default_factory=dict)
     published_slot: list[int] = field(default_factory=list)  # per fragment: newest slot merged
+    norms: list[deque[float]] = field(default_factory=list)  # per fragment: recent accepted norms
+    max_norm_ratio_seen: float = 0.0  # of every push checked, the largest norm over the median
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -84,6 +88,7 @@ class SyncerCore:
     def __post_init__(self) -> None:
         self.book: RoundBook[Tensors] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
+        self.norms = [deque(maxlen=NORM_HISTORY) for _ in range(self.model.plan.num_fragments)]
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -106,6 +111,7 @@ class SyncerCore:
             if not np.all(np.isfinite(arr)):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"outer gradient of {name!r} holds NaN or Inf",
                               "nonfinite")
+        norm = float(np.sqrt(sum(float(np.vdot(t, t)) for t in tensors.values())))
         c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors,
                          session=int(header.session), push_id=int(header.push_id),
                          slot=int(header.slot) if header.push_id else None, trained_tokens=int(header.trained_tokens))
@@ -115,11 +121,13 @@ class SyncerCore:
             seen = self.accepted.setdefault(c.origin, OrderedDict())
             if c.push_id and c.push_id in seen:  # a retry of a push we already hold
                 return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=seen[c.push_id])
+            self._check_norm(p, norm, header.learner)
             self.book.observe_step_time(header.step_seconds)
             offer = self.book.offer(c, self.clock(), self.model.versions[p])
             if offer.verdict is not Verdict.ACCEPTED:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
+            self.norms[p].append(norm)
             merged_into = self.model.versions[p] + 1  # the open round closes into the next version
             if c.push_id:
                 seen[c.push_id] = merged_into
@@ -138,6 +146,23 @@ class SyncerCore:
             self.lock.notify_all()
             return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into,
                                 late=offer.late)
+
+    def _check_norm(self, p: int, norm: float, learner: str) -> None:
+        """Refuse an outer gradient far larger than the fragment's recent ones (caller holds the lock)."""
+        history = self.norms[p]
+        if len(history) < NORM_WARMUP:
+            return
+        median = float(np.median(history))
+        ratio = norm / median if median > 0 else 0.0
+        self.max_norm_ratio_seen = max(self.max_norm_ratio_seen, ratio)
+        self.metrics.norm_ratio.observe(ratio)
+        bound = self.spec.max_norm_ratio
+        if bound is not None and ratio > bound:
+            log.warning("refused an outlier from %s: fragment %d norm %.3g is %.1fx the median", learner, p, norm, ratio)
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"outer gradient of fragment {p} has norm {norm:.3g}, {ratio:.1f}x the median of its last "
+                          f"{len(history)} accepted ({median:.3g}; spec.syncer.maxNormRatio {bound:g}); "
+                          "re-sync from the global model", "outlier")
 
     def count_refusal(self, outcome: str) -> None:
         with self.lock:
@@ -164,13 +189,17 @@ class SyncerCore:
         if problem:
             raise Refused(code, problem)
 
-    def recover(self, fragments: list[int], versions: list[int], blob: bytes) -> list[int]:
+    def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
         """Adopt global fragments a learner received from a previous incarnation of this syncer
-        when they are newer than ours (we restarted from an older checkpoint). Learners only
-        ever hold what a syncer published, so a newer version is a merge we would lose."""
+        when they are newer than ours (we restarted from an older checkpoint), and only with the
+        provenance tag that syncer sent them with: then they are a merge we would otherwise lose,
+        not values a token holder made up."""
         num = self.model.plan.num_fragments
         if len(fragments) != len(versions) or len(set(fragments)) != len(fragments) or any(p >= num for p in fragments):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments must be distinct, known, one version each")
+        if len(tags) != len(fragments):
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: one provenance tag per fragment is required",
+                          "forged")
         expect = {n: s for p in fragments for n, s in self.model.shapes(p).items()}
         try:
             tensors = decode_tensors(blob, expect)
@@ -178,9 +207,17 @@ class SyncerCore:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {exc}") from None
         if not all(np.all(np.isfinite(t)) for t in tensors.values()):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments hold NaN or Inf", "nonfinite")
+        with self.lock:
+            newer = [(p, v) for p, v in zip(fragments, versions) if v > self.model.versions[p]]
+        for (p, v), t in zip(zip(fragments, versions), tags):
+            if (p, v) in newer and not self.model.tag_matches(p, v, tensors, t):
+                log.warning("refused a recovery offer without a valid provenance tag (fragment %d, version %d)", p, v)
+                raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                              f"recover: fragment {p} at version {v} does not carry this job's provenance tag "
+                              "(not published by its syncer); nothing was adopted", "forged")
         adopted = []
         with self.lock:
-            for p, v in zip(fragments, versions):
+            for p, v in newer:
                 if v > self.model.versions[p]:
                     for n in self.model.plan.fragments[p]:
                         self.model.params[n] = tensors[n].astype(np.float32, copy=True)
@@ -257,11 +294,11 @@ class SyncerCore:
     # -- subscriptions -------------------------------------------------------------
 
     def updates(self, known: list[int], exact: bool,
-                alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool, int]]:
-        """Yield (fragment, version, bundle, is_delta, slot) whenever a fragment moves past what this
-        subscriber holds. `held` mirrors the subscriber's copy bit for bit: the first send of a
+                alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool, int, bytes]]:
+        """Yield (fragment, version, bundle, is_delta, slot, tag) whenever a fragment moves past what
+        this subscriber holds. `held` mirrors the subscriber's copy bit for bit: the first send of a
         fragment is an fp32 keyframe, later ones encode Θ_p − held (error feedback), and held
-        advances by exactly what the subscriber decodes."""
+        advances by exactly what the subscriber decodes; the tag is over that copy."""
         codec, block = self.spec.broadcast_compression, self.spec.block_size
         held: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
         with self.lock:  # arrays in model.params are replaced on update, never mutated: refs are snapshots
@@ -284,7 +321,7 @@ class SyncerCore:
                     decoded = decode_tensors(blob)
                     now_held, delta = {n: prev[n] + decoded[n] for n in values}, True
                 held[p] = (version, now_held)
-                yield p, version, blob, delta, slot
+                yield p, version, blob, delta, slot, self.model.tag(p, version, now_held)
 
     def set_active_gauges(self) -> None:
         with self.lock:

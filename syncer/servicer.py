@@ -53,15 +53,17 @@ class SyncerServicer:
         with core.lock:
             blob = core.model.full_blob()
             versions = list(core.model.versions)
+            fragments = [core.model.fragment(p) for p in range(core.model.plan.num_fragments)]
             info = core.learners.setdefault(request.learner, LearnerInfo())
             info.region, info.last_seen = request.region, core.clock()
             info.joins += 1
+        tags = [core.model.tag(p, v, values) for p, (v, values) in enumerate(zip(versions, fragments))]
         core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
         log.info("learner %s joined (%s, join #%d)", request.learner, request.region, info.joins)
         header = pb.JoinHeader(
             incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
             fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
-            codec=core.spec.compression, block_size=core.spec.block_size, slot=core.book.next_slot,
+            codec=core.spec.compression, block_size=core.spec.block_size, slot=core.book.next_slot, tags=tags,
         )
         core.count_sent(len(blob))
         for i, part in enumerate(chunks(blob)):
@@ -102,13 +104,15 @@ class SyncerServicer:
             info.subscriptions += 1
         core.set_active_gauges()
         try:
-            for p, version, blob, delta, slot in core.updates(list(request.known_versions), request.exact, context.is_active):
+            for p, version, blob, delta, slot, tag in core.updates(list(request.known_versions), request.exact,
+                                                                   context.is_active):
                 sent = 0
                 for part in chunks(blob):
                     sent += len(part)
+                    last = sent >= len(blob)
                     yield pb.Published(fragment=p, version=version, total_bytes=len(blob), data=bytes(part),
-                                       last=sent >= len(blob), incarnation=core.incarnation, delta=delta,
-                                       slot=slot + 1)
+                                       last=last, incarnation=core.incarnation, delta=delta,
+                                       slot=slot + 1, tag=tag if last else b"")
                 core.count_sent(len(blob))
         finally:
             with core.lock:
@@ -122,7 +126,7 @@ class SyncerServicer:
             if header.total_bytes > self.core.max_recover_bytes:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
             blob = _assemble(first, request_iterator, header.total_bytes, "recover")
-            adopted = self.core.recover(list(header.fragments), list(header.versions), blob)
+            adopted = self.core.recover(list(header.fragments), list(header.versions), blob, list(header.tags))
         with self.core.lock:
             return pb.RecoverReply(adopted=adopted, versions=list(self.core.model.versions))
 
@@ -144,5 +148,5 @@ class SyncerServicer:
                 seconds_since_publish=now - core.last_publish, checkpoint_version=core.checkpoint_version,
                 grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
                 contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
-                regions=core.region_status(),
+                regions=core.region_status(), max_norm_ratio=core.max_norm_ratio_seen,
             )

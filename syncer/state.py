@@ -18,6 +18,7 @@ from diloco.core.merge import merge_fragment, token_weights
 from diloco.core.outer import NesterovSGD
 from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer import provenance
 
 Tensors = dict[str, np.ndarray]
 
@@ -46,6 +47,9 @@ class GlobalModel:
     # of any fragment that follows it, exactly once.
     credited: dict[str, int] = field(default_factory=dict)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
+    # The HMAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
+    # recognises what its predecessors published.
+    publish_key: bytes = field(default_factory=provenance.new_key)
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -139,7 +143,7 @@ class GlobalModel:
             arrays.update({f"momentum/{p}/{n}": b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
                 "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
-                "schedule": dict(self.schedule)}
+                "schedule": dict(self.schedule), "publish_key": self.publish_key.hex()}
         return arrays, meta
 
     @staticmethod
@@ -182,7 +186,22 @@ class GlobalModel:
         schedule = meta.get("schedule", {})
         checked_schedule(schedule, model.plan.num_fragments)
         model.schedule = dict(schedule)  # type: ignore[call-overload]
+        stored = meta.get("publish_key")
+        if stored is not None:  # a checkpoint older than provenance tags: keep the fresh key
+            if not isinstance(stored, str) or len(stored) != 2 * provenance.KEY_BYTES:
+                raise ValueError("checkpoint publish_key is malformed")
+            try:
+                model.publish_key = bytes.fromhex(stored)
+            except ValueError:
+                raise ValueError("checkpoint publish_key is malformed") from None
         return model
+
+    def tag_matches(self, p: int, version: int, values: Mapping[str, np.ndarray], presented: bytes) -> bool:
+        return provenance.verify(self.publish_key, p, version, values, self.plan.fragments[p], presented)
+
+    def tag(self, p: int, version: int, values: Mapping[str, np.ndarray]) -> bytes:
+        """The provenance tag of fragment p's `values` at `version` (what a learner then holds)."""
+        return provenance.tag(self.publish_key, p, version, values, self.plan.fragments[p])
 
 
 def round_policy(spec: SyncerSpec, num_fragments: int) -> RoundPolicy:

@@ -36,6 +36,7 @@ def test_state_round_trip_bit_for_bit(tmp_path: Path) -> None:
     assert loaded is not None and skipped == []
     restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, SHAPES)
     assert restored.versions == [2, 1] and restored.tokens_merged == model.tokens_merged
+    assert restored.publish_key == model.publish_key  # its predecessors' tags still verify
     for n in SHAPES:
         assert np.array_equal(restored.params[n], model.params[n])
     # The momentum survived too: the next outer step is identical.

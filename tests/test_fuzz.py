@@ -163,7 +163,8 @@ def same_state(h: sh.Harness, snap: Any) -> bool:
             and all(np.array_equal(now[0][k], params[k]) for k in params))
 
 
-CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED}
+CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
+         grpc.StatusCode.PERMISSION_DENIED}
 text = st.text(max_size=140)
 doubles = st.floats(allow_nan=True, allow_infinity=True)
 
@@ -250,9 +251,11 @@ def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
 
 
 @st.composite
-def recover_requests(draw: st.DrawFn) -> list[pb.RecoverChunk]:
-    """A well-formed recovery offer with zero to two parts broken at random."""
-    broken = draw(st.sets(st.sampled_from(["fragments", "versions", "body", "total_bytes", "header"]), max_size=2))
+def recover_requests(draw: st.DrawFn, model: GlobalModel) -> list[pb.RecoverChunk]:
+    """A well-formed recovery offer (tagged by `model`'s key, as its syncer would have) with zero
+    to two parts broken at random, the provenance tags included."""
+    broken = draw(st.sets(st.sampled_from(["fragments", "versions", "body", "total_bytes", "header", "tags"]),
+                          max_size=2))
     good_fragments = st.sampled_from([[0], [1], [0, 1], [1, 0]])
     fragments = draw(st.lists(st.integers(0, 2**32 - 1), max_size=4) if "fragments" in broken else good_fragments)
     versions = draw(st.lists(u64, max_size=4) if "versions" in broken else st.lists(
@@ -269,7 +272,23 @@ def recover_requests(draw: st.DrawFn) -> list[pb.RecoverChunk]:
     elif body == "random":
         blob = draw(st.binary(max_size=400))
     total = draw(st.one_of(st.integers(0, 2 * len(blob)), u64)) if "total_bytes" in broken else len(blob)
-    header = pb.RecoverHeader(learner=draw(text), fragments=fragments, versions=versions, total_bytes=total)
+    def tag(p: int, v: int) -> bytes:  # what the syncer would have sent, where it could have
+        names_p = PLAN.fragments[p] if p < 2 else ()
+        return model.tag(p, v, tensors) if p < 2 and all(n in tensors for n in names_p) else b""
+
+    tags = [tag(p, v) for p, v in zip(fragments, versions)]
+    if "tags" in broken:
+        how = draw(st.sampled_from(["random", "missing", "other version", "other fragment"]))
+        if how == "random":
+            tags = [draw(st.binary(max_size=40)) for _ in tags]
+        elif how == "missing":
+            tags = tags[: draw(st.integers(0, max(0, len(tags) - 1)))]
+        elif how == "other version":
+            tags = [tag(p, v + 1) for p, v in zip(fragments, versions)]
+        else:
+            tags = [tag(1 - p, v) if p < 2 else b"" for p, v in zip(fragments, versions)]
+    header = pb.RecoverHeader(learner=draw(text), fragments=fragments, versions=versions, total_bytes=total,
+                              tags=tags)
     msgs = [pb.RecoverChunk(header=header if i == 0 else None, data=bytes(c))
             for i, c in enumerate(chunks(blob, draw(st.sampled_from([1 << 20, 50]))))]
     if "header" in broken:
@@ -280,7 +299,7 @@ def recover_requests(draw: st.DrawFn) -> list[pb.RecoverChunk]:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_recover_requests(syncer: sh.Harness, data: st.DataObject) -> None:
-    msgs = data.draw(recover_requests())
+    msgs = data.draw(recover_requests(syncer.core.model))
     snap = snapshot(syncer)
     try:
         reply = syncer.stub.Recover(iter(msgs), metadata=auth_metadata(sh.TOKEN), timeout=10)
@@ -298,6 +317,8 @@ def test_recover_requests(syncer: sh.Harness, data: st.DataObject) -> None:
             if p in adopted:
                 offered = dict(zip(header.fragments, header.versions))[p]
                 assert offered > snap[1][p] and syncer.core.model.versions[p] == offered
+                tag = dict(zip(header.fragments, header.tags))[p]  # only a genuine tag is adopted
+                assert syncer.core.model.tag_matches(p, offered, syncer.core.model.params, tag)
                 assert all(np.all(np.isfinite(syncer.core.model.params[n])) for n in names)
             else:
                 assert syncer.core.model.versions[p] == snap[1][p]

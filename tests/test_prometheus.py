@@ -56,7 +56,7 @@ RULES = CHART / "files" / "prometheus-rules.yaml"
 RULE_TESTS = CHART / "files" / "prometheus-rules-tests.yaml"
 JOB = "prom-e2e"
 NAMESPACE = "default"
-ALERTS = {"LearnerLost", "SyncerDown", "GoodputLow", "QuorumStarved"}
+ALERTS = {"LearnerLost", "SyncerDown", "GoodputLow", "QuorumStarved", "IntegrityRefusals"}
 GRAFANA_BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
 
 

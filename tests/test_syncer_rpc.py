@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from diloco.core.codecs import encode_tensors
+from diloco.spec import Syncer as SyncerSpec
 from diloco.wire import auth_metadata, pb
 from tests import syncer_harness as sh
 
@@ -113,11 +114,15 @@ def test_join_returns_plan_and_state_and_checks_shapes(syncer: sh.Harness) -> No
     assert code_of(lambda: list(syncer.stub.Join(bad, metadata=auth_metadata(sh.TOKEN))))[0] == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN) -> pb.RecoverReply:
+def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=None) -> pb.RecoverReply:
+    """Offer `tensors` at `versions`; by default with the tags this syncer would have sent them with."""
     from diloco.wire import chunks
 
     blob = encode_tensors(tensors, "fp32")
-    header = pb.RecoverHeader(learner="a-0", fragments=fragments, versions=versions, total_bytes=len(blob))
+    if tags is None:
+        plan = h.core.model.plan
+        tags = [h.core.model.tag(p, v, tensors) if p < plan.num_fragments else b"" for p, v in zip(fragments, versions)]
+    header = pb.RecoverHeader(learner="a-0", fragments=fragments, versions=versions, total_bytes=len(blob), tags=tags)
     msgs = [pb.RecoverChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
     return h.stub.Recover(iter(msgs), metadata=auth_metadata(token), timeout=10)
 
@@ -133,7 +138,7 @@ def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
         assert not np.all(syncer.core.model.params[n] == 7.0)
     alive = iter([True, True, False])
     sent = list(syncer.core.updates([0, 5], exact=False, alive=lambda: next(alive)))
-    assert [(p, v, delta) for p, v, _, delta, _ in sent] == [(0, 4, False), (1, 5, False)]  # keyframes
+    assert [(p, v, delta) for p, v, _, delta, _, _ in sent] == [(0, 4, False), (1, 5, False)]  # keyframes
 
 
 def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
@@ -144,6 +149,26 @@ def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
     for fragments, versions, tensors in (([0, 1], [9, 9], nan), ([0, 0], [9, 9], good), ([5], [9], good), ([0, 1], [9], good)):
         assert code_of(lambda: recover(syncer, fragments, versions, tensors))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert_unchanged(syncer, before)
+
+
+def test_recover_refuses_what_this_syncer_never_published(syncer: sh.Harness) -> None:
+    """A token holder offering made-up values at a high version (the attack the tags stop):
+    refused with PERMISSION_DENIED, Θ bit for bit as before."""
+    before = snapshot(syncer)
+    made_up = {n: np.full(s, 3.0, np.float32) for n, s in sh.SHAPES.items()}
+    genuine = [syncer.core.model.tag(p, 9, made_up) for p in (0, 1)]
+    other_key = sh.start(SyncerSpec(fragments=2))  # another job's syncer: another key
+    try:
+        foreign = [other_key.core.model.tag(p, 9, made_up) for p in (0, 1)]
+    finally:
+        other_key.close()
+    for tags in ([b"", b""], [b"\x00" * 32] * 2, foreign, genuine[::-1], [syncer.core.model.tag(p, 8, made_up) for p in (0, 1)]):
+        code, details = code_of(lambda: recover(syncer, [0, 1], [10 ** 9 if tags == [b"", b""] else 9] * 2, made_up,
+                                                tags=tags))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "provenance tag" in details
+    assert code_of(lambda: recover(syncer, [0, 1], [9, 9], made_up, tags=genuine[:1]))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert_unchanged(syncer, before)
+    assert list(recover(syncer, [0, 1], [9, 9], made_up, tags=genuine).adopted) == [0, 1]  # what it did publish
 
 
 def test_status_breaks_down_by_region(syncer: sh.Harness) -> None:
@@ -166,14 +191,14 @@ def test_status_breaks_down_by_region(syncer: sh.Harness) -> None:
 def test_broadcast_deltas_track_the_global_model_with_error_feedback(syncer: sh.Harness) -> None:
     """A subscriber's copy, rebuilt from keyframe plus int4 deltas, stays close to Θ for good."""
     from diloco.core.codecs import decode_tensors
-    from diloco.spec import Syncer as SyncerSpec
+
 
     h = sh.start(SyncerSpec(fragments=2, broadcast_compression="int4", outer_learning_rate=1.0, outer_momentum=0.0))
     try:
         stream = h.core.updates([0, 0], exact=False, alive=lambda: True)
         view: dict[str, np.ndarray] = {}
         for _ in range(2):  # a new stream starts with keyframes
-            p, version, blob, is_delta, _ = next(stream)
+            p, version, blob, is_delta, _, _ = next(stream)
             assert not is_delta
             view.update(decode_tensors(blob))
         rng = np.random.default_rng(0)
@@ -183,10 +208,11 @@ def test_broadcast_deltas_track_the_global_model_with_error_feedback(syncer: sh.
             assert h.push(0, delta, codec="fp32").accepted
             h.clock.now += 10
             assert h.core.merge_ready() == [0]
-            p, version, blob, is_delta, _ = next(stream)
+            p, version, blob, is_delta, _, tag = next(stream)
             assert (p, version, is_delta) == (0, h.core.model.versions[0], True)
             for n, t in decode_tensors(blob).items():
                 view[n] = view[n] + t
+            assert h.core.model.tag_matches(p, version, view, tag)  # the tag is over what we hold
             errors.append(max(float(np.abs(view[n] - h.core.model.params[n]).max()) for n in delta))
         assert max(errors) < 0.01 * 0.3  # well under one update's size, and it does not accumulate
         assert np.mean(errors[-10:]) <= 2 * np.mean(errors[:10])
@@ -219,3 +245,21 @@ def test_join_reports_the_schedule_position(syncer: sh.Harness) -> None:
                          tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
     header = next(iter(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))).header
     assert header.slot == 42
+
+
+def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Harness) -> None:
+    """A broken learner's blow-up (finite, so the NaN check passes) is refused by norm against
+    the fragment's recent median; honest pushes a few times larger still go in."""
+    rng = np.random.default_rng(3)
+
+    def delta(scale: float) -> dict[str, np.ndarray]:
+        return {n: (scale * rng.standard_normal(s)).astype(np.float32) for n, s in syncer.core.model.shapes(0).items()}
+
+    for i in range(16):  # NORM_WARMUP honest pushes of similar size
+        assert syncer.push(0, delta(0.01), learner=f"a-{i % 4}", codec="fp32").accepted
+    before = snapshot(syncer)
+    code, details = code_of(lambda: syncer.push(0, delta(10.0), codec="fp32"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "maxNormRatio" in details and "re-sync" in details
+    assert_unchanged(syncer, before)
+    assert syncer.core.max_norm_ratio_seen > 100
+    assert syncer.push(0, delta(0.03), codec="fp32").accepted  # 3x the median: well within the default 20x

@@ -125,6 +125,7 @@ class SyncerClient:
         self.view: dict[str, np.ndarray] = {}
         self.view_exact = False  # True from a join until the first subscription uses it
         self.fragments: list[list[str]] = []
+        self.tags: list[bytes] = []  # per fragment: the provenance tag our copy came with
 
     # -- join ------------------------------------------------------------------------
 
@@ -151,6 +152,7 @@ class SyncerClient:
             self.known_versions = list(header.versions)
             self.fragments = [list(f.names) for f in header.fragments]
             self.view, self.view_exact = dict(params), True
+            self.tags = list(header.tags) + [b""] * (len(header.fragments) - len(header.tags))
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
@@ -288,12 +290,12 @@ class SyncerClient:
     def _offer_recovery(self) -> None:
         """Give a restarted syncer the newest global fragments we hold (see Recover)."""
         with self.lock:
-            view, versions, fragments = dict(self.view), list(self.known_versions), self.fragments
+            view, versions, fragments, tags = dict(self.view), list(self.known_versions), self.fragments, list(self.tags)
         if not view or len(versions) != len(fragments):
             return
         blob = encode_tensors(view, "fp32")
         header = pb.RecoverHeader(learner=self.learner, fragments=list(range(len(fragments))),
-                                  versions=versions, total_bytes=len(blob))
+                                  versions=versions, total_bytes=len(blob), tags=tags)
         msgs = (pb.RecoverChunk(header=header if i == 0 else None, data=bytes(part)) for i, part in enumerate(chunks(blob)))
         try:
             reply = self.stub.Recover(msgs, metadata=self.metadata, timeout=60)
@@ -369,6 +371,7 @@ class SyncerClient:
                     tensors = {n: self.view[n] + t for n, t in tensors.items()}
                 self.view.update(tensors)
                 self.known_versions[msg.fragment] = msg.version
+                self.tags[msg.fragment] = msg.tag
                 self.inbox[msg.fragment] = Arrival(int(msg.version), tensors, int(msg.slot))
                 self.lock.notify_all()
             buf = bytearray()

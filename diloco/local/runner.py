@@ -83,7 +83,8 @@ class LocalRun:
                           tokens_merged=reply.tokens_merged, active_learners=reply.active_learners,
                           seconds_since_publish=reply.seconds_since_publish, incarnation=reply.incarnation,
                           bytes_received=reply.bytes_received, bytes_sent=reply.bytes_sent,
-                          refused=reply.contributions_refused, checkpoint_version=reply.checkpoint_version)
+                          refused=reply.contributions_refused, checkpoint_version=reply.checkpoint_version,
+                          max_norm_ratio=reply.max_norm_ratio)
 
     def run(self, view: Any) -> dict[str, Any]:
         spec = self.job.spec

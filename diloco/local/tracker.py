@@ -63,6 +63,7 @@ class RunTracker:
     max_publish_gap: float = 0.0
     last_chaos: str = ""
     refused: int = 0
+    max_norm_ratio: float = 0.0  # the largest push norm over its fragment's median, any incarnation
 
     def __post_init__(self) -> None:
         self.slots = {n: Slot(n) for n in self.learners}
@@ -144,6 +145,7 @@ class RunTracker:
         self.outer_steps = int(e["outer_steps"])
         self.active_learners = int(e["active_learners"])
         self.refused = int(e.get("refused", 0))
+        self.max_norm_ratio = max(self.max_norm_ratio, float(e.get("max_norm_ratio", 0.0)))
         self.status.append((t, self.tokens_merged, self.outer_versions))
         # A publishing gap counts only while the syncer and at least one joined learner are up.
         if self.up_count and self.syncer_up_since is not None and self.some_up_since is not None:
