@@ -72,13 +72,14 @@ def time_rounds(params: dict[str, np.ndarray], fragments: int, k: int, rounds: i
     rng = np.random.default_rng(1)
     blobs = [[encode_tensors({n: (1e-3 * rng.standard_normal(params[n].shape)).astype(np.float32)
                               for n in plan.fragments[p]}, "int4") for _ in range(k)] for p in range(fragments)]
+    secrets = [core.open_session(f"l{j}", process=j + 1, supersede=False) for j in range(k)]
     admit_total, merge_total, pushes, merges = 0.0, 0.0, 0, 0
     for _ in range(rounds):
         for p in range(fragments):
             for j in range(k):
                 h = pb.PushHeader(learner=f"l{j}", region="r", incarnation=core.incarnation, fragment=p,
                                   base_version=core.model.versions[p], steps=4, tokens=4096, step_seconds=0.0,
-                                  total_bytes=len(blobs[p][j]), loss=2.0)
+                                  total_bytes=len(blobs[p][j]), loss=2.0, session_secret=secrets[j])
                 t0 = time.perf_counter()
                 reply = core.admit(h, blobs[p][j])
                 admit_total += time.perf_counter() - t0

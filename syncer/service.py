@@ -8,7 +8,9 @@ the condition for any fragment newer than what they hold. Anything malformed is 
 
 from __future__ import annotations
 
+import hmac
 import logging
+import os
 import threading
 import time
 import uuid
@@ -30,6 +32,7 @@ from diloco.wire import pb
 log = logging.getLogger("diloco.syncer")
 MAX_ID = 128
 NORM_HISTORY = 64  # accepted norms per fragment the median is taken over: ~16 rounds of 4 learners
+LIVE_SECONDS = 30.0  # a learner seen this recently (or subscribed) is live: its id is taken
 NORM_WARMUP = 16  # no outlier check before this many: early rounds move fast, and few samples mislead
 
 
@@ -52,6 +55,14 @@ class LearnerInfo:
     subscriptions: int = 0
     bytes_received: int = 0
     staleness: int = 0  # summed lag of accepted contributions
+
+
+@dataclass(frozen=True)
+class Session:
+    """A learner id's current holder: the process that joined last, and its secret."""
+
+    process: int
+    secret: bytes
 
 
 @dataclass
@@ -78,6 +89,7 @@ class SyncerCore:
     accepted: dict[tuple[str, int], OrderedDict[int, int]] = field(default_factory=dict)
     published_slot: list[int] = field(default_factory=list)  # per fragment: newest slot merged
     norms: list[deque[float]] = field(default_factory=list)  # per fragment: recent accepted norms
+    sessions: dict[str, Session] = field(default_factory=dict)  # learner id -> its current holder
     max_norm_ratio_seen: float = 0.0  # of every push checked, the largest norm over the median
 
     def region_of(self, learner: str) -> str:
@@ -164,6 +176,30 @@ class SyncerCore:
                           f"{len(history)} accepted ({median:.3g}; spec.syncer.maxNormRatio {bound:g}); "
                           "re-sync from the global model", "outlier")
 
+    def open_session(self, learner: str, process: int, supersede: bool) -> bytes:
+        """Bind `learner` to the joining process and return the secret its pushes and
+        subscriptions must carry. Another live process holding the id keeps it unless the joiner
+        supersedes it explicitly (a restarted pod); the same process re-joining simply renews."""
+        with self.lock:
+            current, info = self.sessions.get(learner), self.learners.get(learner)
+            live = info is not None and (info.subscriptions > 0 or self.clock() - info.last_seen < LIVE_SECONDS)
+            if current is not None and current.process != process and live and not supersede:
+                raise Refused(grpc.StatusCode.ALREADY_EXISTS,
+                              f"learner id {learner!r} is held by another live process; a restarted process "
+                              "joins with supersede", "impostor")
+            secret = os.urandom(16)
+            self.sessions[learner] = Session(process, secret)
+            return secret
+
+    def check_session(self, learner: str, secret: bytes) -> None:
+        """Raise Refused unless `secret` is the one the current holder of `learner` got at Join."""
+        with self.lock:
+            current = self.sessions.get(learner)
+        if current is None or not hmac.compare_digest(current.secret, secret):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                          f"learner {learner!r}: no session, or a newer process joined under this id; "
+                          "this process must stop", "impostor")
+
     def count_refusal(self, outcome: str) -> None:
         with self.lock:
             self.refused += 1
@@ -188,6 +224,7 @@ class SyncerCore:
             problem = "slot and trained_tokens are out of range"
         if problem:
             raise Refused(code, problem)
+        self.check_session(h.learner, h.session_secret)
 
     def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
         """Adopt global fragments a learner received from a previous incarnation of this syncer

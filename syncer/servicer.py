@@ -50,6 +50,8 @@ class SyncerServicer:
         if theirs != core.model.shapes():
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "the learner's model does not match the syncer's (different spec.model?)")
+        with self._refusals(context):
+            secret = core.open_session(request.learner, request.process, request.supersede)
         with core.lock:
             blob = core.model.full_blob()
             versions = list(core.model.versions)
@@ -64,6 +66,7 @@ class SyncerServicer:
             incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
             fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
             codec=core.spec.compression, block_size=core.spec.block_size, slot=core.book.next_slot, tags=tags,
+            session_secret=secret,
         )
         core.count_sent(len(blob))
         for i, part in enumerate(chunks(blob)):
@@ -99,6 +102,8 @@ class SyncerServicer:
         core = self.core
         if request.incarnation != core.incarnation:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"syncer restarted (incarnation {core.incarnation}); rejoin")
+        with self._refusals(context):
+            core.check_session(request.learner, request.session_secret)
         with core.lock:
             info = core.learners.setdefault(request.learner, LearnerInfo())
             info.subscriptions += 1

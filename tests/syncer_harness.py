@@ -46,11 +46,18 @@ class Harness:
     channel: grpc.Channel
     stub: rpc.SyncerStub
     push_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    secrets: dict[str, bytes] = field(default_factory=dict)
+
+    def secret(self, learner: str) -> bytes:
+        """The session secret of `learner`, opening a session as its Join would."""
+        if learner not in self.secrets:
+            self.secrets[learner] = self.core.open_session(learner, process=1, supersede=True)
+        return self.secrets[learner]
 
     def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
              total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
-             slot: int = 0, trained_tokens: int | None = None) -> pb.PushReply:
+             slot: int = 0, trained_tokens: int | None = None, secret: bytes | None = None) -> pb.PushReply:
         if blob is None:
             blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
         header = pb.PushHeader(
@@ -60,6 +67,7 @@ class Harness:
             total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
             push_id=next(self.push_ids) if push_id is None else push_id, slot=slot,
             trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
+            session_secret=self.secret(learner) if secret is None else secret,
         )
         msgs = [pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
         return self.stub.Push(iter(msgs), metadata=auth_metadata(token), timeout=10)

@@ -170,11 +170,12 @@ doubles = st.floats(allow_nan=True, allow_infinity=True)
 
 
 PUSH_FIELDS = ("token", "learner", "region", "incarnation", "fragment", "base_version", "steps", "tokens",
-               "step_seconds", "total_bytes", "loss", "body", "chunking")
+               "step_seconds", "total_bytes", "loss", "body", "chunking", "secret")
 
 
 @st.composite
-def push_requests(draw: st.DrawFn, core_incarnation: str) -> tuple[list[pb.PushChunk], str]:
+def push_requests(draw: st.DrawFn, core_incarnation: str,
+                  secrets: dict[str, bytes]) -> tuple[list[pb.PushChunk], str]:
     """A well-formed push with zero to three of its parts broken at random (so the fuzzer reaches
     every check behind the ones before it, and sometimes sends a push that must be accepted)."""
     broken = draw(st.sets(st.sampled_from(PUSH_FIELDS), max_size=3))
@@ -198,9 +199,13 @@ def push_requests(draw: st.DrawFn, core_incarnation: str) -> tuple[list[pb.PushC
         blob = mutate(blob, draw(mutations))
     elif body == "random":
         blob = draw(st.binary(max_size=600))
+    learner = pick("learner", st.sampled_from(["fuzz-0", "fuzz-1", "é" * 128]),
+                   st.one_of(st.just(""), text, st.just("x" * 129)))
     header = pb.PushHeader(
-        learner=pick("learner", st.sampled_from(["fuzz-0", "fuzz-1", "é" * 128]),
-                     st.one_of(st.just(""), text, st.just("x" * 129))),
+        learner=learner,
+        # The session secret of the claimed id's Join; broken: another id's, or made up.
+        session_secret=pick("secret", st.just(secrets.get(learner, b"")),
+                            st.one_of(st.binary(max_size=32), st.sampled_from(list(secrets.values())))),
         region=pick("region", st.sampled_from(["", "eu"]), st.text(min_size=129, max_size=200)),
         incarnation=pick("incarnation", st.just(core_incarnation), text),
         fragment=fragment,
@@ -225,7 +230,8 @@ def push_requests(draw: st.DrawFn, core_incarnation: str) -> tuple[list[pb.PushC
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
-    msgs, token = data.draw(push_requests(syncer.core.incarnation))
+    secrets = {name: syncer.secret(name) for name in ("fuzz-0", "fuzz-1", "é" * 128)}
+    msgs, token = data.draw(push_requests(syncer.core.incarnation, secrets))
     snap = snapshot(syncer)
     md = auth_metadata(token) if token else ()
     try:
@@ -240,6 +246,7 @@ def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
         h = msgs[0].header
         if reply.accepted:  # a well-formed, finite, fresh outer gradient: it joins the open round
             assert token == sh.TOKEN and h.incarnation == syncer.core.incarnation
+            assert h.session_secret == secrets[h.learner]  # only the id's own session pushes
             assert 0 <= snap[1][h.fragment] - h.base_version <= 2
             assert h.learner in syncer.core.book.contributors(h.fragment)
         else:  # stale or from the future: refused with a reason, nothing changed

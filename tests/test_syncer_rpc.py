@@ -263,3 +263,31 @@ def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Har
     assert_unchanged(syncer, before)
     assert syncer.core.max_norm_ratio_seen > 100
     assert syncer.push(0, delta(0.03), codec="fp32").accepted  # 3x the median: well within the default 20x
+
+
+def join(h: sh.Harness, learner: str, process: int, supersede: bool = False) -> pb.JoinHeader:
+    req = pb.JoinRequest(learner=learner, tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()],
+                         process=process, supersede=supersede)
+    first, *_ = h.stub.Join(req, metadata=auth_metadata(sh.TOKEN))  # the whole stream, as a learner reads it
+    return first.header
+
+
+def test_a_learner_id_belongs_to_the_process_that_joined_with_it(syncer: sh.Harness) -> None:
+    """A second process cannot push as a live learner: it is refused at Join, and a push with a
+    guessed or stolen-from-another-id secret is refused with Θ and the rounds untouched. A
+    restarted process supersedes explicitly, and then its predecessor is the one refused."""
+    first = join(syncer, "a-0", process=11)
+    assert syncer.push(0, syncer.fragment_tensors(0), learner="a-0", secret=first.session_secret).accepted
+    assert join(syncer, "a-0", process=11).session_secret  # the same process re-joining: fine
+    code, details = code_of(lambda: join(syncer, "a-0", process=22))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "supersede" in details
+    before = snapshot(syncer)
+    other = join(syncer, "b-0", process=33).session_secret
+    for secret in (b"", b"\x00" * 16, other, first.session_secret):  # the last: superseded by the re-join
+        code, details = code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), learner="a-0", secret=secret))
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "a-0" in details
+    assert_unchanged(syncer, before)
+    restarted = join(syncer, "a-0", process=44, supersede=True)  # a restarted pod takes the id over
+    assert syncer.push(0, syncer.fragment_tensors(0), learner="a-0", secret=restarted.session_secret).accepted
+    assert syncer.core.metrics.registry.get_sample_value(
+        "diloco_syncer_contributions_total", {"outcome": "impostor"}) == 5  # the refused Join and 4 pushes

@@ -91,7 +91,7 @@ class Backoff:
 class SyncerClient:
     def __init__(self, address: str, token: str, learner: str, region: str,
                  on_event: Callable[..., None] = lambda *a, **k: None,
-                 tls_ca: bytes | None = None, tls_server_name: str | None = None):
+                 tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False):
         self.address, self.learner, self.region = address, learner, region
         self.metadata = auth_metadata(token)
         if tls_ca is not None:
@@ -104,6 +104,10 @@ class SyncerClient:
         self.incarnation = ""
         self.lock = threading.Condition()
         self.session = int.from_bytes(os.urandom(7), "little") | 1  # this process, as an origin of pushes
+        # The first Join may take the learner id over from a live process (a restarted pod's dead
+        # predecessor whose stream the syncer has not yet seen close); re-joins never do.
+        self.supersede = supersede
+        self.secret = b""  # the session secret of our latest Join
         self.outbox: deque[Outgoing] = deque()
         self.inbox: dict[int, Arrival] = {}
         self.accepted: list[tuple[int, int, int, bool]] = []
@@ -133,6 +137,7 @@ class SyncerClient:
         request = pb.JoinRequest(
             learner=self.learner, region=self.region,
             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())],
+            process=self.session, supersede=self.supersede,
         )
         header, buf = None, bytearray()
         for chunk in self.stub.Join(request, metadata=self.metadata, timeout=timeout):
@@ -148,6 +153,7 @@ class SyncerClient:
         self.bytes_received += len(buf)
         self.expected_shapes = dict(shapes)
         with self.lock:
+            self.supersede, self.secret = False, header.session_secret
             self.incarnation = header.incarnation
             self.known_versions = list(header.versions)
             self.fragments = [list(f.names) for f in header.fragments]
@@ -168,7 +174,7 @@ class SyncerClient:
                     raise Unauthenticated(exc.details()) from None
                 if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     raise RuntimeError(f"syncer refused to admit this learner: {exc.details()}") from None
-                wait = backoff.next()
+                wait = backoff.next()  # ALREADY_EXISTS: the id's live holder may be on its way out
                 log.warning("join failed (%s); retrying in %.1fs", exc.code().name, wait)
             except ConnectionError as exc:
                 wait = backoff.next()
@@ -251,7 +257,7 @@ class SyncerClient:
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
                     self._request_rejoin(item.incarnation)
                 elif code in FATAL:
-                    self.emit(Event.FATAL, reason=f"syncer refused the token: {exc.details()}")
+                    self.emit(Event.FATAL, reason=f"syncer refused this learner: {exc.details()}")
                     self.stopping.set()
                 elif code == grpc.StatusCode.INVALID_ARGUMENT:
                     # The syncer found our outer gradient malformed or non-finite: our weights
@@ -275,6 +281,7 @@ class SyncerClient:
             base_version=item.base_version, steps=item.steps, tokens=item.tokens,
             step_seconds=item.step_seconds, total_bytes=len(item.blob), loss=item.loss,
             session=self.session, push_id=item.push_id, slot=item.slot, trained_tokens=item.trained_tokens,
+            session_secret=self.secret,
         )
         for i, part in enumerate(chunks(item.blob)):
             yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
@@ -324,7 +331,8 @@ class SyncerClient:
             with self.lock:
                 incarnation = self.incarnation
                 request = pb.SubscribeRequest(learner=self.learner, incarnation=incarnation,
-                                              known_versions=list(self.known_versions), exact=self.view_exact)
+                                              known_versions=list(self.known_versions), exact=self.view_exact,
+                                              session_secret=self.secret)
                 self.view_exact = False  # after this stream, our copy may hold decoded deltas
             try:
                 self._consume(self.stub.Subscribe(request, metadata=self.metadata), backoff)
@@ -337,7 +345,7 @@ class SyncerClient:
                     self._request_rejoin(incarnation)
                     continue
                 if exc.code() in FATAL:
-                    self.emit(Event.FATAL, reason=f"syncer refused the token: {exc.details()}")
+                    self.emit(Event.FATAL, reason=f"syncer refused this learner: {exc.details()}")
                     self.stopping.set()
                     return
                 wait = backoff.next()

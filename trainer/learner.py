@@ -88,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
+    # A pod (no restart count) or a restarted process takes its id over from a predecessor the
+    # syncer may still think alive; only the very first local process need not.
     client = SyncerClient(args.syncer, token, learner_id, group.region, on_event=emit,
-                          tls_ca=tls_ca, tls_server_name=args.tls_server_name)
+                          tls_ca=tls_ca, tls_server_name=args.tls_server_name,
+                          supersede=args.restart is None or args.restart > 0)
     t_join = time.monotonic()
     try:
         joined = client.join_with_retry(shapes)
