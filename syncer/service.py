@@ -222,6 +222,10 @@ class SyncerCore:
             problem = "steps must be >= 1 and step_seconds finite and non-negative"
         elif h.slot > (1 << 48) or h.trained_tokens > (1 << 62):
             problem = "slot and trained_tokens are out of range"
+        elif h.push_id and h.slot % self.model.plan.num_fragments != h.fragment:
+            num = self.model.plan.num_fragments
+            problem = (f"slot {h.slot} is fragment {h.slot % num}'s (slot s is due for fragment s mod {num}), "
+                       f"not fragment {h.fragment}'s")
         if problem:
             raise Refused(code, problem)
         self.check_session(h.learner, h.session_secret)

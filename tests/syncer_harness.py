@@ -57,7 +57,7 @@ class Harness:
     def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
              total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
-             slot: int = 0, trained_tokens: int | None = None, secret: bytes | None = None) -> pb.PushReply:
+             slot: int | None = None, trained_tokens: int | None = None, secret: bytes | None = None) -> pb.PushReply:
         if blob is None:
             blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
         header = pb.PushHeader(
@@ -65,7 +65,8 @@ class Harness:
             base_version=(self.core.model.versions + [0] * 8)[fragment] if base_version is None else base_version,
             steps=steps, tokens=steps * 512, step_seconds=0.05,
             total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
-            push_id=next(self.push_ids) if push_id is None else push_id, slot=slot,
+            push_id=next(self.push_ids) if push_id is None else push_id,
+            slot=fragment if slot is None else slot,  # slot s is due for fragment s mod P
             trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
             session_secret=self.secret(learner) if secret is None else secret,
         )

@@ -291,3 +291,13 @@ def test_a_learner_id_belongs_to_the_process_that_joined_with_it(syncer: sh.Harn
     assert syncer.push(0, syncer.fragment_tensors(0), learner="a-0", secret=restarted.session_secret).accepted
     assert syncer.core.metrics.registry.get_sample_value(
         "diloco_syncer_contributions_total", {"outcome": "impostor"}) == 5  # the refused Join and 4 pushes
+
+
+def test_a_push_for_a_fragment_its_slot_does_not_assign_is_refused(syncer: sh.Harness) -> None:
+    """Slot s is due for fragment s mod P (the shared schedule): a push claiming slot 3 for
+    fragment 0 (of 2) is refused before its body is read, and nothing changes."""
+    before = snapshot(syncer)
+    code, details = code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), slot=3))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "slot 3 is fragment 1's" in details
+    assert_unchanged(syncer, before)
+    assert syncer.push(0, syncer.fragment_tensors(0), slot=4).accepted

@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         for p in range(P):
             if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
                 flushed_at[p] = ledger.books[p].version
-                push(p, schedule.slot)
+                push(p, schedule.slot + (p - schedule.slot) % P)  # p's next slot: s ≡ p (mod P)
         if not ledger.unacknowledged():
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
             break
