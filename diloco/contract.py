@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -71,12 +70,12 @@ def read_events(stream: IO[bytes], clock: Callable[[], float]) -> Iterator[dict[
             yield event
 
 
-READY = re.compile(r"^SYNCER_READY port=(\d+) incarnation=(\S+)$")
+READY_PREFIX = "SYNCER_READY"  # starts the line the syncer prints once it serves
 
 
 def ready_line(port: int, incarnation: str) -> str:
     """What the syncer prints once it serves: supervisors learn its port and incarnation."""
-    return f"SYNCER_READY port={port} incarnation={incarnation}"
+    return f"{READY_PREFIX} port={port} incarnation={incarnation}"
 
 
 @dataclass(frozen=True, order=True)

@@ -28,8 +28,9 @@ from diloco.wire import GRPC_OPTIONS, rpc
 log = logging.getLogger("diloco.syncer")
 
 
-def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> GlobalModel:
-    """Resume from the newest valid checkpoint, else start from the seed every learner shares."""
+def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> tuple[GlobalModel, bool]:
+    """Resume from the newest valid checkpoint, else start from the seed every learner shares;
+    the flag says whether a checkpoint was restored."""
     from diloco.trainer.model import init_params, shapes
 
     params = {k: v.__array__() for k, v in init_params(job.spec.model, job.spec.data.seed).items()}
@@ -40,8 +41,8 @@ def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> Glo
         if loaded is not None:
             model = GlobalModel.from_state(job.spec.syncer, loaded.arrays, loaded.meta, shapes(params))
             log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
-            return model
-    return GlobalModel.fresh(job.spec.syncer, params)
+            return model, True
+    return GlobalModel.fresh(job.spec.syncer, params), False
 
 
 def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
@@ -50,9 +51,9 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
     regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
-    model = initial_model(job, store)
+    model, restored = initial_model(job, store)
     core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions)
-    if store is not None and sum(model.versions) == 0 and store.load_latest()[0] is None:
+    if store is not None and not restored:
         # A fresh job's first checkpoint, before anything is published: it holds the provenance
         # key, so a syncer that crashes before its first scheduled checkpoint still recognises
         # what it published when learners hand it back (Recover).

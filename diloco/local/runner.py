@@ -51,7 +51,7 @@ class LocalRun:
         })
         self.sup = Supervisor(env)
         syncer = SyncerArgs(str(self.config), self.port, free_port(), str(out / "checkpoints"))
-        self.sup.add(Child("syncer", "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / "syncer.log"))
+        self.sup.add(Child(SYNCER, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / "syncer.log"))
         cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner in turn
         for i, learner in enumerate(spec.learner_ids()):
             args = LearnerArgs(str(self.config), learner.group, learner.index, f"127.0.0.1:{self.port}",

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from diloco.contract import READY_PREFIX, Event
 from diloco.operator.kube import Kube
 from tests.kube.controllers import Runtime
 
-READY_MARKS = {"syncer": "SYNCER_READY", "learner": '"event": "joined"'}
+READY_MARKS = {"syncer": READY_PREFIX, "learner": f'"event": "{Event.JOINED}"'}
 STOP_GRACE = 15.0  # seconds from SIGTERM to SIGKILL
 
 
