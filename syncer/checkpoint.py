@@ -52,6 +52,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(final: Path, data: bytes) -> None:
+    """Write `data` to a temporary name, fsync, rename over `final`, fsync the directory:
+    after a crash `final` holds either its old contents or all of `data`."""
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def serialize(arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> bytes:
     entries, blobs, offset = [], [], 0
     for name in sorted(arrays):
@@ -133,18 +149,7 @@ class CheckpointStore:
         files = self._files()
         seq = files[0][0] + 1 if files else 1
         final = self.dir / f"ckpt-{seq:012d}.ddck"
-        tmp = self.dir / f".{final.name}.tmp-{os.getpid()}"
-        data = serialize(arrays, meta)
-        try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-            _fsync_dir(self.dir)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomically(final, serialize(arrays, meta))
         for _, old in self._files()[self.keep :]:
             old.unlink(missing_ok=True)
         return final

@@ -25,6 +25,7 @@ from diloco.core.codecs import CodecError, decode_tensors, encode_tensors, encod
 from diloco.core.rounds import Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.state import GlobalModel, Tensors
 from diloco.wire import pb
@@ -108,6 +109,7 @@ class SyncerCore:
         ]
         self.metrics.outer_version.set(sum(self.model.versions))
         self.max_recover_bytes = len(self.model.full_blob()) + 1024
+        self.lease = PublishLease.open(self.store.dir if self.store else None, self.model.versions)
 
     # -- admission -----------------------------------------------------------------
 
@@ -232,9 +234,10 @@ class SyncerCore:
 
     def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
         """Adopt global fragments a learner received from a previous incarnation of this syncer
-        when they are newer than ours (we restarted from an older checkpoint), and only with the
-        provenance tag that syncer sent them with: then they are a merge we would otherwise lose,
-        not values a token holder made up."""
+        when they are newer than ours (we restarted from an older checkpoint), only at a version
+        the publish lease says could have been published, and only with the provenance tag that
+        syncer sent them with: then they are a merge we would otherwise lose, not values a token
+        holder made up."""
         num = self.model.plan.num_fragments
         if len(fragments) != len(versions) or len(set(fragments)) != len(fragments) or any(p >= num for p in fragments):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments must be distinct, known, one version each")
@@ -250,6 +253,13 @@ class SyncerCore:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments hold NaN or Inf", "nonfinite")
         with self.lock:
             newer = [(p, v) for p, v in zip(fragments, versions) if v > self.model.versions[p]]
+            beyond = [(p, v) for p, v in newer if not self.lease.allows(p, v)]
+        if beyond:
+            p, v = beyond[0]
+            log.warning("refused a recovery offer beyond the publish lease (fragment %d, version %d)", p, v)
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
+                          f"recover: fragment {p} at version {v} is beyond any version this job's syncer has "
+                          "published (its publish lease); nothing was adopted", "forged")
         for (p, v), t in zip(zip(fragments, versions), tags):
             if (p, v) in newer and not self.model.tag_matches(p, v, tensors, t):
                 log.warning("refused a recovery offer without a valid provenance tag (fragment %d, version %d)", p, v)
@@ -288,6 +298,7 @@ class SyncerCore:
                 t0 = self.clock()
                 deadline = self.book.deadline(p) or now
                 closed = self.book.close(p, self.model.versions[p])
+                self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
                 result = self.model.apply(closed, active=len(self.active_learners()))
                 self.book.published(self.clock() - t0)
                 self.published_slot[p] = closed.slot

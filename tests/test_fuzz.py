@@ -257,6 +257,9 @@ def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
         restore(syncer, snap)
 
 
+LEASED = 5  # the publish lease's ceiling in the recovery fuzz: offers above it are refused
+
+
 @st.composite
 def recover_requests(draw: st.DrawFn, model: GlobalModel) -> list[pb.RecoverChunk]:
     """A well-formed recovery offer (tagged by `model`'s key, as its syncer would have) with zero
@@ -307,6 +310,7 @@ def recover_requests(draw: st.DrawFn, model: GlobalModel) -> list[pb.RecoverChun
 @given(data=st.data())
 def test_recover_requests(syncer: sh.Harness, data: st.DataObject) -> None:
     msgs = data.draw(recover_requests(syncer.core.model))
+    syncer.core.lease.ceilings = [LEASED, LEASED]  # a predecessor published up to here; offers go to 9
     snap = snapshot(syncer)
     try:
         reply = syncer.stub.Recover(iter(msgs), metadata=auth_metadata(sh.TOKEN), timeout=10)
@@ -323,7 +327,7 @@ def test_recover_requests(syncer: sh.Harness, data: st.DataObject) -> None:
             names = syncer.core.model.plan.fragments[p]
             if p in adopted:
                 offered = dict(zip(header.fragments, header.versions))[p]
-                assert offered > snap[1][p] and syncer.core.model.versions[p] == offered
+                assert snap[1][p] < offered <= LEASED and syncer.core.model.versions[p] == offered
                 tag = dict(zip(header.fragments, header.tags))[p]  # only a genuine tag is adopted
                 assert syncer.core.model.tag_matches(p, offered, syncer.core.model.params, tag)
                 assert all(np.all(np.isfinite(syncer.core.model.params[n])) for n in names)

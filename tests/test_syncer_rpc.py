@@ -129,6 +129,7 @@ def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=No
 
 def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
     syncer.core.model.versions[:] = [3, 5]
+    syncer.core.lease.ceilings = [9, 9]  # a predecessor published up to version 9
     offered = {n: np.full(s, 7.0, np.float32) for n, s in sh.SHAPES.items()}
     reply = recover(syncer, [0, 1], [4, 5], offered)  # fragment 0 is newer, fragment 1 is not
     assert list(reply.adopted) == [0] and list(reply.versions) == [4, 5]
@@ -154,6 +155,7 @@ def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
 def test_recover_refuses_what_this_syncer_never_published(syncer: sh.Harness) -> None:
     """A token holder offering made-up values at a high version (the attack the tags stop):
     refused with PERMISSION_DENIED, Θ bit for bit as before."""
+    syncer.core.lease.ceilings = [9, 9]  # a predecessor published up to version 9
     before = snapshot(syncer)
     made_up = {n: np.full(s, 3.0, np.float32) for n, s in sh.SHAPES.items()}
     genuine = [syncer.core.model.tag(p, 9, made_up) for p in (0, 1)]
@@ -165,7 +167,8 @@ def test_recover_refuses_what_this_syncer_never_published(syncer: sh.Harness) ->
     for tags in ([b"", b""], [b"\x00" * 32] * 2, foreign, genuine[::-1], [syncer.core.model.tag(p, 8, made_up) for p in (0, 1)]):
         code, details = code_of(lambda: recover(syncer, [0, 1], [10 ** 9 if tags == [b"", b""] else 9] * 2, made_up,
                                                 tags=tags))
-        assert code == grpc.StatusCode.PERMISSION_DENIED and "provenance tag" in details
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert ("publish lease" if tags == [b"", b""] else "provenance tag") in details
     assert code_of(lambda: recover(syncer, [0, 1], [9, 9], made_up, tags=genuine[:1]))[0] == grpc.StatusCode.INVALID_ARGUMENT
     assert_unchanged(syncer, before)
     assert list(recover(syncer, [0, 1], [9, 9], made_up, tags=genuine).adopted) == [0, 1]  # what it did publish
