@@ -102,9 +102,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
             core.checkpoint()
             next_ckpt = time.monotonic() + interval
     log.info("stopping: final checkpoint")
-    core.stopping = True
-    with core.lock:
-        core.lock.notify_all()
+    core.stop()
     core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
     core.checkpoint()
     server.stop(grace=2).wait()

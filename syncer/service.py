@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import math
 import os
 import threading
 import time
@@ -21,13 +22,15 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encode_tensors, encoded_size
+from diloco.core.codecs import CodecError, decode_tensors, encoded_size, parse_tensors
+from diloco.core.merge import Source
 from diloco.core.rounds import Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.state import GlobalModel, Tensors
+from diloco.syncer.publisher import Publisher, Update
+from diloco.syncer.state import GlobalModel, Outer
 from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
@@ -99,7 +102,7 @@ class SyncerCore:
         return region if region in self.regions else "other"
 
     def __post_init__(self) -> None:
-        self.book: RoundBook[Tensors] = self.model.round_book()
+        self.book: RoundBook[Outer] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
         self.norms = [deque(maxlen=NORM_HISTORY) for _ in range(self.model.plan.num_fragments)]
         self.last_publish = self.clock()
@@ -110,6 +113,9 @@ class SyncerCore:
         self.metrics.outer_version.set(sum(self.model.versions))
         self.max_recover_bytes = len(self.model.full_blob()) + 1024
         self.lease = PublishLease.open(self.store.dir if self.store else None, self.model.versions)
+        self.publisher = Publisher(self.spec.broadcast_compression, self.spec.block_size, self.model.tag)
+        for p in range(self.model.plan.num_fragments):
+            self.publisher.reset(p, self.model.versions[p], self.model.fragment(p), self.published_slot[p])
 
     # -- admission -----------------------------------------------------------------
 
@@ -117,15 +123,19 @@ class SyncerCore:
         """Validate one push and offer it to its round; state changes only if accepted."""
         self.check_header(header)
         p = header.fragment
-        try:
-            tensors = decode_tensors(blob, self.model.shapes(p))
+        try:  # validated, and kept encoded: the merge decodes it straight into its accumulator
+            packed = parse_tensors(blob, self.model.shapes(p))
         except CodecError as exc:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {p}: {exc}") from None
-        for name, arr in tensors.items():
-            if not np.all(np.isfinite(arr)):
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"outer gradient of {name!r} holds NaN or Inf",
+        squares = 0.0
+        for name, t in packed.items():
+            sq = t.sumsq()  # from the codes alone for int codecs, whose values are finite by construction
+            if not math.isfinite(sq):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"outer gradient of {name!r} holds NaN or Inf (or values whose squares overflow)",
                               "nonfinite")
-        norm = float(np.sqrt(sum(float(np.vdot(t, t)) for t in tensors.values())))
+            squares += sq
+        norm, tensors = math.sqrt(squares), dict[str, Source](packed)
         c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors,
                          session=int(header.session), push_id=int(header.push_id),
                          slot=int(header.slot) if header.push_id else None, trained_tokens=int(header.trained_tokens))
@@ -275,6 +285,7 @@ class SyncerCore:
                     self.model.versions[p] = v
                     # The open round stays: its outer gradients are progress, valid on any base.
                     adopted.append(p)
+                    self.publisher.reset(p, v, self.model.fragment(p), self.published_slot[p])
             if adopted:
                 self.metrics.outer_version.set(sum(self.model.versions))
                 self.lock.notify_all()
@@ -300,8 +311,9 @@ class SyncerCore:
                 closed = self.book.close(p, self.model.versions[p])
                 self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
                 result = self.model.apply(closed, active=len(self.active_learners()))
-                self.book.published(self.clock() - t0)
                 self.published_slot[p] = closed.slot
+                self.publisher.publish(p, self.model.versions[p], self.model.fragment(p), closed.slot)
+                self.book.published(self.clock() - t0)
                 for learner, credit in result.credits.items():
                     self.learners[learner].tokens += credit
                     self.metrics.region_tokens.labels(self.region_of(learner)).inc(credit)
@@ -345,35 +357,16 @@ class SyncerCore:
 
     # -- subscriptions -------------------------------------------------------------
 
-    def updates(self, known: list[int], exact: bool,
-                alive: Callable[[], bool]) -> Iterator[tuple[int, int, bytes, bool, int, bytes]]:
-        """Yield (fragment, version, bundle, is_delta, slot, tag) whenever a fragment moves past what
-        this subscriber holds. `held` mirrors the subscriber's copy bit for bit: the first send of a
-        fragment is an fp32 keyframe, later ones encode Θ_p − held (error feedback), and held
-        advances by exactly what the subscriber decodes; the tag is over that copy."""
-        codec, block = self.spec.broadcast_compression, self.spec.block_size
-        held: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
-        with self.lock:  # arrays in model.params are replaced on update, never mutated: refs are snapshots
-            for p, version in enumerate(known[: self.model.plan.num_fragments]):
-                if exact and version == self.model.versions[p]:
-                    held[p] = (version, self.model.fragment(p))
-        while alive() and not self.stopping:
-            with self.lock:
-                fresh = [(p, v, self.model.fragment(p), self.published_slot[p])
-                         for p, v in enumerate(self.model.versions) if p not in held or held[p][0] < v]
-                if not fresh:
-                    self.lock.wait(timeout=1.0)
-                    continue
-            for p, version, values, slot in fresh:
-                if p not in held or codec == "fp32":
-                    blob, delta, now_held = encode_tensors(values, "fp32"), False, values
-                else:
-                    prev = held[p][1]
-                    blob = encode_tensors({n: values[n] - prev[n] for n in values}, codec, block)
-                    decoded = decode_tensors(blob)
-                    now_held, delta = {n: prev[n] + decoded[n] for n in values}, True
-                held[p] = (version, now_held)
-                yield p, version, blob, delta, slot, self.model.tag(p, version, now_held)
+    def updates(self, known: list[int], exact: bool, alive: Callable[[], bool]) -> Iterator[Update]:
+        """A subscription's messages (syncer/publisher.py): each version encoded once for all."""
+        return self.publisher.updates(known, exact, alive)
+
+    def stop(self) -> None:
+        """Shutting down: subscriptions end, the final merges and checkpoint follow."""
+        self.stopping = True
+        self.publisher.stop()
+        with self.lock:
+            self.lock.notify_all()
 
     def set_active_gauges(self) -> None:
         with self.lock:

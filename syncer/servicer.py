@@ -53,13 +53,11 @@ class SyncerServicer:
         with self._refusals(context):
             secret = core.open_session(request.learner, request.process, request.supersede)
         with core.lock:
-            blob = core.model.full_blob()
-            versions = list(core.model.versions)
-            fragments = [core.model.fragment(p) for p in range(core.model.plan.num_fragments)]
             info = core.learners.setdefault(request.learner, LearnerInfo())
             info.region, info.last_seen = request.region, core.clock()
             info.joins += 1
-        tags = [core.model.tag(p, v, values) for p, (v, values) in enumerate(zip(versions, fragments))]
+        # The broadcast view (what every subscriber holds), so the subscription continues its chain.
+        versions, blob, tags = core.publisher.snapshot()
         core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
         log.info("learner %s joined (%s, join #%d)", request.learner, request.region, info.joins)
         header = pb.JoinHeader(
@@ -109,16 +107,15 @@ class SyncerServicer:
             info.subscriptions += 1
         core.set_active_gauges()
         try:
-            for p, version, blob, delta, slot, tag in core.updates(list(request.known_versions), request.exact,
-                                                                   context.is_active):
+            for u in core.updates(list(request.known_versions), request.exact, context.is_active):
                 sent = 0
-                for part in chunks(blob):
+                for part in chunks(u.blob):
                     sent += len(part)
-                    last = sent >= len(blob)
-                    yield pb.Published(fragment=p, version=version, total_bytes=len(blob), data=bytes(part),
-                                       last=last, incarnation=core.incarnation, delta=delta,
-                                       slot=slot + 1, tag=tag if last else b"")
-                core.count_sent(len(blob))
+                    last = sent >= len(u.blob)
+                    yield pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob),
+                                       data=bytes(part), last=last, incarnation=core.incarnation, delta=u.is_delta,
+                                       slot=u.slot + 1, tag=u.tag if last else b"")
+                core.count_sent(len(u.blob))
         finally:
             with core.lock:
                 info.subscriptions -= 1

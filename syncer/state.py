@@ -14,13 +14,14 @@ import numpy as np
 
 from diloco.core.codecs import encode_tensors
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
-from diloco.core.merge import merge_fragment, token_weights
+from diloco.core.merge import Source, merge_fragment, token_weights, values_of
 from diloco.core.outer import NesterovSGD
 from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer import provenance
 
 Tensors = dict[str, np.ndarray]
+Outer = dict[str, Source]  # a contribution's outer gradient, per tensor: fp32 values or still encoded
 
 
 @dataclass
@@ -76,7 +77,7 @@ class GlobalModel:
     def full_blob(self) -> bytes:
         return encode_tensors(self.params, "fp32")
 
-    def apply(self, closed: Closed[Tensors], active: int = 1) -> MergeResult:
+    def apply(self, closed: Closed[Outer], active: int = 1) -> MergeResult:
         """Merge a closed round into Θ_p with the Nesterov outer step; bump its version.
 
         Stale outer gradients are scaled by the round book's absolute factors first. With
@@ -84,8 +85,7 @@ class GlobalModel:
         Θ by n/active of the merged update: a partial round (a learner down or late) then
         moves Θ by the active learners' average progress, as a full one does."""
         p = closed.fragment
-        deltas = [c.payload if s == 1.0 else {n: v * np.float32(s) for n, v in c.payload.items()}
-                  for c, s in zip(closed.contributions, closed.scales, strict=True)]
+        deltas = [c.payload for c in closed.contributions]
         weights = token_weights(
             [c.tokens for c in closed.contributions],
             [c.steps for c in closed.contributions],
@@ -94,7 +94,7 @@ class GlobalModel:
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
-        merged = merge_fragment(deltas, [float(w) for w in weights], self.spec.merge, embeddings)
+        merged = merge_fragment(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales)
         learners = {c.learner for c in closed.contributions}
         if self.spec.participation_scaling and active > len(learners):
             share = np.float32(len(learners) / active)
@@ -114,18 +114,18 @@ class GlobalModel:
         norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
         return MergeResult(p, self.versions[p], sorted(learners), tokens, norm, credits)
 
-    def round_book(self) -> RoundBook[Tensors]:
+    def round_book(self) -> RoundBook[Outer]:
         """The round book this model's spec asks for (the syncer's and the replay's)."""
         policy = round_policy(self.spec, self.plan.num_fragments)
-        book: RoundBook[Tensors] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
+        book: RoundBook[Outer] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
         if self.schedule:
             book.load_schedule(self.schedule)
         return book
 
     @staticmethod
-    def combine(old: Contribution[Tensors], new: Contribution[Tensors]) -> Contribution[Tensors]:
+    def combine(old: Contribution[Outer], new: Contribution[Outer]) -> Contribution[Outer]:
         """Two pushes of one learner process in one round carry disjoint progress: add them."""
-        payload = {n: old.payload[n] + new.payload[n] for n in old.payload}
+        payload = {n: values_of(old.payload[n]) + values_of(new.payload[n]) for n in old.payload}
         return replace(new, base_version=min(old.base_version, new.base_version), steps=old.steps + new.steps,
                        tokens=old.tokens + new.tokens, payload=payload,
                        trained_tokens=max(old.trained_tokens, new.trained_tokens))

@@ -98,3 +98,64 @@ def test_bundle_round_trip_and_checks() -> None:
         decode_tensors(blob, {"a/kernel": (2, 3), "b/bias": (5,)})
     with pytest.raises(CodecError, match="trailing"):
         decode_tensors(blob + b"x")
+
+
+def reference_codes(x: np.ndarray, codec: str, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The codec in plain numpy, as the first release computed it: the compiled kernels must
+    match it bit for bit (scales and codes)."""
+    flat = x.reshape(-1).astype(np.float32)
+    blocks = np.pad(flat, (0, (-flat.size) % block)).reshape(-1, block)
+    qmax = 7 if codec == "int4" else 127
+    scale = (np.abs(blocks).max(axis=1) / np.float32(qmax)).astype(np.float32)
+    inv = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
+    q = blocks * inv[:, None]
+    if codec == "int4":
+        nib = (q + np.float32(8.5)).astype(np.uint8)
+        half = block // 2
+        return scale, (nib[:, :half] | (nib[:, half:] << 4)).reshape(-1)
+    return scale, np.clip(np.rint(q), -qmax, qmax).astype(np.int8).reshape(-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 700), codec=st.sampled_from(["int4", "int8"]), block=st.sampled_from([2, 6, 8, 64, 256]),
+       seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e30]))
+def test_compiled_kernels_match_the_numpy_codec_bit_for_bit(n, codec, block, seed, scale) -> None:
+    from diloco.core.codecs import parse
+
+    x = (np.random.default_rng(seed).standard_normal(n) * scale).astype(np.float32)
+    x[: n // 7] = 0.0  # whole zero blocks: scale 0, codes for zero
+    packed = parse(encode(x, codec, block))
+    want_scales, want_codes = reference_codes(x, codec, block)
+    assert np.array_equal(packed.scales, want_scales) and np.array_equal(packed.values, want_codes)
+    decoded = packed.decode()
+    nib = want_codes.astype(np.int32)
+    if codec == "int4":
+        half = block // 2
+        nib = np.concatenate([(nib & 15).reshape(-1, half), (nib >> 4).reshape(-1, half)], axis=1) - 8
+    codes = nib.reshape(-1).astype(np.float32)[:n]
+    assert np.array_equal(decoded, codes * want_scales.repeat(block)[:n])
+    acc = np.full(n, 0.25, np.float32)
+    packed.accumulate(0.5, acc)  # decode straight into an accumulator: acc += code * (scale * c)
+    assert np.array_equal(acc, np.float32(0.25) + codes * (want_scales * np.float32(0.5)).repeat(block)[:n])
+    want = decoded
+    assert packed.sumsq() == pytest.approx(float(np.sum(want.astype(np.float64) ** 2)), rel=1e-6, abs=1e-300)
+
+
+def test_decode_into_a_buffer_and_refuse_a_wrong_one() -> None:
+    x = np.random.default_rng(1).standard_normal((3, 50)).astype(np.float32)
+    for codec in GAUSSIAN_BOUND:
+        out = np.full((3, 50), np.nan, np.float32)
+        assert decode(encode(x, codec), out=out) is out  # type: ignore[arg-type]
+        assert np.array_equal(out, decode(encode(x, codec)))  # type: ignore[arg-type]
+    for bad in (np.empty((50, 3), np.float32), np.empty((3, 50), np.float64), np.empty((50, 3), np.float32).T):
+        with pytest.raises(ValueError, match="C-contiguous float32"):
+            decode(encode(x, "int4"), out=bad)
+
+
+def test_nonfinite_input_gives_a_payload_the_decoder_refuses() -> None:
+    for bad in (np.nan, np.inf, -np.inf):
+        x = np.ones(200, np.float32)
+        x[130] = bad
+        for codec in ("int4", "int8"):
+            with pytest.raises(CodecError, match="non-finite block scale"):
+                decode(encode(x, codec))  # type: ignore[arg-type]

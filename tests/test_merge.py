@@ -99,3 +99,39 @@ def test_nesterov_matches_formula_and_round_trips_state() -> None:
     b = 0.9 * d1 + d2
     np.testing.assert_allclose(t2["w"], t1["w"] - 0.7 * (d2 + 0.9 * b), rtol=1e-6)
     np.testing.assert_array_equal(t2["w"], t2c["w"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 5), n=st.integers(1, 3000), codec=st.sampled_from(["fp32", "bf16", "int8", "int4"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_merging_encoded_contributions_equals_merging_their_values(m, n, codec, seed) -> None:
+    """The syncer merges payloads without decoding them first (straight into the accumulator,
+    chunk by chunk): the result is the merge of the decoded values, up to fp32 rounding."""
+    from diloco.core import merge
+    from diloco.core.codecs import decode, encode, parse
+
+    deltas, w = make(m, n, seed)
+    payloads = [encode(d, codec, 64) for d in deltas]  # type: ignore[arg-type]
+    packed, decoded = [parse(p) for p in payloads], [decode(p) for p in payloads]
+    scales = np.random.default_rng(seed).uniform(0.0, 1.0, m)
+    old_chunk, merge.CHUNK = merge.CHUNK, 128  # many chunks, and partial ones, on small tensors
+    try:
+        for fn in (rda, weighted_average):
+            np.testing.assert_allclose(fn(packed, w, scales), fn(decoded, w, scales), rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(fn(decoded, w, scales), fn([d * s for d, s in zip(decoded, scales)], w),
+                                       rtol=2e-5, atol=2e-6)  # a scale is a factor on the contribution
+    finally:
+        merge.CHUNK = old_chunk
+
+
+def test_the_fused_nesterov_step_is_the_numpy_formula_bit_for_bit() -> None:
+    rng = np.random.default_rng(3)
+    theta = {"w": rng.standard_normal((7, 9)).astype(np.float32)}
+    opt, buf = NesterovSGD(0.7, 0.9), np.zeros((7, 9), np.float32)
+    lr, mu = np.float32(0.7), np.float32(0.9)
+    for _ in range(3):
+        d = rng.standard_normal((7, 9)).astype(np.float32)
+        buf = buf * mu + d
+        want = theta["w"] - lr * (d + mu * buf)
+        theta = opt.step(theta, {"w": d})
+        assert np.array_equal(theta["w"], want) and np.array_equal(opt.buffers["w"], buf)

@@ -128,7 +128,9 @@ def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=No
 
 
 def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
-    syncer.core.model.versions[:] = [3, 5]
+    syncer.core.model.versions[:] = [3, 5]  # as if restored from a checkpoint at these versions
+    for p in (0, 1):
+        syncer.core.publisher.reset(p, syncer.core.model.versions[p], syncer.core.model.fragment(p))
     syncer.core.lease.ceilings = [9, 9]  # a predecessor published up to version 9
     offered = {n: np.full(s, 7.0, np.float32) for n, s in sh.SHAPES.items()}
     reply = recover(syncer, [0, 1], [4, 5], offered)  # fragment 0 is newer, fragment 1 is not
@@ -139,7 +141,7 @@ def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
         assert not np.all(syncer.core.model.params[n] == 7.0)
     alive = iter([True, True, False])
     sent = list(syncer.core.updates([0, 5], exact=False, alive=lambda: next(alive)))
-    assert [(p, v, delta) for p, v, _, delta, _, _ in sent] == [(0, 4, False), (1, 5, False)]  # keyframes
+    assert [(u.fragment, u.version, u.is_delta) for u in sent] == [(0, 4, False), (1, 5, False)]  # keyframes
 
 
 def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
@@ -201,9 +203,9 @@ def test_broadcast_deltas_track_the_global_model_with_error_feedback(syncer: sh.
         stream = h.core.updates([0, 0], exact=False, alive=lambda: True)
         view: dict[str, np.ndarray] = {}
         for _ in range(2):  # a new stream starts with keyframes
-            p, version, blob, is_delta, _, _ = next(stream)
-            assert not is_delta
-            view.update(decode_tensors(blob))
+            u = next(stream)
+            assert not u.is_delta
+            view.update(decode_tensors(u.blob))
         rng = np.random.default_rng(0)
         errors = []
         for _ in range(30):
@@ -211,11 +213,11 @@ def test_broadcast_deltas_track_the_global_model_with_error_feedback(syncer: sh.
             assert h.push(0, delta, codec="fp32").accepted
             h.clock.now += 10
             assert h.core.merge_ready() == [0]
-            p, version, blob, is_delta, _, tag = next(stream)
-            assert (p, version, is_delta) == (0, h.core.model.versions[0], True)
-            for n, t in decode_tensors(blob).items():
+            u = next(stream)
+            assert (u.fragment, u.version, u.is_delta) == (0, h.core.model.versions[0], True)
+            for n, t in decode_tensors(u.blob).items():
                 view[n] = view[n] + t
-            assert h.core.model.tag_matches(p, version, view, tag)  # the tag is over what we hold
+            assert h.core.model.tag_matches(u.fragment, u.version, view, u.tag)  # the tag is over what we hold
             errors.append(max(float(np.abs(view[n] - h.core.model.params[n]).max()) for n in delta))
         assert max(errors) < 0.01 * 0.3  # well under one update's size, and it does not accumulate
         assert np.mean(errors[-10:]) <= 2 * np.mean(errors[:10])

@@ -7,8 +7,9 @@ says what is wrong, and never crashes the receiver or yields garbage.
 
 int4 and int8 are block-wise absmax: each block of `block_size` values shares one
 fp32 scale; int4 writes values in [-7, 7] (symmetric, so zero is exact) and packs two
-per byte. A decoded -8 nibble is harmless (|value| <= 8/7 of the block's absmax),
-so the decoder accepts the full nibble range rather than spend a pass checking it.
+per byte, value j of a block with value j + block/2. A decoded -8 nibble is harmless
+(|value| <= 8/7 of the block's absmax), so the decoder accepts the full nibble range
+rather than spend a pass checking it. The loops are compiled (`diloco/core/kernels.py`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from diloco.core import kernels
+
 Codec = Literal["fp32", "bf16", "int8", "int4"]
 CODECS: tuple[Codec, ...] = ("fp32", "bf16", "int8", "int4")
-MAGIC = b"DDC1"
+MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see kernels
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
 MAX_NDIM = 8
 
@@ -49,6 +53,13 @@ def encoded_size(shape: Sequence[int], codec: Codec, block_size: int = 64) -> in
 
 def encode(x: np.ndarray, codec: Codec, block_size: int = 64) -> bytes:
     """Encode a float array; the result carries everything `decode` needs."""
+    arr = _checked_input(x, codec, block_size)
+    out = np.empty(encoded_size(arr.shape, codec, block_size), np.uint8)  # every byte is written: no zero-fill
+    _encode_into(arr, codec, block_size, out.data)
+    return out.tobytes()
+
+
+def _checked_input(x: np.ndarray, codec: Codec, block_size: int) -> np.ndarray:
     if codec not in CODECS:
         raise CodecError(f"unknown codec {codec!r}; use one of {', '.join(CODECS)}")
     if codec in ("int4", "int8") and (block_size < 2 or block_size % 2):
@@ -56,26 +67,105 @@ def encode(x: np.ndarray, codec: Codec, block_size: int = 64) -> bytes:
     arr = np.ascontiguousarray(x, dtype=np.float32)
     if arr.ndim > MAX_NDIM:
         raise CodecError(f"at most {MAX_NDIM} dimensions, got {arr.ndim}")
-    header = _HEADER.pack(MAGIC, CODECS.index(codec), arr.ndim, block_size, arr.size)
-    header += struct.pack(f"<{arr.ndim}Q", *arr.shape)
-    flat = arr.reshape(-1)
+    return arr
+
+
+def _encode_into(arr: np.ndarray, codec: Codec, block: int, out: memoryview) -> None:
+    """Write header and body into `out` (exactly `encoded_size` bytes): no temporaries but bf16's."""
+    _HEADER.pack_into(out, 0, MAGIC, CODECS.index(codec), arr.ndim, block, arr.size)
+    struct.pack_into(f"<{arr.ndim}Q", out, _HEADER.size, *arr.shape)
+    body, flat = out[_HEADER.size + 8 * arr.ndim :], arr.reshape(-1)
     if codec == "fp32":
-        body = flat.tobytes()
+        np.frombuffer(body, np.float32)[:] = flat
     elif codec == "bf16":
-        body = _to_bf16(flat).tobytes()
+        np.frombuffer(body, np.uint16)[:] = _to_bf16(flat)
     else:
-        body = _quantize(flat, block_size, 7 if codec == "int4" else 127, codec == "int4")
-    return header + body
+        nblocks, full = -(-flat.size // block), flat.size // block
+        scales = np.frombuffer(body[: 4 * nblocks], np.float32)
+        codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
+        encode_blocks = kernels.block_kernels(block).int4_encode if codec == "int4" else kernels.block_kernels(block).int8_encode
+        per_block = block // 2 if codec == "int4" else block
+        encode_blocks(flat[: full * block], scales[:full], codes[: full * per_block])
+        if full < nblocks:  # the last, partial block, zero-padded (zero encodes exactly)
+            padded = np.zeros(block, np.float32)
+            padded[: flat.size - full * block] = flat[full * block :]
+            encode_blocks(padded, scales[full:], codes[full * per_block :])
 
 
-def decode(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None) -> np.ndarray:
-    """Decode a payload to fp32, optionally checking its shape; raise CodecError on anything off."""
+@dataclass(frozen=True)
+class Packed:
+    """One validated payload, still encoded: the syncer checks, measures and merges
+    contributions in this form (decoding straight into the merge accumulator), holding a
+    fraction of their fp32 bytes. `values` are the body's fp32 values, bf16 bits, or int codes."""
+
+    codec: Codec
+    shape: tuple[int, ...]
+    block: int
+    scales: np.ndarray  # per block (int codecs; empty otherwise)
+    values: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def decode(self, out: np.ndarray | None = None) -> np.ndarray:
+        """The fp32 values, into `out` (a C-contiguous fp32 array of the shape) if given."""
+        if out is None:
+            out = np.empty(self.shape, np.float32)
+        elif out.shape != self.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"decode needs a C-contiguous float32 {self.shape} buffer")
+        flat = out.reshape(-1)
+        if self.codec == "fp32":
+            flat[:] = self.values
+        elif self.codec == "bf16":
+            flat.view(np.uint32)[:] = self.values.astype(np.uint32) << 16
+        elif self.codec == "int4":
+            kernels.block_kernels(self.block).int4_decode(self.scales, self.values, flat)
+        else:
+            kernels.block_kernels(self.block).int8_decode(self.scales, self.values, flat)
+        return out
+
+    def accumulate(self, c: float | np.floating, acc: np.ndarray, start: int = 0) -> None:
+        """acc += c · values[start : start + acc.size], acc a flat fp32 array (`start` a multiple
+        of the block size): no fp32 copy of the payload is made."""
+        c32, end = np.float32(c), start + acc.size
+        if self.codec in ("int4", "int8"):
+            k, b = kernels.block_kernels(self.block), self.block
+            scales = self.scales[start // b : -(-end // b)]
+            if self.codec == "int4":
+                k.int4_accumulate(scales, self.values[start // 2 : -(-end // b) * b // 2], c32, acc)
+            else:
+                k.int8_accumulate(scales, self.values[start : -(-end // b) * b], c32, acc)
+        else:
+            values = self.values[start:end]
+            if self.codec == "bf16":
+                values = (values.astype(np.uint32) << 16).view(np.float32)
+            kernels.accumulate(values, c32, acc)
+
+    def sumsq(self) -> float:
+        """‖values‖², in fp64 (from the codes alone for int codecs: a pass over a few bytes).
+        Remembered: admission measures a push's norm, and the merge needs it again."""
+        known = self.__dict__.get("_sumsq")
+        if known is None:
+            if self.codec in ("int4", "int8"):
+                k = kernels.block_kernels(self.block)
+                known = float((k.int4_sumsq if self.codec == "int4" else k.int8_sumsq)(self.scales, self.values))
+            else:
+                known = float(kernels.sumsq(self.values if self.codec == "fp32" else self.decode().reshape(-1)))
+            self.__dict__["_sumsq"] = known  # a frozen dataclass: the cache bypasses __setattr__
+        return known
+
+
+def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None) -> Packed:
+    """Validate a payload without decoding it; raise CodecError on anything off. The result
+    views `payload`, which must outlive it (and not change)."""
     buf = memoryview(payload)
     if len(buf) < _HEADER.size:
         raise CodecError(f"payload is {len(buf)} bytes, shorter than the {_HEADER.size}-byte header")
     magic, codec_id, ndim, block, count = _HEADER.unpack_from(buf)
     if magic != MAGIC:
-        raise CodecError("payload does not start with the codec magic; not an outer-gradient payload")
+        raise CodecError("payload does not start with the codec magic; not an outer-gradient payload "
+                         "(or one from a release with another int4 layout)")
     if codec_id >= len(CODECS):
         raise CodecError(f"unknown codec id {codec_id}")
     if ndim > MAX_NDIM:
@@ -100,13 +190,19 @@ def decode(payload: bytes | memoryview, expect_shape: Sequence[int] | None = Non
             f"for {count} values (truncated or oversized)"
         )
     body = buf[offset:]
-    if codec == "fp32":
-        out = np.frombuffer(body, dtype=np.float32).copy()
-    elif codec == "bf16":
-        out = _from_bf16(np.frombuffer(body, dtype=np.uint16))
-    else:
-        out = _dequantize(body, count, block, codec == "int4")
-    return out.reshape(shape)
+    nblocks = -(-count // block) if count and codec in ("int4", "int8") else 0
+    scales = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
+    if not np.all(np.isfinite(scales)) or np.any(scales < 0):
+        raise CodecError("payload carries a negative or non-finite block scale")
+    dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}[codec]
+    return Packed(codec, tuple(shape), block, scales, np.frombuffer(body[4 * nblocks :], dtype=dtype))
+
+
+def decode(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a payload to fp32 (into `out` if given), optionally checking its shape; raise
+    CodecError on anything off."""
+    return parse(payload, expect_shape).decode(out)
 
 
 def _to_bf16(x: np.ndarray) -> np.ndarray:
@@ -116,74 +212,27 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
     return (rounded >> 16).astype(np.uint16)
 
 
-def _from_bf16(b: np.ndarray) -> np.ndarray:
-    return (b.astype(np.uint32) << 16).view(np.float32)
-
-
-# int4 nibble pairs decoded by table look-up: byte b -> (low nibble - 8, high nibble - 8),
-# each pair viewed as one float64 so `np.take` gathers 8 bytes at a time (10x fancy indexing).
-_INT4_LUT = (((np.arange(256)[:, None] >> np.array([0, 4])) & 0x0F) - 8).astype(np.float32)
-_INT4_PAIRS = np.ascontiguousarray(_INT4_LUT).view(np.float64).reshape(-1)
-
-
-def _block_absmax(blocks: np.ndarray) -> np.ndarray:
-    """Per-row max |x|, by halving the rows with np.maximum (faster than a short-axis reduce)."""
-    a = np.abs(blocks)
-    width = a.shape[1]
-    while width > 1 and width % 2 == 0:
-        half = width // 2
-        a = np.maximum(a[:, :half], a[:, half:width])
-        width = half
-    return a[:, 0] if width == 1 else a.max(axis=1)
-
-
-def _quantize(flat: np.ndarray, block: int, qmax: int, pack4: bool) -> bytes:
-    pad = (-flat.size) % block
-    blocks = np.pad(flat, (0, pad)).reshape(-1, block) if pad else flat.reshape(-1, block)
-    scale = (_block_absmax(blocks) / np.float32(qmax)).astype(np.float32)
-    inv = np.divide(np.float32(1.0), scale, out=np.zeros_like(scale), where=scale > 0)
-    q = blocks * inv[:, None]  # in [-qmax, qmax] up to rounding; NaN input gives a NaN scale
-    if pack4:
-        q += np.float32(8.5)  # floor(v + 8.5) rounds to nibbles 1..15; 0 (= -8) is never written
-        with np.errstate(invalid="ignore"):  # NaN input: the NaN scale already marks it bad
-            u = q.astype(np.uint8).reshape(-1, 2)
-        packed = u[:, 1] << 4
-        packed |= u[:, 0]
-        return scale.tobytes() + packed.tobytes()
-    np.rint(q, out=q)
-    np.clip(q, -qmax, qmax, out=q)
-    return scale.tobytes() + q.astype(np.int8).tobytes()
-
-
-def _dequantize(body: memoryview, count: int, block: int, pack4: bool) -> np.ndarray:
-    nblocks = -(-count // block) if count else 0
-    scale = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
-    if not np.all(np.isfinite(scale)) or np.any(scale < 0):
-        raise CodecError("payload carries a negative or non-finite block scale")
-    if pack4:
-        data = np.frombuffer(body[4 * nblocks :], dtype=np.uint8)
-        values = np.take(_INT4_PAIRS, data).view(np.float32).reshape(nblocks, block)
-    else:
-        values = np.frombuffer(body[4 * nblocks :], dtype=np.int8).reshape(nblocks, block).astype(np.float32)
-    values *= scale[:, None]
-    return values.reshape(-1)[:count]
-
-
 def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec, block_size: int = 64) -> bytes:
-    """Bundle named tensors: count, then (name length, name, payload length, payload) each."""
-    parts = [struct.pack("<4sI", b"DDB1", len(tensors))]
-    for name in sorted(tensors):
+    """Bundle named tensors: count, then (name length, name, payload length, payload) each,
+    encoded in place into one buffer."""
+    arrays = {name: _checked_input(tensors[name], codec, block_size) for name in sorted(tensors)}
+    sizes = {name: encoded_size(a.shape, codec, block_size) for name, a in arrays.items()}
+    out = np.empty(8 + sum(2 + len(n.encode()) + 8 + size for n, size in sizes.items()), np.uint8)
+    view = out.data
+    struct.pack_into("<4sI", view, 0, b"DDB1", len(arrays))
+    pos = 8
+    for name, arr in arrays.items():
         raw = name.encode()
-        payload = encode(tensors[name], codec, block_size)
-        parts.append(struct.pack("<H", len(raw)) + raw + struct.pack("<Q", len(payload)))
-        parts.append(payload)
-    return b"".join(parts)
+        struct.pack_into(f"<H{len(raw)}sQ", view, pos, len(raw), raw, sizes[name])
+        pos += 2 + len(raw) + 8
+        _encode_into(arr, codec, block_size, view[pos : pos + sizes[name]])
+        pos += sizes[name]
+    return out.tobytes()
 
 
-def decode_tensors(
-    blob: bytes | memoryview, expect: Mapping[str, Sequence[int]] | None = None
-) -> dict[str, np.ndarray]:
-    """Inverse of `encode_tensors`; with `expect`, names and shapes must match it exactly."""
+def parse_tensors(blob: bytes | memoryview, expect: Mapping[str, Sequence[int]] | None = None) -> dict[str, Packed]:
+    """Validate a bundle (see `encode_tensors`) without decoding it; with `expect`, names and
+    shapes must match it exactly."""
     buf = memoryview(blob)
     if len(buf) < 8:
         raise CodecError("bundle is shorter than its 8-byte header")
@@ -192,7 +241,7 @@ def decode_tensors(
         raise CodecError("bundle does not start with the bundle magic")
     if expect is not None and count != len(expect):
         raise CodecError(f"bundle has {count} tensors, expected {len(expect)}")
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Packed] = {}
     pos = 8
     for _ in range(count):
         if pos + 2 > len(buf):
@@ -211,10 +260,17 @@ def decode_tensors(
             raise CodecError(f"unknown tensor {name!r} for this fragment")
         shape = None if expect is None else expect[name]
         try:
-            out[name] = decode(buf[start : start + plen], shape)
+            out[name] = parse(buf[start : start + plen], shape)
         except CodecError as exc:
             raise CodecError(f"tensor {name!r}: {exc}") from None
         pos = start + plen
     if pos != len(buf):
         raise CodecError(f"bundle has {len(buf) - pos} trailing bytes (oversized)")
     return out
+
+
+def decode_tensors(
+    blob: bytes | memoryview, expect: Mapping[str, Sequence[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Inverse of `encode_tensors`; with `expect`, names and shapes must match it exactly."""
+    return {name: packed.decode() for name, packed in parse_tensors(blob, expect).items()}

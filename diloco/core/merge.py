@@ -8,10 +8,14 @@ typical update norm, so the outer learning rate need not change with M.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
+
+from diloco.core import kernels
+from diloco.core.codecs import Packed
 
 MergeMethod = Literal["rda", "average"]
 
@@ -39,50 +43,99 @@ def _normalised(w: Sequence[float], m: int) -> np.ndarray:
     return weights / total
 
 
-def _stacked(deltas: Sequence[np.ndarray] | np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(M, n) fp32 matrix of the contributions: one BLAS call then does each weighted sum."""
-    if isinstance(deltas, np.ndarray):
-        if deltas.ndim < 1:
-            raise ValueError("need a stack of contributions")
-        shape = deltas.shape[1:]
-        return np.ascontiguousarray(deltas, dtype=np.float32).reshape(deltas.shape[0], -1), shape
-    shape = np.shape(deltas[0])
-    if any(np.shape(d) != shape for d in deltas):
+Source = np.ndarray | Packed  # one contribution to one tensor: fp32 values, or still encoded
+
+
+def values_of(src: Source) -> np.ndarray:
+    """A source's fp32 values (decoded if it is still encoded)."""
+    return src.decode() if isinstance(src, Packed) else src
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+
+
+def _shape_of(sources: Sequence[Source]) -> tuple[int, ...]:
+    if not len(sources):
+        raise ValueError("need at least one contribution")
+    shape = tuple(np.shape(sources[0]) if isinstance(sources[0], np.ndarray) else sources[0].shape)
+    if any(tuple(src.shape if isinstance(src, Packed) else np.shape(src)) != shape for src in sources):
         raise ValueError("contributions to one tensor must share its shape")
-    return np.stack([np.asarray(d, dtype=np.float32).reshape(-1) for d in deltas]), shape
+    return shape
 
 
-def weighted_average(deltas: Sequence[np.ndarray] | np.ndarray, weights: Sequence[float]) -> np.ndarray:
-    """Σ w_m Δ_m / Σ w_m."""
-    stack, shape = _stacked(deltas)
-    w = _normalised(weights, stack.shape[0]).astype(np.float32)
-    return (w @ stack).reshape(shape)
+def _sumsq(src: Source) -> float:
+    return src.sumsq() if isinstance(src, Packed) else float(kernels.sumsq(_flat(src)))
 
 
-def rda(deltas: Sequence[np.ndarray] | np.ndarray, weights: Sequence[float]) -> np.ndarray:
-    """Radial-directional average of one tensor's outer gradients (a stack or a list)."""
-    stack, shape = _stacked(deltas)
-    w = _normalised(weights, stack.shape[0])
-    norms = np.sqrt(np.array([float(np.dot(row, row)) for row in stack]))
+CHUNK = 1 << 16  # values per pass: 256 KiB of accumulator stays in L2 while every contribution adds into it
+
+
+def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int) -> tuple[np.ndarray, float]:
+    """Σ c_m · src_m in one fp32 accumulator, and its squared norm. Chunk by chunk, so each
+    contribution streams through once and the accumulator never leaves the cache; encoded
+    sources decode straight into it."""
+    acc = np.zeros(0, np.float32) if n == 0 else np.empty(n, np.float32)
+    live = [(src, np.float32(c)) for src, c in zip(sources, coeffs, strict=True) if c != 0.0]
+    if not live:
+        acc[:] = 0.0
+        return acc, 0.0
+    blocks = [src.block for src, _ in live if isinstance(src, Packed) and src.codec in ("int4", "int8")]
+    step = CHUNK if not blocks else max(1, CHUNK // math.lcm(*blocks)) * math.lcm(*blocks)
+    flats = [src if isinstance(src, Packed) else _flat(src) for src, _ in live]
+    total = 0.0
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        part = acc[lo:hi]
+        for k, (src, (_, c)) in enumerate(zip(flats, live)):
+            if isinstance(src, Packed):
+                if k == 0:
+                    part[:] = 0.0
+                src.accumulate(c, part, lo)
+            elif k == 0:
+                kernels.scale_into(src[lo:hi], c, part)
+            else:
+                kernels.accumulate(src[lo:hi], c, part)
+        total += float(kernels.sumsq(part))  # while the chunk is still in cache
+    return acc, total
+
+
+def weighted_average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
+    """Σ w_m s_m Δ_m / Σ w_m (s_m: a per-contribution factor such as a staleness discount, 1 by default)."""
+    shape = _shape_of(deltas)
+    w = _normalised(weights, len(deltas)) * (np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64))
+    return _weighted_sum(deltas, [float(c) for c in w], math.prod(shape))[0].reshape(shape)
+
+
+def rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
+    """Radial-directional average of one tensor's outer gradients s_m Δ_m (s_m ≥ 0 scales a
+    contribution's norm, not its direction). Two passes over each input: its norm, then its
+    share of the direction, decoded straight into the accumulator."""
+    shape = _shape_of(deltas)
+    w = _normalised(weights, len(deltas))
+    s = np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64)
+    norms = np.sqrt([_sumsq(d) for d in deltas]) * s
     radius = float(np.dot(w, norms))
-    coeffs = np.divide(w, norms, out=np.zeros_like(w), where=norms > 0).astype(np.float32)
-    direction = coeffs @ stack
+    coeffs = np.divide(w * s, norms, out=np.zeros_like(w), where=norms > 0)  # w / ‖Δ‖ on the raw Δ
+    direction, dsq = _weighted_sum(deltas, [float(c) for c in coeffs], math.prod(shape))
     # The mean of unit vectors has norm in [0, 1]; below fp32 round-off the directions
     # cancel (or every input is zero) and φ(0) = 0 means no update.
-    dnorm = float(np.sqrt(np.dot(direction, direction)))
+    dnorm = float(np.sqrt(dsq))
     if dnorm < 1e-6:
         return np.zeros(shape, dtype=np.float32)
-    direction *= np.float32(radius / dnorm)
+    kernels.scale_inplace(direction, np.float32(radius / dnorm))
     return direction.reshape(shape)
 
 
 def merge_fragment(
-    contributions: Sequence[Mapping[str, np.ndarray]],
+    contributions: Sequence[Mapping[str, Source]],
     weights: Sequence[float],
     method: MergeMethod = "rda",
     plain_average: frozenset[str] | set[str] = frozenset(),
+    scales: Sequence[float] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted average."""
+    """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted
+    average. `scales`: per-contribution factors (staleness discounts), folded into the merge."""
     if not contributions:
         raise ValueError("nothing to merge")
     names = set(contributions[0])
@@ -93,7 +146,7 @@ def merge_fragment(
     for name in sorted(names):
         deltas = [c[name] for c in contributions]
         if method == "rda" and name not in plain_average:
-            merged[name] = rda(deltas, weights)
+            merged[name] = rda(deltas, weights, scales)
         else:
-            merged[name] = weighted_average(deltas, weights)
+            merged[name] = weighted_average(deltas, weights, scales)
     return merged

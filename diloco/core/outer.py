@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from diloco.core import kernels
+
 
 @dataclass
 class NesterovSGD:
@@ -19,16 +21,18 @@ class NesterovSGD:
     buffers: dict[str, np.ndarray] = field(default_factory=dict)
 
     def step(self, params: Mapping[str, np.ndarray], outer_grad: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Return the updated tensors of one fragment; momentum buffers update in place."""
+        """Return the updated tensors of one fragment (one fused pass per tensor); momentum
+        buffers update in place."""
         out: dict[str, np.ndarray] = {}
         lr, mu = np.float32(self.learning_rate), np.float32(self.momentum)
         for name, delta in outer_grad.items():
+            param = np.ascontiguousarray(params[name], dtype=np.float32)
             buf = self.buffers.get(name)
             if buf is None:
-                buf = self.buffers[name] = np.zeros_like(params[name], dtype=np.float32)
-            buf *= mu
-            buf += delta
-            out[name] = params[name] - lr * (delta + mu * buf)
+                buf = self.buffers[name] = np.zeros_like(param)
+            out[name] = np.empty_like(param)  # a new array: readers of the old Θ keep a consistent copy
+            kernels.nesterov_step(param.reshape(-1), buf.reshape(-1),
+                                  np.ascontiguousarray(delta, dtype=np.float32).reshape(-1), lr, mu, out[name].reshape(-1))
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:

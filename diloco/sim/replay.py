@@ -28,7 +28,7 @@ from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
 from diloco.core.rounds import Contribution, Verdict
 from diloco.core.schedule import Schedule
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.state import GlobalModel
+from diloco.syncer.state import GlobalModel, Outer
 
 Tensors = dict[str, np.ndarray]
 
@@ -226,7 +226,7 @@ class Replay:
     def _active(self) -> set[str]:
         return {f"l{lr.m}" for lr in self.learners if lr.alive}
 
-    def _on_arrive(self, m: int, life: int, c: Contribution[Tensors], step_seconds: float, t_sent: float) -> None:
+    def _on_arrive(self, m: int, life: int, c: Contribution[Outer], step_seconds: float, t_sent: float) -> None:
         if self.killed_at.get((m, life), float("inf")) < t_sent:
             return  # its learner died before the step that made it ended: never sent
         self.book.observe_step_time(step_seconds)
