@@ -24,13 +24,13 @@ import numpy as np
 
 from diloco.core.codecs import CodecError, decode_tensors, encoded_size, parse_tensors
 from diloco.core.merge import Source
-from diloco.core.rounds import Contribution, RoundBook, Verdict
+from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.publisher import Publisher, Update
-from diloco.syncer.state import GlobalModel, Outer
+from diloco.syncer.state import GlobalModel, MergeResult, Outer
 from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
@@ -95,6 +95,9 @@ class SyncerCore:
     norms: list[deque[float]] = field(default_factory=list)  # per fragment: recent accepted norms
     sessions: dict[str, Session] = field(default_factory=dict)  # learner id -> its current holder
     max_norm_ratio_seen: float = 0.0  # of every push checked, the largest norm over the median
+    # One merge at a time; Recover and checkpoints take it too (they read or replace Θ and momentum).
+    merging: threading.Lock = field(default_factory=threading.Lock)
+    in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -152,7 +155,8 @@ class SyncerCore:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
             self.norms[p].append(norm)
-            merged_into = self.model.versions[p] + 1  # the open round closes into the next version
+            # The open round closes into the next version, or the one after if p is being merged now.
+            merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             if c.push_id:
                 seen[c.push_id] = merged_into
                 while len(seen) > 4 * self.model.plan.num_fragments:
@@ -277,7 +281,7 @@ class SyncerCore:
                               f"recover: fragment {p} at version {v} does not carry this job's provenance tag "
                               "(not published by its syncer); nothing was adopted", "forged")
         adopted = []
-        with self.lock:
+        with self.merging, self.lock:  # not while a merge of the fragment is in flight
             for p, v in newer:
                 if v > self.model.versions[p]:
                     for n in self.model.plan.fragments[p]:
@@ -300,35 +304,54 @@ class SyncerCore:
 
     def merge_ready(self, flush: bool = False) -> list[int]:
         """Close and apply every round that is due (with `flush`: every round holding
-        anything, before the final checkpoint); returns the fragments published."""
-        done = []
-        with self.lock:
-            now = self.clock()
-            due = self.book.pending() if flush else self.book.ready(now, self.active_learners())
-            for p in due:
-                t0 = self.clock()
-                deadline = self.book.deadline(p) or now
-                closed = self.book.close(p, self.model.versions[p])
-                self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
-                result = self.model.apply(closed, active=len(self.active_learners()))
-                self.published_slot[p] = closed.slot
-                self.publisher.publish(p, self.model.versions[p], self.model.fragment(p), closed.slot)
+        anything, before the final checkpoint); returns the fragments published.
+
+        Admission never waits for a merge: a round is taken under the lock, merged outside it
+        (the RDA and the outer step are most of the syncer's work), committed under it, then
+        published outside it. `merging` keeps merges, Recover and checkpoints one at a time."""
+        done: list[int] = []
+        with self.merging:
+            while True:
+                with self.lock:
+                    now = self.clock()
+                    due = self.book.pending() if flush else self.book.ready(now, self.active_learners())
+                    if not due:
+                        break
+                    p, t0 = due[0], self.clock()
+                    deadline = self.book.deadline(p) or now
+                    closed = self.book.close(p, self.model.versions[p])
+                    self.in_merge = p  # pushes admitted meanwhile merge into the version after
+                    active = len(self.active_learners())
+                try:
+                    merged = self.model.merge(closed, active)
+                finally:
+                    with self.lock:
+                        self.in_merge = None
+                with self.lock:
+                    self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
+                    result = self.model.commit(merged)
+                    self.published_slot[p] = closed.slot
+                    values = self.model.fragment(p)
+                    self._count_merge(result, closed, now, deadline)
+                    self.lock.notify_all()
+                self.publisher.publish(p, result.version, values, closed.slot)
                 self.book.published(self.clock() - t0)
-                for learner, credit in result.credits.items():
-                    self.learners[learner].tokens += credit
-                    self.metrics.region_tokens.labels(self.region_of(learner)).inc(credit)
-                self.last_publish = self.clock()
-                self.metrics.merges.inc()
-                self.metrics.tokens.inc(result.tokens)
-                self.metrics.quorum_size.observe(len(closed.contributions))
-                self.metrics.grace_wait.observe(max(0.0, now - (deadline - self.book.timings.grace(self.book.policy))))
-                self.metrics.outer_version.set(sum(self.model.versions))
-                self.metrics.step_seconds.set(self.book.timings.step.get())
-                self.metrics.last_publish.set(time.time())
                 done.append(p)
-            if done:
-                self.lock.notify_all()
         return done
+
+    def _count_merge(self, result: MergeResult, closed: Closed[Outer], now: float, deadline: float) -> None:
+        """Status and metrics of a committed merge (caller holds the lock)."""
+        for learner, credit in result.credits.items():
+            self.learners[learner].tokens += credit
+            self.metrics.region_tokens.labels(self.region_of(learner)).inc(credit)
+        self.last_publish = self.clock()
+        self.metrics.merges.inc()
+        self.metrics.tokens.inc(result.tokens)
+        self.metrics.quorum_size.observe(len(closed.contributions))
+        self.metrics.grace_wait.observe(max(0.0, now - (deadline - self.book.timings.grace(self.book.policy))))
+        self.metrics.outer_version.set(sum(self.model.versions))
+        self.metrics.step_seconds.set(self.book.timings.step.get())
+        self.metrics.last_publish.set(time.time())
 
     def next_wakeup(self) -> float:
         with self.lock:
@@ -339,7 +362,7 @@ class SyncerCore:
         """Write a checkpoint; on failure log a clear error, keep the previous one, keep going."""
         if self.store is None:
             return False
-        with self.lock:
+        with self.merging, self.lock:  # momentum is advanced by merges outside the lock
             self.model.schedule = self.book.schedule_state()
             arrays, meta = self.model.state()
             arrays = {k: v.copy() for k, v in arrays.items()}

@@ -34,6 +34,16 @@ class MergeResult:
     credits: dict[str, int]  # the same, by learner
 
 
+@dataclass(frozen=True)
+class Merged:
+    """A closed round's result before it is committed to Θ."""
+
+    closed: Closed[Outer]
+    values: Tensors  # the fragment's new tensors
+    learners: list[str]
+    update_norm: float
+
+
 @dataclass
 class GlobalModel:
     spec: SyncerSpec
@@ -78,9 +88,15 @@ class GlobalModel:
         return encode_tensors(self.params, "fp32")
 
     def apply(self, closed: Closed[Outer], active: int = 1) -> MergeResult:
-        """Merge a closed round into Θ_p with the Nesterov outer step; bump its version.
+        """Merge a closed round into Θ_p with the Nesterov outer step; bump its version."""
+        return self.commit(self.merge(closed, active))
 
-        Stale outer gradients are scaled by the round book's absolute factors first. With
+    def merge(self, closed: Closed[Outer], active: int = 1) -> Merged:
+        """The new Θ_p of a closed round: RDA of its outer gradients, then the Nesterov step
+        (which advances the fragment's momentum). Θ and the versions are untouched, so the
+        syncer runs this outside its admission lock; one merge at a time.
+
+        Stale outer gradients are scaled by the round book's absolute factors. With
         `spec.participationScaling`, a round that holds n of the `active` learners moves
         Θ by n/active of the merged update: a partial round (a learner down or late) then
         moves Θ by the active learners' average progress, as a full one does."""
@@ -99,7 +115,13 @@ class GlobalModel:
         if self.spec.participation_scaling and active > len(learners):
             share = np.float32(len(learners) / active)
             merged = {n: v * share for n, v in merged.items()}
-        self.params.update(self.optimizers[p].step(self.fragment(p), merged))
+        norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
+        return Merged(closed, self.optimizers[p].step(self.fragment(p), merged), sorted(learners), norm)
+
+    def commit(self, m: Merged) -> MergeResult:
+        """Θ_p ← the merge's tensors, version + 1, and each learner's new tokens credited once."""
+        closed, p = m.closed, m.closed.fragment
+        self.params.update(m.values)
         self.versions[p] += 1
         credits: dict[str, int] = {}
         for c in closed.contributions:
@@ -111,8 +133,7 @@ class GlobalModel:
         tokens = sum(credits.values())
         self.tokens_merged += tokens
         self.outer_steps += 1
-        norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
-        return MergeResult(p, self.versions[p], sorted(learners), tokens, norm, credits)
+        return MergeResult(p, self.versions[p], m.learners, tokens, m.update_norm, credits)
 
     def round_book(self) -> RoundBook[Outer]:
         """The round book this model's spec asks for (the syncer's and the replay's)."""

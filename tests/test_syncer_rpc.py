@@ -306,3 +306,33 @@ def test_a_push_for_a_fragment_its_slot_does_not_assign_is_refused(syncer: sh.Ha
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "slot 3 is fragment 1's" in details
     assert_unchanged(syncer, before)
     assert syncer.push(0, syncer.fragment_tensors(0), slot=4).accepted
+
+
+def test_admission_does_not_wait_for_a_merge(syncer: sh.Harness) -> None:
+    """A push arriving while its fragment's round is being merged is admitted at once, into the
+    version after the one being made, and both merges land."""
+    import threading
+
+    release, started = threading.Event(), threading.Event()
+    real_merge = syncer.core.model.merge
+
+    def slow_merge(closed, active=1):  # type: ignore[no-untyped-def]
+        started.set()
+        assert release.wait(10)
+        return real_merge(closed, active)
+
+    syncer.core.model.merge = slow_merge  # type: ignore[method-assign]
+    assert syncer.push(0, syncer.fragment_tensors(0), slot=0).merged_into == 1
+    syncer.clock.now += 10
+    merger = threading.Thread(target=syncer.core.merge_ready)
+    merger.start()
+    try:
+        assert started.wait(10)
+        during = syncer.push(0, syncer.fragment_tensors(0), slot=2)  # would deadlock if admission waited
+        assert during.accepted and during.merged_into == 2 and syncer.core.model.versions[0] == 0
+    finally:
+        release.set()
+        merger.join(10)
+    assert syncer.core.model.versions[0] == 1
+    syncer.clock.now += 10
+    assert syncer.core.merge_ready() == [0] and syncer.core.model.versions[0] == 2

@@ -1,0 +1,172 @@
+"""Synthetic learners: real gRPC clients of a real syncer, without JAX or a model.
+
+Each one joins (keeping only the Join header: the model itself is not needed), subscribes as
+a learner does, and pushes a precomputed int4 outer gradient of the due fragment at every slot
+of the shared schedule (slot s is fragment s mod P, due at t0 + s·T). It records when each
+slot's merge reached it. `bench/syncer_scale.py` runs this in its own process against a syncer
+process to measure how many learners one syncer really sustains.
+
+    python -m diloco.testing.loadgen --address 127.0.0.1:PORT --shapes shapes.json \\
+        --learners 8 --step-seconds 1 --slots 48      # the job token in $DILOCO_TOKEN
+
+Last line: JSON (see `Report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import grpc
+import numpy as np
+
+from diloco.contract import TOKEN_ENV
+from diloco.core.codecs import encode_tensors
+from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+
+
+@dataclass
+class Report:
+    learners: int
+    slots: int  # slots measured (after the first P, which start the rounds up)
+    in_time: int  # of those: merged and received by every learner before the next slot began
+    refused: int  # pushes the syncer did not accept
+    late_pushes: int  # pushes sent after their slot had ended (the learners' side fell behind)
+    worst_merge_seconds: float  # latest arrival of a slot's merge, from the slot's start
+    bytes_pushed: int
+    bytes_received: int
+
+    @property
+    def sustained(self) -> bool:
+        """Every push accepted and sent on time, and every slot merged within the slot."""
+        return self.refused == 0 and self.late_pushes == 0 and self.in_time == self.slots
+
+
+@dataclass
+class _Learner:
+    name: str
+    channel: grpc.Channel
+    stub: rpc.SyncerStub
+    header: pb.JoinHeader
+    versions: list[int]
+    arrivals: dict[int, float] = field(default_factory=dict)  # closed slot -> when its merge arrived
+    refused: int = 0
+    late: int = 0
+    bytes_pushed: int = 0
+    bytes_received: int = 0
+
+
+def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[str]], seed: int = 0) -> list[bytes]:
+    """One int4 payload per fragment, encoded once: pushing costs the syncer what a real push does."""
+    rng = np.random.default_rng(seed)
+    return [encode_tensors({n: (1e-3 * rng.standard_normal(shapes[n])).astype(np.float32) for n in names}, "int4")
+            for names in fragments]
+
+
+def join(address: str, token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> _Learner:
+    channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    stub = rpc.SyncerStub(channel)
+    request = pb.JoinRequest(learner=name, region="bench", process=os.getpid(), supersede=True,
+                             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())])
+    stream = stub.Join(request, metadata=auth_metadata(token), timeout=600)
+    header = next(iter(stream)).header  # the model follows; a synthetic learner does not need it
+    stream.cancel()
+    return _Learner(name, channel, stub, header, list(header.versions))
+
+
+def _subscribe(lr: _Learner, token: str, stop: threading.Event) -> None:
+    request = pb.SubscribeRequest(learner=lr.name, incarnation=lr.header.incarnation, known_versions=lr.versions,
+                                  exact=True, session_secret=lr.header.session_secret)
+    stream = lr.stub.Subscribe(request, metadata=auth_metadata(token))
+    stopper = threading.Thread(target=lambda: (stop.wait(), stream.cancel()), daemon=True)
+    stopper.start()
+    try:
+        for msg in stream:
+            lr.bytes_received += len(msg.data)
+            if msg.last:
+                lr.versions[msg.fragment] = msg.version
+                lr.arrivals.setdefault(msg.slot - 1, time.monotonic())  # Published.slot is the closed slot + 1
+    except grpc.RpcError:
+        if not stop.is_set():
+            raise
+
+
+def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
+               step_seconds: float, ids: list[int]) -> None:
+    num = len(payloads)
+    for s in range(first_slot, first_slot + slots):
+        due = t0 + (s - first_slot) * step_seconds
+        time.sleep(max(0.0, due - time.monotonic()))
+        p, blob = s % num, payloads[s % num]
+        ids[0] += 1
+        header = pb.PushHeader(
+            learner=lr.name, region="bench", incarnation=lr.header.incarnation, fragment=p,
+            base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
+            push_id=ids[0], slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
+            session_secret=lr.header.session_secret)
+        msgs = (pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob)))
+        reply = lr.stub.Push(msgs, metadata=auth_metadata(token), timeout=60)
+        lr.bytes_pushed += len(blob)
+        lr.refused += not reply.accepted
+        lr.late += time.monotonic() > due + step_seconds
+
+
+def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
+        slots: int, prefix: str = "synthetic") -> Report:
+    """Join `learners` synthetic learners, push for `slots` slots, and report."""
+    team = [join(address, token, f"{prefix}-{i}", shapes) for i in range(learners)]
+    fragments = [list(f.names) for f in team[0].header.fragments]
+    payloads = outer_gradients(shapes, fragments)
+    stop = threading.Event()
+    readers = [threading.Thread(target=_subscribe, args=(lr, token, stop), daemon=True) for lr in team]
+    for t in readers:
+        t.start()
+    num = len(fragments)
+    first_slot = (max(int(lr.header.slot) for lr in team) // num + 1) * num  # a fresh cycle of the schedule
+    t0 = time.monotonic() + 1.0  # subscriptions settle first
+    pushers = [threading.Thread(target=_push_loop, args=(lr, token, payloads, first_slot, slots, t0, step_seconds, [0]))
+               for lr in team]
+    for t in pushers:
+        t.start()
+    for t in pushers:
+        t.join()
+    time.sleep(2 * step_seconds)  # the last slots' merges arrive
+    stop.set()
+    for t in readers:
+        t.join(timeout=10)
+    for lr in team:
+        lr.channel.close()
+    measured = range(first_slot + num, first_slot + slots)  # the first cycle starts every fragment's rounds
+    worst, in_time = 0.0, 0
+    for s in measured:
+        start = t0 + (s - first_slot) * step_seconds
+        arrived = [min((t for c, t in lr.arrivals.items() if c >= s and c % num == s % num), default=float("inf"))
+                   for lr in team]
+        worst = max(worst, max(arrived) - start)
+        in_time += max(arrived) <= start + step_seconds
+    return Report(learners, len(measured), in_time, sum(lr.refused for lr in team), sum(lr.late for lr in team),
+                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", required=True)
+    parser.add_argument("--shapes", required=True, help="JSON file: tensor name -> shape, as the syncer's model")
+    parser.add_argument("--learners", type=int, required=True)
+    parser.add_argument("--step-seconds", type=float, default=1.0)
+    parser.add_argument("--slots", type=int, default=48, help="slots to push (the first P start the rounds)")
+    parser.add_argument("--prefix", default="synthetic", help="learner ids: PREFIX-0, PREFIX-1, ...")
+    args = parser.parse_args()
+    with open(args.shapes) as fh:
+        shapes = {k: tuple(v) for k, v in json.load(fh).items()}
+    report = run(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix)
+    print(json.dumps({**asdict(report), "sustained": report.sustained}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
