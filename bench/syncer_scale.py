@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--models", default="1e8,1e9", help=f"nominal sizes, of {', '.join(MODELS)}")
     parser.add_argument("--fragments", type=int, default=24)
     parser.add_argument("--step-seconds", type=float, default=1.0)
-    parser.add_argument("--learners", default="1,2,4,6,8,12,16,24,32")
+    parser.add_argument("--learners", default="1,2,4,6,8,12,16,24,32,48,64")
     parser.add_argument("--slots", type=int, default=72, help="slots per trial (the first P are not counted)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
@@ -100,7 +100,7 @@ def main() -> None:
             layers, d_model = MODELS[name]
             shapes = shapes_of(layers, d_model)
             params = sum(math.prod(s) for s in shapes.values())
-            key = f"{name}@{args.fragments}@{args.step_seconds:g}"
+            key = f"{name}@{args.fragments}@{args.step_seconds}"
             config, shapes_file = Path(tmp) / f"{name}.yaml", Path(tmp) / f"{name}.json"
             config.write_text(yaml.safe_dump(manifest(layers, d_model, args.fragments)))
             shapes_file.write_text(json.dumps(shapes))

@@ -89,10 +89,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
             except Exception:  # a bug must not silently end all merging: say so, keep serving
                 metrics.merge_errors.inc()
                 log.exception("merge failed; the round's contributions are dropped")
-            with core.lock:
-                if not core.book.ready(core.clock(), core.active_learners()):
-                    delay = core.next_wakeup() - core.clock()
-                    core.lock.wait(timeout=min(max(delay, 0.001), 0.5))
+            core.wait_for_round()
 
     threading.Thread(target=merge_loop, name="merge", daemon=True).start()
     interval = job.spec.syncer.checkpoint_interval_seconds

@@ -1,31 +1,34 @@
-"""The syncer's core: admission, rounds, merging, broadcast, recovery and checkpoints.
+"""The syncer's core: it drives rounds and owns the state the other parts share.
 
-Threads: gRPC handlers (syncer/servicer.py) validate and admit contributions under one
-lock; one merge thread closes rounds when the `RoundBook` says so; subscribers wait on
-the condition for any fragment newer than what they hold. Anything malformed is refused
-(`Refused`) before it touches the global state.
+The parts, each with one job: `Admission` (syncer/admission.py) decides which pushes may be
+taken, the `RoundBook` (diloco/core/rounds.py) when a round closes, `GlobalModel`
+(syncer/state.py) merges and steps Θ, the `Publisher` (syncer/publisher.py) encodes each version
+once for every subscriber, and the servicer (syncer/servicer.py) only translates RPCs.
+
+Threads: gRPC handlers admit contributions under `lock`; one merge thread closes rounds and
+merges them outside it (`merging` keeps merges, Recover and checkpoints one at a time);
+subscribers wait on the publisher's condition. Anything malformed is refused (`Refused`)
+before it touches the global state.
 """
 
 from __future__ import annotations
 
-import hmac
+import contextlib
 import logging
-import math
-import os
 import threading
 import time
 import uuid
-from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encoded_size, parse_tensors
+from diloco.core.codecs import CodecError, decode_tensors, encoded_size
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.admission import Admission, Refused, check_header, outer_gradient
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
@@ -34,18 +37,7 @@ from diloco.syncer.state import GlobalModel, MergeResult, Outer
 from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
-MAX_ID = 128
-NORM_HISTORY = 64  # accepted norms per fragment the median is taken over: ~16 rounds of 4 learners
 LIVE_SECONDS = 30.0  # a learner seen this recently (or subscribed) is live: its id is taken
-NORM_WARMUP = 16  # no outlier check before this many: early rounds move fast, and few samples mislead
-
-
-class Refused(Exception):
-    """A request refused before it touched the global state; carries the gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, reason: str, outcome: str = "invalid"):
-        super().__init__(reason)
-        self.code, self.reason, self.outcome = code, reason, outcome
 
 
 @dataclass
@@ -59,14 +51,6 @@ class LearnerInfo:
     subscriptions: int = 0
     bytes_received: int = 0
     staleness: int = 0  # summed lag of accepted contributions
-
-
-@dataclass(frozen=True)
-class Session:
-    """A learner id's current holder: the process that joined last, and its secret."""
-
-    process: int
-    secret: bytes
 
 
 @dataclass
@@ -88,13 +72,7 @@ class SyncerCore:
     checkpoint_version: int = 0
     stopping: bool = False
     regions: frozenset[str] = frozenset()  # the job's regions; others are reported as "other"
-    # Recently accepted pushes per learner process: push id -> the version merging it, so a
-    # push retried after a lost reply is acknowledged again instead of merged twice.
-    accepted: dict[tuple[str, int], OrderedDict[int, int]] = field(default_factory=dict)
     published_slot: list[int] = field(default_factory=list)  # per fragment: newest slot merged
-    norms: list[deque[float]] = field(default_factory=list)  # per fragment: recent accepted norms
-    sessions: dict[str, Session] = field(default_factory=dict)  # learner id -> its current holder
-    max_norm_ratio_seen: float = 0.0  # of every push checked, the largest norm over the median
     # One merge at a time; Recover and checkpoints take it too (they read or replace Θ and momentum).
     merging: threading.Lock = field(default_factory=threading.Lock)
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
@@ -107,7 +85,7 @@ class SyncerCore:
     def __post_init__(self) -> None:
         self.book: RoundBook[Outer] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
-        self.norms = [deque(maxlen=NORM_HISTORY) for _ in range(self.model.plan.num_fragments)]
+        self.admission = Admission(self.model.plan.num_fragments, self.spec.max_norm_ratio)
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -126,41 +104,26 @@ class SyncerCore:
         """Validate one push and offer it to its round; state changes only if accepted."""
         self.check_header(header)
         p = header.fragment
-        try:  # validated, and kept encoded: the merge decodes it straight into its accumulator
-            packed = parse_tensors(blob, self.model.shapes(p))
-        except CodecError as exc:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {p}: {exc}") from None
-        squares = 0.0
-        for name, t in packed.items():
-            sq = t.sumsq()  # from the codes alone for int codecs, whose values are finite by construction
-            if not math.isfinite(sq):
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"outer gradient of {name!r} holds NaN or Inf (or values whose squares overflow)",
-                              "nonfinite")
-            squares += sq
-        norm, tensors = math.sqrt(squares), dict[str, Source](packed)
-        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens), tensors,
-                         session=int(header.session), push_id=int(header.push_id),
+        tensors, norm = outer_gradient(blob, p, self.model.shapes(p))
+        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens),
+                         dict[str, Source](tensors), session=int(header.session), push_id=int(header.push_id),
                          slot=int(header.slot) if header.push_id else None, trained_tokens=int(header.trained_tokens))
         with self.lock:
             info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
             info.last_seen, info.loss = self.clock(), header.loss
-            seen = self.accepted.setdefault(c.origin, OrderedDict())
-            if c.push_id and c.push_id in seen:  # a retry of a push we already hold
-                return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=seen[c.push_id])
-            self._check_norm(p, norm, header.learner)
+            if (merged_into := self.admission.retried(c.origin, c.push_id)) is not None:  # the reply was lost
+                return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into)
+            ratio = self.admission.check_norm(p, norm, header.learner)
+            if ratio is not None:
+                self.metrics.norm_ratio.observe(ratio)
             self.book.observe_step_time(header.step_seconds)
             offer = self.book.offer(c, self.clock(), self.model.versions[p])
             if offer.verdict is not Verdict.ACCEPTED:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
                 return pb.PushReply(accepted=False, reason=offer.reason, version=self.model.versions[p])
-            self.norms[p].append(norm)
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
-            if c.push_id:
-                seen[c.push_id] = merged_into
-                while len(seen) > 4 * self.model.plan.num_fragments:
-                    seen.popitem(last=False)
+            self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
             info.contributions += 1
             info.bytes_received += len(blob)
             info.staleness += offer.lag
@@ -175,46 +138,16 @@ class SyncerCore:
             return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into,
                                 late=offer.late)
 
-    def _check_norm(self, p: int, norm: float, learner: str) -> None:
-        """Refuse an outer gradient far larger than the fragment's recent ones (caller holds the lock)."""
-        history = self.norms[p]
-        if len(history) < NORM_WARMUP:
-            return
-        median = float(np.median(history))
-        ratio = norm / median if median > 0 else 0.0
-        self.max_norm_ratio_seen = max(self.max_norm_ratio_seen, ratio)
-        self.metrics.norm_ratio.observe(ratio)
-        bound = self.spec.max_norm_ratio
-        if bound is not None and ratio > bound:
-            log.warning("refused an outlier from %s: fragment %d norm %.3g is %.1fx the median", learner, p, norm, ratio)
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"outer gradient of fragment {p} has norm {norm:.3g}, {ratio:.1f}x the median of its last "
-                          f"{len(history)} accepted ({median:.3g}; spec.syncer.maxNormRatio {bound:g}); "
-                          "re-sync from the global model", "outlier")
-
     def open_session(self, learner: str, process: int, supersede: bool) -> bytes:
-        """Bind `learner` to the joining process and return the secret its pushes and
-        subscriptions must carry. Another live process holding the id keeps it unless the joiner
-        supersedes it explicitly (a restarted pod); the same process re-joining simply renews."""
+        """The joining process's session secret (see `Admission.open_session`)."""
         with self.lock:
-            current, info = self.sessions.get(learner), self.learners.get(learner)
+            info = self.learners.get(learner)
             live = info is not None and (info.subscriptions > 0 or self.clock() - info.last_seen < LIVE_SECONDS)
-            if current is not None and current.process != process and live and not supersede:
-                raise Refused(grpc.StatusCode.ALREADY_EXISTS,
-                              f"learner id {learner!r} is held by another live process; a restarted process "
-                              "joins with supersede", "impostor")
-            secret = os.urandom(16)
-            self.sessions[learner] = Session(process, secret)
-            return secret
+            return self.admission.open_session(learner, process, supersede, live)
 
     def check_session(self, learner: str, secret: bytes) -> None:
-        """Raise Refused unless `secret` is the one the current holder of `learner` got at Join."""
         with self.lock:
-            current = self.sessions.get(learner)
-        if current is None or not hmac.compare_digest(current.secret, secret):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                          f"learner {learner!r}: no session, or a newer process joined under this id; "
-                          "this process must stop", "impostor")
+            self.admission.check_session(learner, secret)
 
     def count_refusal(self, outcome: str) -> None:
         with self.lock:
@@ -222,28 +155,8 @@ class SyncerCore:
         self.metrics.contributions.labels(outcome).inc()
 
     def check_header(self, h: pb.PushHeader) -> None:
-        """Raise Refused if a push header is unacceptable (checked before reading the body)."""
-        problem, code = None, grpc.StatusCode.INVALID_ARGUMENT
-        if not h.learner or len(h.learner) > MAX_ID or len(h.region) > MAX_ID:
-            problem = "learner id must be 1-128 characters"
-        elif h.incarnation != self.incarnation:
-            problem = f"syncer restarted (incarnation {self.incarnation}); rejoin"
-            code = grpc.StatusCode.FAILED_PRECONDITION
-        elif h.fragment >= self.model.plan.num_fragments:
-            problem = f"unknown fragment {h.fragment}; this job has {self.model.plan.num_fragments}"
-        elif h.total_bytes > self.max_push_bytes[h.fragment]:
-            problem = (f"push of {h.total_bytes} bytes exceeds the {self.max_push_bytes[h.fragment]}-byte "
-                       f"bound of fragment {h.fragment}")
-        elif not np.isfinite(h.step_seconds) or h.step_seconds < 0 or h.steps < 1:
-            problem = "steps must be >= 1 and step_seconds finite and non-negative"
-        elif h.slot > (1 << 48) or h.trained_tokens > (1 << 62):
-            problem = "slot and trained_tokens are out of range"
-        elif h.push_id and h.slot % self.model.plan.num_fragments != h.fragment:
-            num = self.model.plan.num_fragments
-            problem = (f"slot {h.slot} is fragment {h.slot % num}'s (slot s is due for fragment s mod {num}), "
-                       f"not fragment {h.fragment}'s")
-        if problem:
-            raise Refused(code, problem)
+        """Raise Refused if a push header or its sender's session is unacceptable (before the body)."""
+        check_header(h, self.incarnation, self.max_push_bytes)
         self.check_session(h.learner, h.session_secret)
 
     def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
@@ -353,6 +266,12 @@ class SyncerCore:
         self.metrics.step_seconds.set(self.book.timings.step.get())
         self.metrics.last_publish.set(time.time())
 
+    def wait_for_round(self, longest: float = 0.5) -> None:
+        """Sleep until a round may be due: an accepted push wakes us, else the next grace deadline."""
+        with self.lock:
+            if not self.book.ready(self.clock(), self.active_learners()):
+                self.lock.wait(timeout=min(max(self.next_wakeup() - self.clock(), 0.001), longest))
+
     def next_wakeup(self) -> float:
         with self.lock:
             deadlines = [d for p in range(self.model.plan.num_fragments) if (d := self.book.deadline(p)) is not None]
@@ -391,6 +310,65 @@ class SyncerCore:
         with self.lock:
             self.lock.notify_all()
 
+    # -- learners and status -------------------------------------------------------
+
+    def join(self, learner: str, region: str, process: int, supersede: bool) -> tuple[pb.JoinHeader, bytes]:
+        """Admit a (re)joining learner: its session, and the global model as every subscriber
+        holds it (the broadcast view), so its subscription continues the shared delta chain."""
+        secret = self.open_session(learner, process, supersede)
+        with self.lock:
+            info = self.learners.setdefault(learner, LearnerInfo())
+            info.region, info.last_seen = region, self.clock()
+            info.joins += 1
+            slot = self.book.next_slot
+        versions, blob, tags = self.publisher.snapshot()
+        self.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
+        log.info("learner %s joined (%s, join #%d)", learner, region, info.joins)
+        header = pb.JoinHeader(
+            incarnation=self.incarnation, versions=versions, total_bytes=len(blob),
+            fragments=[pb.FragmentNames(names=list(f)) for f in self.model.plan.fragments],
+            codec=self.spec.compression, block_size=self.spec.block_size, slot=slot, tags=tags,
+            session_secret=secret,
+        )
+        return header, blob
+
+    @contextlib.contextmanager
+    def subscribed(self, learner: str) -> Iterator[None]:
+        """While a subscription stream is open, its learner counts as active."""
+        with self.lock:
+            info = self.learners.setdefault(learner, LearnerInfo())
+            info.subscriptions += 1
+        self.set_active_gauges()
+        try:
+            yield
+        finally:
+            with self.lock:
+                info.subscriptions -= 1
+            self.set_active_gauges()
+
+    def versions(self) -> list[int]:
+        with self.lock:
+            return list(self.model.versions)
+
+    def status(self) -> pb.StatusReply:
+        with self.lock:
+            now = self.clock()
+            learners = [
+                pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
+                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
+                                 bytes_received=i.bytes_received)
+                for n, i in sorted(self.learners.items())
+            ]
+            return pb.StatusReply(
+                incarnation=self.incarnation, versions=list(self.model.versions),
+                outer_steps=self.model.outer_steps, tokens_merged=self.model.tokens_merged,
+                active_learners=len(self.active_learners()), learners=learners,
+                seconds_since_publish=now - self.last_publish, checkpoint_version=self.checkpoint_version,
+                grace_seconds=self.book.timings.grace(self.book.policy), step_seconds=self.book.timings.step.get(),
+                contributions_refused=self.refused, bytes_received=self.bytes_received, bytes_sent=self.bytes_sent,
+                regions=self._region_status(), max_norm_ratio=self.admission.max_ratio_seen,
+            )
+
     def set_active_gauges(self) -> None:
         with self.lock:
             active = self.active_learners()
@@ -398,21 +376,21 @@ class SyncerCore:
             for region in self.regions | {self.region_of(n) for n in self.learners}:
                 self.metrics.region_learners.labels(region).set(sum(1 for n in active if self.region_of(n) == region))
 
-    def region_status(self) -> list[pb.RegionStatus]:
-        with self.lock:
-            active = self.active_learners()
-            out: dict[str, pb.RegionStatus] = {}
-            for name, info in self.learners.items():
-                r = out.setdefault(self.region_of(name), pb.RegionStatus(region=self.region_of(name)))
-                r.learners += 1
-                r.active_learners += name in active
-                r.tokens_merged += info.tokens
-                r.bytes_received += info.bytes_received
-                r.contributions += info.contributions
-                r.mean_staleness += info.staleness  # a sum until divided below
-            for r in out.values():
-                r.mean_staleness = r.mean_staleness / r.contributions if r.contributions else 0.0
-            return [out[k] for k in sorted(out)]
+    def _region_status(self) -> list[pb.RegionStatus]:
+        """Per region (caller holds the lock)."""
+        active = self.active_learners()
+        out: dict[str, pb.RegionStatus] = {}
+        for name, info in self.learners.items():
+            r = out.setdefault(self.region_of(name), pb.RegionStatus(region=self.region_of(name)))
+            r.learners += 1
+            r.active_learners += name in active
+            r.tokens_merged += info.tokens
+            r.bytes_received += info.bytes_received
+            r.contributions += info.contributions
+            r.mean_staleness += info.staleness  # a sum until divided below
+        for r in out.values():
+            r.mean_staleness = r.mean_staleness / r.contributions if r.contributions else 0.0
+        return [out[k] for k in sorted(out)]
 
     def count_sent(self, n: int) -> None:
         with self.lock:

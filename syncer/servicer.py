@@ -10,7 +10,8 @@ from typing import TypeVar
 
 import grpc
 
-from diloco.syncer.service import MAX_ID, LearnerInfo, Refused, SyncerCore
+from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.service import SyncerCore
 from diloco.wire import chunks, pb, token_matches
 
 log = logging.getLogger("diloco.syncer")
@@ -51,21 +52,7 @@ class SyncerServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "the learner's model does not match the syncer's (different spec.model?)")
         with self._refusals(context):
-            secret = core.open_session(request.learner, request.process, request.supersede)
-        with core.lock:
-            info = core.learners.setdefault(request.learner, LearnerInfo())
-            info.region, info.last_seen = request.region, core.clock()
-            info.joins += 1
-        # The broadcast view (what every subscriber holds), so the subscription continues its chain.
-        versions, blob, tags = core.publisher.snapshot()
-        core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
-        log.info("learner %s joined (%s, join #%d)", request.learner, request.region, info.joins)
-        header = pb.JoinHeader(
-            incarnation=core.incarnation, versions=versions, total_bytes=len(blob),
-            fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
-            codec=core.spec.compression, block_size=core.spec.block_size, slot=core.book.next_slot, tags=tags,
-            session_secret=secret,
-        )
+            header, blob = core.join(request.learner, request.region, request.process, request.supersede)
         core.count_sent(len(blob))
         for i, part in enumerate(chunks(blob)):
             yield pb.JoinChunk(header=header if i == 0 else None, data=bytes(part))
@@ -102,11 +89,7 @@ class SyncerServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"syncer restarted (incarnation {core.incarnation}); rejoin")
         with self._refusals(context):
             core.check_session(request.learner, request.session_secret)
-        with core.lock:
-            info = core.learners.setdefault(request.learner, LearnerInfo())
-            info.subscriptions += 1
-        core.set_active_gauges()
-        try:
+        with core.subscribed(request.learner):
             for u in core.updates(list(request.known_versions), request.exact, context.is_active):
                 sent = 0
                 for part in chunks(u.blob):
@@ -116,10 +99,6 @@ class SyncerServicer:
                                        data=bytes(part), last=last, incarnation=core.incarnation, delta=u.is_delta,
                                        slot=u.slot + 1, tag=u.tag if last else b"")
                 core.count_sent(len(u.blob))
-        finally:
-            with core.lock:
-                info.subscriptions -= 1
-            core.set_active_gauges()
 
     def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
         first = self._opening(request_iterator, context, "recovery")
@@ -129,26 +108,8 @@ class SyncerServicer:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
             blob = _assemble(first, request_iterator, header.total_bytes, "recover")
             adopted = self.core.recover(list(header.fragments), list(header.versions), blob, list(header.tags))
-        with self.core.lock:
-            return pb.RecoverReply(adopted=adopted, versions=list(self.core.model.versions))
+        return pb.RecoverReply(adopted=adopted, versions=self.core.versions())
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)
-        core = self.core
-        with core.lock:
-            now = core.clock()
-            learners = [
-                pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
-                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
-                                 bytes_received=i.bytes_received)
-                for n, i in sorted(core.learners.items())
-            ]
-            return pb.StatusReply(
-                incarnation=core.incarnation, versions=list(core.model.versions),
-                outer_steps=core.model.outer_steps, tokens_merged=core.model.tokens_merged,
-                active_learners=len(core.active_learners()), learners=learners,
-                seconds_since_publish=now - core.last_publish, checkpoint_version=core.checkpoint_version,
-                grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
-                contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
-                regions=core.region_status(), max_norm_ratio=core.max_norm_ratio_seen,
-            )
+        return self.core.status()

@@ -266,7 +266,7 @@ def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Har
     code, details = code_of(lambda: syncer.push(0, delta(10.0), codec="fp32"))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "maxNormRatio" in details and "re-sync" in details
     assert_unchanged(syncer, before)
-    assert syncer.core.max_norm_ratio_seen > 100
+    assert syncer.core.admission.max_ratio_seen > 100
     assert syncer.push(0, delta(0.03), codec="fp32").accepted  # 3x the median: well within the default 20x
 
 
