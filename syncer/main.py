@@ -7,6 +7,7 @@ serves gRPC, merges on its own thread, checkpoints on a schedule and on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import signal
 import threading
@@ -45,8 +46,23 @@ def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> tup
     return GlobalModel.fresh(job.spec.syncer, params), False
 
 
+def keep_freed_memory() -> None:
+    """Serve large allocations from the heap and keep freed memory for reuse (glibc): every merge
+    and publish allocates fragment-sized arrays, and fresh mmap'd pages cost a page fault each
+    (measured: a third of a 1e9-parameter publish). The syncer's footprint is steady, so holding
+    its peak is the right trade. Elsewhere (no glibc) this does nothing."""
+    try:
+        libc = ctypes.CDLL(None)
+        m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameters
+        libc.mallopt(m_mmap_max, 0)
+        libc.mallopt(m_trim_threshold, 1 << 30)  # return memory only when 1 GiB at the top is free
+    except (OSError, AttributeError):
+        log.info("mallopt is not available; large allocations stay memory-mapped")
+
+
 def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
           checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]") -> None:
+    keep_freed_memory()
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diloco.core.codecs import Codec, decode_tensors, encode_tensors
+from diloco.core.codecs import Codec, encode_delta_tensors, encode_tensors
 
 Tensors = dict[str, np.ndarray]
 CHAIN = 2  # deltas kept per fragment: a subscriber one publish behind catches up without a keyframe;
@@ -91,9 +91,7 @@ class Publisher:
         if self.codec == "fp32":  # every message a keyframe of Θ_p itself
             self.reset(p, version, values, slot)
             return
-        delta = encode_tensors({n: values[n] - prev.view[n] for n in values}, self.codec, self.block_size)
-        decoded = decode_tensors(delta)
-        view = {n: prev.view[n] + decoded[n] for n in values}
+        delta, view = encode_delta_tensors(values, prev.view, self.codec, self.block_size)  # one fused pass
         tag = self.tagger(p, version, view)
         with self.cond:
             head = self.heads[p]

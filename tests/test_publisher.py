@@ -78,13 +78,18 @@ def test_every_subscriber_gets_the_same_bytes_and_the_view_the_per_subscriber_en
 
 def test_each_version_is_encoded_once_however_many_subscribe(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    real = publisher_module.encode_tensors
+    real, real_delta = publisher_module.encode_tensors, publisher_module.encode_delta_tensors
 
     def counting(tensors: Tensors, codec: str, block_size: int = 64) -> bytes:
         calls.append(codec)
         return real(tensors, codec, block_size)  # type: ignore[arg-type]
 
+    def counting_delta(target: Tensors, base: Tensors, codec: str, block_size: int = 64) -> tuple[bytes, Tensors]:
+        calls.append(codec)
+        return real_delta(target, base, codec, block_size)  # type: ignore[arg-type]
+
     monkeypatch.setattr(publisher_module, "encode_tensors", counting)
+    monkeypatch.setattr(publisher_module, "encode_delta_tensors", counting_delta)
     h = sh.start(SyncerSpec(fragments=2, broadcast_compression="int8"))
     rng = np.random.default_rng(1)
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -212,22 +212,66 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
     return (rounded >> 16).astype(np.uint16)
 
 
-def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec, block_size: int = 64) -> bytes:
-    """Bundle named tensors: count, then (name length, name, payload length, payload) each,
-    encoded in place into one buffer."""
-    arrays = {name: _checked_input(tensors[name], codec, block_size) for name in sorted(tensors)}
-    sizes = {name: encoded_size(a.shape, codec, block_size) for name, a in arrays.items()}
+def _bundle(shapes: Mapping[str, tuple[int, ...]], codec: Codec, block: int,
+            write: Callable[[str, memoryview], None]) -> bytes:
+    """One buffer: count, then (name length, name, payload length, payload) per tensor in name
+    order, each payload written in place by `write`."""
+    sizes = {name: encoded_size(shapes[name], codec, block) for name in sorted(shapes)}
     out = np.empty(8 + sum(2 + len(n.encode()) + 8 + size for n, size in sizes.items()), np.uint8)
     view = out.data
-    struct.pack_into("<4sI", view, 0, b"DDB1", len(arrays))
+    struct.pack_into("<4sI", view, 0, b"DDB1", len(sizes))
     pos = 8
-    for name, arr in arrays.items():
+    for name, size in sizes.items():
         raw = name.encode()
-        struct.pack_into(f"<H{len(raw)}sQ", view, pos, len(raw), raw, sizes[name])
+        struct.pack_into(f"<H{len(raw)}sQ", view, pos, len(raw), raw, size)
         pos += 2 + len(raw) + 8
-        _encode_into(arr, codec, block_size, view[pos : pos + sizes[name]])
-        pos += sizes[name]
+        write(name, view[pos : pos + size])
+        pos += size
     return out.tobytes()
+
+
+def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec, block_size: int = 64) -> bytes:
+    """Bundle named tensors (see `_bundle`), each encoded in place."""
+    arrays = {name: _checked_input(t, codec, block_size) for name, t in tensors.items()}
+    return _bundle({n: a.shape for n, a in arrays.items()}, codec, block_size,
+                   lambda name, out: _encode_into(arrays[name], codec, block_size, out))
+
+
+def encode_delta_tensors(target: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], codec: Codec,
+                         block_size: int = 64) -> tuple[bytes, dict[str, np.ndarray]]:
+    """`encode_tensors({n: target[n] − base[n]})` and base + its decoded values, which is exactly
+    what a receiver holding `base` computes from the bytes. For int codecs one fused pass per
+    tensor: no difference, decoded or sum is materialised on the way (the broadcast's hot loop)."""
+    if codec not in ("int4", "int8"):
+        blob = encode_tensors({n: target[n] - base[n] for n in target}, codec, block_size)
+        decoded = decode_tensors(blob)
+        return blob, {n: base[n] + decoded[n] for n in target}
+    pairs = {n: (_checked_input(target[n], codec, block_size), _checked_input(base[n], codec, block_size)) for n in target}
+    new = {n: np.empty_like(t) for n, (t, _) in pairs.items()}
+    k = kernels.block_kernels(block_size)
+    fused = k.int4_encode_delta if codec == "int4" else k.int8_encode_delta
+    per_block = block_size // 2 if codec == "int4" else block_size
+
+    def write(name: str, out: memoryview) -> None:
+        t, b = (a.reshape(-1) for a in pairs[name])
+        if t.shape != b.shape:
+            raise CodecError(f"tensor {name!r}: target and base shapes differ")
+        n = new[name].reshape(-1)
+        _HEADER.pack_into(out, 0, MAGIC, CODECS.index(codec), pairs[name][0].ndim, block_size, t.size)
+        struct.pack_into(f"<{pairs[name][0].ndim}Q", out, _HEADER.size, *pairs[name][0].shape)
+        body = out[_HEADER.size + 8 * pairs[name][0].ndim :]
+        nblocks, full = -(-t.size // block_size), t.size // block_size
+        scales = np.frombuffer(body[: 4 * nblocks], np.float32)
+        codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
+        cut = full * block_size
+        fused(t[:cut], b[:cut], scales[:full], codes[: full * per_block], n[:cut])
+        if full < nblocks:  # the last, partial block, zero-padded like `encode`
+            padded = np.zeros((3, block_size), np.float32)
+            padded[0, : t.size - cut], padded[1, : t.size - cut] = t[cut:], b[cut:]
+            fused(padded[0], padded[1], scales[full:], codes[full * per_block :], padded[2])
+            n[cut:] = padded[2, : t.size - cut]
+
+    return _bundle({n: t.shape for n, (t, _) in pairs.items()}, codec, block_size, write), new
 
 
 def parse_tensors(blob: bytes | memoryview, expect: Mapping[str, Sequence[int]] | None = None) -> dict[str, Packed]:

@@ -47,10 +47,12 @@ class BlockKernels:
     pairs would need shuffles); int8 stores one signed byte per value."""
 
     int4_encode: Any  # (x f32[nb*B], scales f32[nb], packed u8[nb*B/2]) -> None: whole blocks
+    int4_encode_delta: Any  # (target, base, scales, packed, new) -> None: encode(target − base), new = base + decoded
     int4_decode: Any  # (scales, packed, out f32[n]) -> None
     int4_accumulate: Any  # (scales, packed, c f32, acc f32[n]) -> None: acc += c * decode
     int4_sumsq: Any  # (scales, packed) -> float: ‖decode‖², from the packed bytes alone
     int8_encode: Any  # (x f32[nb*B], scales, q i8[nb*B]) -> None: whole blocks
+    int8_encode_delta: Any  # (target, base, scales, q, new) -> None
     int8_decode: Any  # (scales, q, out) -> None
     int8_accumulate: Any  # (scales, q, c, acc) -> None
     int8_sumsq: Any  # (scales, q) -> float
@@ -78,6 +80,29 @@ def block_kernels(block: int) -> BlockKernels:
                 lo_q = np.int32(x[lo + j] * inv + np.float32(8.5))
                 hi_q = np.int32(x[lo + H + j] * inv + np.float32(8.5))
                 packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
+
+    @_jit()
+    def int4_encode_delta(target: Any, base: Any, scales: Any, packed: Any, new: Any) -> None:
+        """int4_encode(target − base), and new = base + its decoded values, in one pass (what a
+        subscriber computes from the bytes, bit for bit). Whole blocks only."""
+        d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
+        bits, absmax = d.view(np.uint32), tmp.view(np.float32)
+        for b in range(target.size // B):
+            lo, m = b * B, np.uint32(0)
+            for i in range(B):
+                d[i] = target[lo + i] - base[lo + i]
+            for i in range(B):
+                m = max(m, bits[i] & ABS_MASK)
+            tmp[0] = m
+            s = absmax[0] / np.float32(7.0)
+            scales[b] = s
+            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for j in range(H):
+                lo_q = np.int32(d[j] * inv + np.float32(8.5))
+                hi_q = np.int32(d[H + j] * inv + np.float32(8.5))
+                packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
+                new[lo + j] = base[lo + j] + np.float32((lo_q & 15) - 8) * s
+                new[lo + H + j] = base[lo + H + j] + np.float32((hi_q & 15) - 8) * s
 
     @_jit()
     def int4_decode(scales: Any, packed: Any, out: Any) -> None:
@@ -140,6 +165,27 @@ def block_kernels(block: int) -> BlockKernels:
                 q[lo + j] = np.int8(np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0))))
 
     @_jit()
+    def int8_encode_delta(target: Any, base: Any, scales: Any, q: Any, new: Any) -> None:
+        """int8_encode(target − base), and new = base + its decoded values, in one pass."""
+        d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
+        bits, absmax = d.view(np.uint32), tmp.view(np.float32)
+        for b in range(target.size // B):
+            lo, m = b * B, np.uint32(0)
+            for i in range(B):
+                d[i] = target[lo + i] - base[lo + i]
+            for i in range(B):
+                m = max(m, bits[i] & ABS_MASK)
+            tmp[0] = m
+            s = absmax[0] / np.float32(127.0)
+            scales[b] = s
+            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for j in range(B):
+                v = (d[j] * inv + RINT) - RINT
+                code = np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0)))
+                q[lo + j] = np.int8(code)
+                new[lo + j] = base[lo + j] + np.float32(code) * s
+
+    @_jit()
     def int8_decode(scales: Any, q: Any, out: Any) -> None:
         for b in range(scales.size):
             s, lo = scales[b], b * B
@@ -165,8 +211,8 @@ def block_kernels(block: int) -> BlockKernels:
             total += s * s * q2
         return total
 
-    return BlockKernels(int4_encode, int4_decode, int4_accumulate, int4_sumsq,
-                        int8_encode, int8_decode, int8_accumulate, int8_sumsq)
+    return BlockKernels(int4_encode, int4_encode_delta, int4_decode, int4_accumulate, int4_sumsq,
+                        int8_encode, int8_encode_delta, int8_decode, int8_accumulate, int8_sumsq)
 
 
 @_jit(fastmath=True)  # reassociation lets the fp64 sum vectorise; the order of a sum is not a contract
@@ -197,6 +243,13 @@ def accumulate(x: Any, c: np.float32, acc: Any) -> None:
 def scale_inplace(x: Any, c: np.float32) -> None:
     for i in range(x.size):
         x[i] *= c
+
+
+@_jit()
+def sgd_step(param: Any, delta: Any, lr: np.float32, out: Any) -> None:
+    """out ← Θ − lr·Δ: the Nesterov step at μ = 0, bit for bit (Δ + 0·b = Δ for finite b)."""
+    for i in range(param.size):
+        out[i] = param[i] - lr * delta[i]
 
 
 @_jit()

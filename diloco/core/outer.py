@@ -31,6 +31,10 @@ class NesterovSGD:
             if buf is None:
                 buf = self.buffers[name] = np.zeros_like(param)
             out[name] = np.empty_like(param)  # a new array: readers of the old Θ keep a consistent copy
+            if mu == 0:  # plain SGD (the default outer step): b would be Δ, so skip its two passes
+                kernels.sgd_step(param.reshape(-1), np.ascontiguousarray(delta, dtype=np.float32).reshape(-1), lr,
+                                 out[name].reshape(-1))
+                continue
             kernels.nesterov_step(param.reshape(-1), buf.reshape(-1),
                                   np.ascontiguousarray(delta, dtype=np.float32).reshape(-1), lr, mu, out[name].reshape(-1))
         return out
