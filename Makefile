@@ -11,9 +11,6 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -P -m venv $(VENV)
 	$(BIN)/python -P -m pip install --quiet --upgrade pip
 	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
-	# Compile the numba kernels once, as the images do: learners started together would otherwise
-	# each compile them cold (seconds), late for their join.
-	$(BIN)/python -P -m diloco.core.kernels
 	touch $@
 
 run: $(VENV)/.installed
