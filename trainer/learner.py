@@ -40,7 +40,6 @@ def run(args: argparse.Namespace) -> int:
     import jax.numpy as jnp
     import numpy as np
 
-    from diloco.core import kernels
     from diloco.core.fragments import plan_fragments, specs_from_shapes
     from diloco.core.ledger import Ledger, absorb, prepare_push
     from diloco.core.schedule import Schedule
@@ -86,9 +85,6 @@ def run(args: argparse.Namespace) -> int:
     opt_state = tx.init(params)
     jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng), 0.0))
     eval_loss(params)
-    # The codec kernels too: loaded at first use, they held the first push and the first adoptions
-    # after a (re)join back by a second, and those pushes arrived 3-5 versions stale.
-    kernels.warm(spec.syncer.block_size)
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)

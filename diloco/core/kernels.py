@@ -269,9 +269,7 @@ def warm(block: int = 64) -> None:
     from diloco.core.merge import merge_fragment
     from diloco.core.outer import NesterovSGD
 
-    # Names of four lengths: the payloads land at every byte offset, and numba compiles aligned
-    # and unaligned arrays apart (a real model's names would otherwise hit the other kind cold).
-    x = {"w" * k: np.linspace(-1.0, 1.0, 3 * block + 5, dtype=np.float32) for k in range(1, 5)}
+    x = {"w": np.linspace(-1.0, 1.0, 3 * block + 5, dtype=np.float32)}
     for codec in CODECS:
         packed = parse_tensors(encode_tensors(x, codec, block))
         merged = merge_fragment([packed, x], [1.0, 2.0], "rda", scales=[1.0, 0.5])
