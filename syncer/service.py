@@ -76,6 +76,7 @@ class SyncerCore:
     # One merge at a time; Recover and checkpoints take it too (they read or replace Θ and momentum).
     merging: threading.Lock = field(default_factory=threading.Lock)
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
+    exclusive_waiting: int = 0  # checkpoints and Recovers waiting for `merging`
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -194,7 +195,7 @@ class SyncerCore:
                               f"recover: fragment {p} at version {v} does not carry this job's provenance tag "
                               "(not published by its syncer); nothing was adopted", "forged")
         adopted = []
-        with self.merging, self.lock:  # not while a merge of the fragment is in flight
+        with self.exclusive(), self.lock:  # not while a merge of the fragment is in flight
             for p, v in newer:
                 if v > self.model.versions[p]:
                     for n in self.model.plan.fragments[p]:
@@ -223,13 +224,16 @@ class SyncerCore:
         (the RDA and the outer step are most of the syncer's work), committed under it, then
         published outside it. `merging` keeps merges, Recover and checkpoints one at a time."""
         done: list[int] = []
-        with self.merging:
-            while True:
+        while True:
+            with self.lock:  # one round at a time, standing aside for a waiting checkpoint or Recover
+                while self.exclusive_waiting:
+                    self.lock.wait(timeout=0.05)
+            with self.merging:
                 with self.lock:
                     now = self.clock()
                     due = self.book.pending() if flush else self.book.ready(now, self.active_learners())
                     if not due:
-                        break
+                        return done
                     p, t0 = due[0], self.clock()
                     deadline = self.book.deadline(p) or now
                     closed = self.book.close(p, self.model.versions[p])
@@ -249,8 +253,21 @@ class SyncerCore:
                     self.lock.notify_all()
                 self.publisher.publish(p, result.version, values, closed.slot)
                 self.book.published(self.clock() - t0)
-                done.append(p)
-        return done
+            done.append(p)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No merge in flight (checkpoints, Recover). The merge thread checks for waiters before
+        each round: rounds due back to back would otherwise starve them (a lock is not fair)."""
+        with self.lock:
+            self.exclusive_waiting += 1
+        try:
+            with self.merging:
+                yield
+        finally:
+            with self.lock:
+                self.exclusive_waiting -= 1
+                self.lock.notify_all()
 
     def _count_merge(self, result: MergeResult, closed: Closed[Outer], now: float, deadline: float) -> None:
         """Status and metrics of a committed merge (caller holds the lock)."""
@@ -281,7 +298,7 @@ class SyncerCore:
         """Write a checkpoint; on failure log a clear error, keep the previous one, keep going."""
         if self.store is None:
             return False
-        with self.merging, self.lock:  # momentum is advanced by merges outside the lock
+        with self.exclusive(), self.lock:  # momentum is advanced by merges outside the lock
             self.model.schedule = self.book.schedule_state()
             arrays, meta = self.model.state()
             arrays = {k: v.copy() for k, v in arrays.items()}
