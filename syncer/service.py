@@ -93,7 +93,7 @@ class SyncerCore:
             for p in range(self.model.plan.num_fragments)
         ]
         self.metrics.outer_version.set(sum(self.model.versions))
-        self.max_recover_bytes = len(self.model.full_blob()) + 1024
+        self.max_recover_bytes = sum(self.max_push_bytes) + 1024  # every fragment in fp32: the whole model
         self.lease = PublishLease.open(self.store.dir if self.store else None, self.model.versions)
         self.publisher = Publisher(self.spec.broadcast_compression, self.spec.block_size, self.model.tag)
         for p in range(self.model.plan.num_fragments):

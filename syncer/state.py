@@ -12,7 +12,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from diloco.core.codecs import encode_tensors
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
 from diloco.core.merge import Source, merge_fragment, token_weights, values_of
 from diloco.core.outer import NesterovSGD
@@ -83,9 +82,6 @@ class GlobalModel:
 
     def fragment(self, p: int) -> Tensors:
         return {n: self.params[n] for n in self.plan.fragments[p]}
-
-    def full_blob(self) -> bytes:
-        return encode_tensors(self.params, "fp32")
 
     def apply(self, closed: Closed[Outer], active: int = 1) -> MergeResult:
         """Merge a closed round into Θ_p with the Nesterov outer step; bump its version."""

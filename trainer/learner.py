@@ -27,6 +27,11 @@ def emit(event: str, **fields: Any) -> None:  # one JSON object per line: contra
     print(json.dumps({"t": time.time(), "event": event, **fields}), flush=True)
 
 
+def _warm_codecs(syncer: Any) -> None:
+    from diloco.core import kernels
+    kernels.warm_codecs((syncer.compression, syncer.broadcast_compression), syncer.block_size)
+
+
 def run(args: argparse.Namespace) -> int:
     from diloco.contract import Event, Exit, LearnerId
     from diloco.launch import load_config, pin_cpus, read_pem, read_token
@@ -36,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
     job = load_config(args.config)
     token = read_token(args)
     tls_ca = read_pem(args.tls_ca, "--tls-ca")
+    # Load the codec kernels while JAX starts, not at the first push and adoption after the
+    # join: there a re-admitted learner is a second late and its first pushes arrive stale.
+    # In the background, so a cold cache (compiling takes seconds) never delays the join.
+    threading.Thread(target=_warm_codecs, args=(job.spec.syncer,), name="warm-kernels", daemon=True).start()
     import jax
     import jax.numpy as jnp
     import numpy as np
