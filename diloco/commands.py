@@ -31,7 +31,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
 
     p = sub.add_parser("status", help="ask a syncer for its state (versions, learners, regions)")
-    p.add_argument("--syncer", required=True, help="syncer address host:port")
+    p.add_argument("--syncer", required=True,
+                   help="syncer address host:port; for a sharded syncer every shard's, comma-separated, in order")
     contract.add_token_flag(p)
     contract.add_client_tls_flags(p)
     p.set_defaults(func=cmd_status)
@@ -70,24 +71,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """One syncer's status; a sharded syncer's (every shard's address, comma-separated) added
+    up as one, with each shard's own under `per_shard`."""
     import grpc
     from google.protobuf.json_format import MessageToDict
 
     from diloco.launch import read_pem, read_token
+    from diloco.shards import aggregate, syncer_addresses
     from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 
     token, ca = read_token(args), read_pem(args.tls_ca, "--tls-ca")
-    if ca is not None:
-        options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else [])
-        channel = grpc.secure_channel(args.syncer, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
-    else:
-        channel = grpc.insecure_channel(args.syncer, options=GRPC_OPTIONS)
     try:
-        reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10)
-    except grpc.RpcError as exc:
-        print(f"syncer {args.syncer}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
-    finally:
-        channel.close()
-    print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True), indent=2))
+        addresses = syncer_addresses(args.syncer)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    replies = []
+    for address in addresses:
+        if ca is not None:
+            options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", args.tls_server_name)]
+                                      if args.tls_server_name else [])
+            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
+        else:
+            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        try:
+            replies.append(rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10))
+        except grpc.RpcError as exc:
+            print(f"syncer {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        finally:
+            channel.close()
+    out = MessageToDict(aggregate(replies), preserving_proto_field_name=True)
+    if len(replies) > 1:
+        out["per_shard"] = [MessageToDict(r, preserving_proto_field_name=True) for r in replies]
+    print(json.dumps(out, indent=2))
     return 0

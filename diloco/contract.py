@@ -96,6 +96,21 @@ class LearnerId:
         return cls(group, int(index))
 
 
+# `--shard ordinal`: the shard is the pod's StatefulSet ordinal, the last "-N" of its hostname
+# (the pod-index label needs Kubernetes 1.28; the hostname has it everywhere).
+SHARD_FROM_HOSTNAME = "ordinal"
+
+
+def parse_shard(arg: str, hostname: str) -> int:
+    """`--shard`: a number, or `ordinal` (from `hostname`, e.g. job-syncer-2 is shard 2)."""
+    raw = hostname.rsplit("-", 1)[-1] if arg == SHARD_FROM_HOSTNAME else arg
+    if not raw.isdigit():
+        where = f" (from hostname {hostname!r})" if arg == SHARD_FROM_HOSTNAME else ""
+        raise ValueError(f"--shard {arg!r}{where}: expected a shard number, or `{SHARD_FROM_HOSTNAME}` in a "
+                         "StatefulSet pod")
+    return int(raw)
+
+
 # -- argv: one builder and one parser per process ----------------------------------------
 
 
@@ -126,11 +141,12 @@ class SyncerArgs:
     checkpoint_dir: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    shard: int | str | None = None  # a string where the pod fills it in; None: unsharded (shard 0)
 
     def argv(self) -> list[str]:
         out = ["--config", self.config, "--port", str(self.port)]
         out += _optional(("--metrics-port", self.metrics_port), ("--checkpoint-dir", self.checkpoint_dir),
-                         ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key))
+                         ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key), ("--shard", self.shard))
         return out
 
 
@@ -151,7 +167,8 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
     p.add_argument("--group", required=True, help="learner group name")
     p.add_argument("--index", type=int, required=True, help="replica index within the group")
-    p.add_argument("--syncer", required=True, help="syncer address host:port")
+    p.add_argument("--syncer", required=True,
+                   help="syncer address host:port; for a sharded syncer every shard's, in shard order, comma-separated")
     add_token_flag(p)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
@@ -167,6 +184,8 @@ def add_syncer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=SYNCER_GRPC_PORT, help="gRPC port (0 picks a free one)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
+    p.add_argument("--shard", default="0",
+                   help="this process's shard of spec.syncer.shards: a number (default 0), or `ordinal` in a StatefulSet pod")
     add_token_flag(p)
     p.add_argument("--tls-cert", default=None, help="server certificate chain (PEM); serve TLS")
     p.add_argument("--tls-key", default=None, help="server private key (PEM)")

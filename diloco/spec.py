@@ -133,7 +133,7 @@ class Expose(Model):
 
 class Syncer(Model):
     # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
-    READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "adoption")
+    READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "shards", "adoption")
     # Pod settings, and exposure (its TLS files show in the syncer's pod template itself).
     NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose")
 
@@ -146,6 +146,10 @@ class Syncer(Model):
     participation_scaling: bool = True
     fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
     fragmentation: Method = "balanced"  # equal bytes per fragment: even WAN bursts, even merges
+    # Syncer processes; fragment p is owned (merged, checkpointed, published) by shard p mod
+    # shards. One is enough to ~48 learners of 1e8 parameters (docs/BENCHMARKS.md §5); more
+    # spread the merges and the broadcast over cores or hosts.
+    shards: int = Field(1, ge=1, le=64)
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
     # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
@@ -352,6 +356,14 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
             f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {learners} learners in "
             f"{where}; lower the quorum or add replicas"
         )
+    if spec.syncer.shards > spec.syncer.fragments:
+        yield (
+            f"spec.syncer.shards: {spec.syncer.shards} shards for {spec.syncer.fragments} fragments would leave "
+            "a shard with nothing to merge; use at most as many shards as fragments"
+        )
+    if spec.syncer.shards > 1 and (spec.syncer.external is not None or spec.syncer.expose is not None):
+        yield ("spec.syncer.shards: a sharded syncer is not yet reachable from other clusters "
+               "(spec.syncer.external, spec.syncer.expose); use one shard for multi-cluster jobs")
     if spec.chaos.enabled and spec.chaos.max_concurrent >= max(total, 1) and total > 1:
         yield (
             f"spec.chaos.maxConcurrent: {spec.chaos.max_concurrent} would allow killing all "

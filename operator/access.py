@@ -44,7 +44,7 @@ def blocked(status: dict[str, Any]) -> bool:
 class Link:
     """How learners (and the operator) reach the job's syncer and prove they belong to the job."""
 
-    address: str  # host:port the learners dial
+    address: str  # host:port the learners dial (one per shard, comma-separated, for a sharded syncer)
     token_secret: str  # the Secret whose `token` key learners present
     ca_secret: str | None = None  # the Secret whose `ca.crt` verifies the syncer; None: plaintext
     server_name: str | None = None  # the certificate's name, when it is not the address's host
@@ -99,7 +99,7 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     name = job.metadata.name
     expose = syncer.expose
     tls = expose is not None and expose.tls.enabled
-    return Link(n.syncer_address(name, namespace), n.token_secret(name),
+    return Link(n.syncer_addresses(name, namespace, syncer.shards), n.token_secret(name),
                 expose.tls.secret_name if expose is not None and tls else None,
                 expose.host if expose is not None and tls else None)
 

@@ -62,6 +62,14 @@ def syncer_address(job: str, namespace: str) -> str:
     return f"{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}"
 
 
+def syncer_addresses(job: str, namespace: str, shards: int) -> str:
+    """What learners pass as --syncer: the Service, or for a sharded syncer each shard pod's
+    stable name under the headless Service, in shard (ordinal) order."""
+    if shards == 1:
+        return syncer_address(job, namespace)
+    return ",".join(f"{syncer(job)}-{i}.{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}" for i in range(shards))
+
+
 def labels(job: str, component: str | None = None, group: str | None = None) -> dict[str, str]:
     out = {
         "app.kubernetes.io/name": "decoupled-diloco",

@@ -53,7 +53,10 @@ def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: ac
             secrets: access.Secrets) -> Target:
     """The syncer as the operator dials it: like the learners, with the same token and CA."""
     external = job.spec.syncer.external is not None
-    address = link.address if external else ctx.config.syncer_address(owner.name, owner.namespace)
+    # A sharded syncer is dialled shard by shard, by the pods' names (the config's override, for
+    # tests, maps the one Service of an unsharded syncer).
+    sharded = job.spec.syncer.shards > 1
+    address = link.address if external or sharded else ctx.config.syncer_address(owner.name, owner.namespace)
     ca = access.value(secrets.get(link.ca_secret), n.CA_KEY) if link.ca_secret else None
     return Target(address, token, ca, link.server_name)
 
@@ -67,8 +70,10 @@ def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: d
         view, error = probe
         syncer_ready = view is not None
     else:
-        deployment = live.get(("Deployment", n.syncer(owner.name))) or {}
-        syncer_ready = int((deployment.get("status") or {}).get("readyReplicas") or 0) > 0
+        kind = "Deployment" if job.spec.syncer.shards == 1 else "StatefulSet"  # one pod per shard
+        workload = live.get((kind, n.syncer(owner.name))) or {}
+        ready_pods = int((workload.get("status") or {}).get("readyReplicas") or 0)
+        syncer_ready = ready_pods >= job.spec.syncer.shards
         view, error = ctx.syncers.status(owner.namespace, owner.name, target) if syncer_ready else (None, "")
     syncer_pods = [x for x in job_pods if (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER]
     exposed = exposure.address(job, live.get(("Service", n.exposed_syncer(owner.name))))
@@ -93,6 +98,11 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     job, problems = load(body)
     if job is not None:
         problems = exposure.problems(job, ctx.config.gateway_api)
+        if job.spec.syncer.external is None:
+            syncer = n.syncer(name)
+            changed = render.shard_change_problem(job, ctx.api.get("Deployment", namespace, syncer),
+                                                  ctx.api.get("StatefulSet", namespace, syncer))
+            problems += [changed] if changed else []
         job = None if problems else job
     if job is None:
         new = st.invalid(status, problems, generation, now)

@@ -21,6 +21,7 @@ import yaml
 
 from diloco.contract import (
     LEARNER_METRICS_PORT,
+    SHARD_FROM_HOSTNAME,
     SYNCER_GRPC_PORT,
     SYNCER_METRICS_PORT,
     TOKEN_ENV,
@@ -57,6 +58,17 @@ def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     return problems
 
 
+def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
+                         statefulset: Mapping[str, Any] | None) -> str | None:
+    """A running syncer's shard count is fixed: each shard's checkpoint holds the fragments it
+    owns, so new shards would start from Θ₀ beside the old syncer. Refused like a spec error."""
+    running = 1 if deployment else int((statefulset or {}).get("spec", {}).get("replicas") or 0)
+    if not running or running == job.spec.syncer.shards:
+        return None
+    return (f"spec.syncer.shards: the job's syncer runs as {running} shard(s), and the shard count cannot change "
+            f"while it runs (each shard's checkpoint holds only its own fragments); set it back to {running}")
+
+
 def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool, finished: bool,
              blocked: bool = False, link: access.Link | None = None,
              expose_annotations: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
@@ -76,11 +88,12 @@ def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool
     out = [config_map(job, owner)]
     if not external:
         out.append(token_secret(owner, token))
-        out.append(checkpoint_claim(spec, owner))
+        if spec.syncer.shards == 1:  # a sharded syncer's volumes come from its StatefulSet
+            out.append(checkpoint_claim(spec, owner))
     if finished or blocked:
         return out
     if not external:
-        out += [syncer_deployment(job, owner), syncer_service(owner)]
+        out += [syncer_workload(job, owner), syncer_service(owner, spec.syncer.shards)]
         if spec.syncer.expose is not None:
             out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
     if not spec.suspend:
@@ -118,11 +131,15 @@ def checkpoint_bytes(spec: JobSpec) -> int:
     return disk_bytes(GlobalModel.state_bytes(parameter_shapes(spec.model)))
 
 
+def checkpoint_gib(spec: JobSpec) -> int:
+    return max(1, math.ceil(2 * checkpoint_bytes(spec) / 2**30))  # twice the estimate: head-room
+
+
 def checkpoint_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
-    gib = max(1, math.ceil(2 * checkpoint_bytes(spec) / 2**30))  # twice the estimate: head-room
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": meta(owner, n.checkpoints(owner.name), n.SYNCER),
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}}
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": f"{checkpoint_gib(spec)}Gi"}}}}
 
 
 def _hash(data: Any) -> str:
@@ -248,11 +265,12 @@ def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
                                 "targetPort": "metrics"}]}}
 
 
-def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
-    name = n.syncer(owner.name)
+def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -> dict[str, Any]:
+    """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
     pod_security, container_security = _security()
     volumes, mounts = _common_volumes(owner)
-    volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
+    if shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
+        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
     mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
     expose = job.spec.syncer.expose
     tls: dict[str, str] = {}
@@ -261,7 +279,8 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
         volumes.append(volume)
         mounts.append(mount)
         tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
-    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", SYNCER_GRPC_PORT, SYNCER_METRICS_PORT, n.CHECKPOINT_DIR, **tls)
+    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", SYNCER_GRPC_PORT, SYNCER_METRICS_PORT, n.CHECKPOINT_DIR,
+                      shard=shard, **tls)
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,
@@ -279,27 +298,60 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
         "volumeMounts": mounts,
     }
     return {
+        "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
+        "spec": {"containers": [container], "securityContext": pod_security,
+                 "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
+                 "enableServiceLinks": False, "volumes": volumes},
+    }
+
+
+def syncer_workload(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """One syncer: a Deployment. A sharded one: a StatefulSet, one pod per shard."""
+    return syncer_deployment(job, owner) if job.spec.syncer.shards == 1 else syncer_statefulset(job, owner)
+
+
+def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": meta(owner, name, n.SYNCER),
+        "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
         "spec": {
             "replicas": 1,
             # One writer of the checkpoint volume, ever: the old pod stops before the new starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
-            "template": {
-                "metadata": {"labels": n.labels(owner.name, n.SYNCER),
-                             "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
-                "spec": {"containers": [container], "securityContext": pod_security,
-                         "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
-                         "enableServiceLinks": False, "volumes": volumes},
-            },
+            "template": _syncer_template(job, owner, None),
         },
     }
 
 
-def syncer_service(owner: Owner) -> dict[str, Any]:
+def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """Shard i is pod <job>-syncer-i (its ordinal, read from the pod's hostname: every version
+    has it), with its own checkpoint volume; a StatefulSet never runs two pods of one ordinal,
+    so each volume has one writer. The volumes outlive the job (no owner): they hold the model."""
+    name = n.syncer(owner.name)
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta(owner, name, n.SYNCER),
+        "spec": {
+            "replicas": job.spec.syncer.shards,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",  # shards never wait for each other
+            "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
+            "template": _syncer_template(job, owner, SHARD_FROM_HOSTNAME),
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "checkpoints", "labels": n.labels(owner.name, n.SYNCER)},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": f"{checkpoint_gib(job.spec)}Gi"}}},
+            }],
+        },
+    }
+
+
+def syncer_service(owner: Owner, shards: int = 1) -> dict[str, Any]:
+    """A sharded syncer's is headless: learners dial each shard pod by its stable name."""
+    headless = {"clusterIP": "None"} if shards > 1 else {}
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
-            "spec": {"selector": n.selector(owner.name, n.SYNCER),
+            "spec": {**headless, "selector": n.selector(owner.name, n.SYNCER),
                      "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc",
                                 "appProtocol": "grpc"},
                                {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics"}]}}

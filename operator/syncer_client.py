@@ -60,15 +60,19 @@ class SyncerClients:
         """The syncer's view and "", or None and the gRPC status code's name."""
         import grpc
 
+        from diloco.shards import aggregate, syncer_addresses
         from diloco.wire import auth_metadata, pb, rpc
 
-        channel = self._channel((namespace, job, target.address, target.ca, target.server_name))
-        try:
-            reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(target.token),
-                                                   timeout=TIMEOUT)
-        except grpc.RpcError as exc:
-            log.debug("syncer %s: Status failed: %s", target.address, exc.code())
-            return None, exc.code().name
+        replies = []
+        for address in syncer_addresses(target.address):  # every shard of a sharded syncer, in order
+            channel = self._channel((namespace, job, address, target.ca, target.server_name))
+            try:
+                replies.append(rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(target.token),
+                                                              timeout=TIMEOUT))
+            except grpc.RpcError as exc:
+                log.debug("syncer %s: Status failed: %s", address, exc.code())
+                return None, exc.code().name
+        reply = aggregate(replies)
         regions = tuple(RegionView(region=r.region, learners=int(r.learners), active_learners=int(r.active_learners),
                                    tokens_merged=int(r.tokens_merged), bytes_received=int(r.bytes_received),
                                    contributions=int(r.contributions), mean_staleness=float(r.mean_staleness))

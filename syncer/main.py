@@ -10,6 +10,7 @@ import argparse
 import ctypes
 import logging
 import signal
+import socket
 import threading
 import time
 from concurrent import futures
@@ -17,7 +18,7 @@ from concurrent import futures
 import grpc
 from prometheus_client import start_http_server
 
-from diloco.contract import ready_line
+from diloco.contract import parse_shard, ready_line
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -61,14 +62,15 @@ def keep_freed_memory() -> None:
 
 
 def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
-          checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]") -> None:
+          checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]",
+          shard: int = 0) -> None:
     keep_freed_memory()
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
     regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
     model, restored = initial_model(job, store)
-    core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions)
+    core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard)
     if store is not None and not restored:
         # A fresh job's first checkpoint, before anything is published: it holds the provenance
         # key, so a syncer that crashes before its first scheduled checkpoint still recognises
@@ -89,8 +91,8 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     if bound == 0:
         raise SystemExit(f"syncer: cannot listen on port {port}")
     server.start()
-    log.info("syncer %s listening on %d (incarnation %s, %d fragments)", job.metadata.name, bound,
-             core.incarnation, core.model.plan.num_fragments)
+    log.info("syncer %s shard %d of %d listening on %d (incarnation %s, fragments %s of %d)", job.metadata.name,
+             shard, job.spec.syncer.shards, bound, core.incarnation, list(core.owned), core.model.plan.num_fragments)
     print(ready_line(bound, core.incarnation), flush=True)
 
     stop = threading.Event()
@@ -130,5 +132,12 @@ def main(args: argparse.Namespace) -> int:
     if (cert is None) != (key is None):
         raise SystemExit("--tls-cert and --tls-key go together")
     tls = (key, cert) if cert is not None and key is not None else None
-    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir, tls)
+    try:
+        shard = parse_shard(args.shard, socket.gethostname())
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if not shard < job.spec.syncer.shards:
+        raise SystemExit(f"--shard {args.shard}: spec.syncer.shards is {job.spec.syncer.shards}, "
+                         f"so shards are 0 to {job.spec.syncer.shards - 1}")
+    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir, tls, shard=shard)
     return 0

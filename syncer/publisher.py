@@ -60,13 +60,14 @@ class _Head:
 
 
 class Publisher:
-    """Per fragment, the broadcast view, its delta chain and its keyframe; subscribers wait on
-    `cond` for a version newer than theirs. Knows nothing of rounds or admission."""
+    """Per fragment this syncer (shard) owns, the broadcast view, its delta chain and its
+    keyframe; subscribers wait on `cond` for a version newer than theirs. Knows nothing of
+    rounds or admission."""
 
     def __init__(self, codec: Codec, block_size: int, tagger: Callable[[int, int, Mapping[str, np.ndarray]], bytes]):
         self.codec, self.block_size, self.tagger = codec, block_size, tagger
         self.cond = threading.Condition()
-        self.heads: list[_Head] = []
+        self.heads: dict[int, _Head] = {}  # by fragment, in order: the fragments this syncer publishes
         self.stopping = False
 
     def reset(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int = -1) -> None:
@@ -75,11 +76,7 @@ class Publisher:
         view = {n: np.array(v, np.float32) for n, v in values.items()}
         head = _Head(version, slot, view, self.tagger(p, version, view), deque(maxlen=CHAIN))
         with self.cond:
-            if p < len(self.heads):
-                self.heads[p] = head
-            else:
-                assert p == len(self.heads), "fragments are reset in order first"
-                self.heads.append(head)
+            self.heads[p] = head
             self.cond.notify_all()
 
     def publish(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int) -> None:
@@ -101,12 +98,14 @@ class Publisher:
             self.heads[p] = _Head(version, slot, view, tag, head.chain)
             self.cond.notify_all()
 
-    def snapshot(self) -> tuple[list[int], bytes, list[bytes]]:
-        """What a joining learner receives exactly: every fragment's version, V (fp32), and tag."""
+    def snapshot(self) -> tuple[dict[int, int], bytes, dict[int, bytes]]:
+        """What a joining learner receives exactly: per fragment published here its version and
+        tag, and V of them all (fp32)."""
         with self.cond:
-            heads = list(self.heads)
-        views = {n: v for head in heads for n, v in head.view.items()}
-        return [h.version for h in heads], encode_tensors(views, "fp32"), [h.tag for h in heads]
+            heads = dict(self.heads)
+        views = {n: v for head in heads.values() for n, v in head.view.items()}
+        return ({p: h.version for p, h in heads.items()}, encode_tensors(views, "fp32"),
+                {p: h.tag for p, h in heads.items()})
 
     def stop(self) -> None:
         with self.cond:
@@ -118,11 +117,11 @@ class Publisher:
         With `exact` it holds V_p at `known[p]` (it joined and received nothing since)."""
         held: dict[int, int] = {}
         if exact:
-            held = {p: v for p, v in enumerate(known[: len(self.heads)])}
+            held = {p: v for p, v in enumerate(known) if p in self.heads}
         while alive() and not self.stopping:
             with self.cond:
-                todo = [self._catch_up(p, held.get(p)) for p in range(len(self.heads))
-                        if p not in held or held[p] < self.heads[p].version]
+                todo = [self._catch_up(p, held.get(p)) for p, head in self.heads.items()
+                        if p not in held or held[p] < head.version]
                 if not todo:
                     self.cond.wait(timeout=1.0)
                     continue

@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 
 from diloco.core.codecs import CodecError, decode_tensors, encoded_size
+from diloco.core.fragments import owned_by, owner
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
@@ -77,6 +78,7 @@ class SyncerCore:
     merging: threading.Lock = field(default_factory=threading.Lock)
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
     exclusive_waiting: int = 0  # checkpoints and Recovers waiting for `merging`
+    shard: int = 0  # of spec.shards: this process merges, checkpoints and publishes its fragments only
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -96,7 +98,10 @@ class SyncerCore:
         self.max_recover_bytes = sum(self.max_push_bytes) + 1024  # every fragment in fp32: the whole model
         self.lease = PublishLease.open(self.store.dir if self.store else None, self.model.versions)
         self.publisher = Publisher(self.spec.broadcast_compression, self.spec.block_size, self.model.tag)
-        for p in range(self.model.plan.num_fragments):
+        if not 0 <= self.shard < self.spec.shards:
+            raise ValueError(f"shard {self.shard} of {self.spec.shards}: shards are numbered 0 to {self.spec.shards - 1}")
+        self.owned = owned_by(self.shard, self.model.plan.num_fragments, self.spec.shards)
+        for p in self.owned:
             self.publisher.reset(p, self.model.versions[p], self.model.fragment(p), self.published_slot[p])
 
     # -- admission -----------------------------------------------------------------
@@ -158,6 +163,9 @@ class SyncerCore:
     def check_header(self, h: pb.PushHeader) -> None:
         """Raise Refused if a push header or its sender's session is unacceptable (before the body)."""
         check_header(h, self.incarnation, self.max_push_bytes)
+        if h.fragment not in self.owned:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {h.fragment} belongs to syncer shard "
+                          f"{owner(h.fragment, self.spec.shards)}, not to this one ({self.shard})", "misrouted")
         self.check_session(h.learner, h.session_secret)
 
     def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
@@ -169,6 +177,9 @@ class SyncerCore:
         num = self.model.plan.num_fragments
         if len(fragments) != len(versions) or len(set(fragments)) != len(fragments) or any(p >= num for p in fragments):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: fragments must be distinct, known, one version each")
+        if foreign := [p for p in fragments if p not in self.owned]:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: fragments {foreign} belong to other syncer "
+                          f"shards than this one ({self.shard})", "misrouted")
         if len(tags) != len(fragments):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "recover: one provenance tag per fragment is required",
                           "forged")
@@ -338,14 +349,16 @@ class SyncerCore:
             info.region, info.last_seen = region, self.clock()
             info.joins += 1
             slot = self.book.next_slot
-        versions, blob, tags = self.publisher.snapshot()
+        held, blob, tagged = self.publisher.snapshot()
+        versions = [held.get(p, 0) for p in range(self.model.plan.num_fragments)]
+        tags = [tagged.get(p, b"") for p in range(self.model.plan.num_fragments)]
         self.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
         log.info("learner %s joined (%s, join #%d)", learner, region, info.joins)
         header = pb.JoinHeader(
             incarnation=self.incarnation, versions=versions, total_bytes=len(blob),
             fragments=[pb.FragmentNames(names=list(f)) for f in self.model.plan.fragments],
             codec=self.spec.compression, block_size=self.spec.block_size, slot=slot, tags=tags,
-            session_secret=secret,
+            session_secret=secret, shard=self.shard, shards=self.spec.shards,
         )
         return header, blob
 
@@ -384,6 +397,7 @@ class SyncerCore:
                 grace_seconds=self.book.timings.grace(self.book.policy), step_seconds=self.book.timings.step.get(),
                 contributions_refused=self.refused, bytes_received=self.bytes_received, bytes_sent=self.bytes_sent,
                 regions=self._region_status(), max_norm_ratio=self.admission.max_ratio_seen,
+                shard=self.shard, shards=self.spec.shards,
             )
 
     def set_active_gauges(self) -> None:

@@ -47,6 +47,7 @@ class Harness:
     stub: rpc.SyncerStub
     push_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     secrets: dict[str, bytes] = field(default_factory=dict)
+    port: int = 0
 
     def secret(self, learner: str) -> bytes:
         """The session secret of `learner`, opening a session as its Join would."""
@@ -81,14 +82,15 @@ class Harness:
         self.server.stop(0)
 
 
-def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, model: GlobalModel | None = None) -> Harness:
+def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, model: GlobalModel | None = None,
+          shard: int = 0) -> Harness:
     spec = spec or SyncerSpec(fragments=2)
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     clock = FakeClock()
-    core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock)
+    core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock, shard=shard)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
     rpc.add_SyncerServicer_to_server(SyncerServicer(core, TOKEN), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)
-    return Harness(core, clock, server, channel, rpc.SyncerStub(channel))
+    return Harness(core, clock, server, channel, rpc.SyncerStub(channel), port=port)

@@ -96,7 +96,8 @@ def test_local_runner_and_operator_draw_identical_kill_schedules(tmp_path: Path)
             state["kills"] += 1
         t += STEP
     local.events.close()
-    local.channel.close()
+    for channel in local.channels:
+        channel.close()
 
     assert local_kills == operator_kills
     assert len(local_kills) >= 15 and {k[2] for k in local_kills} == set(ALL)

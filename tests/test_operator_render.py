@@ -99,6 +99,39 @@ def test_syncer_deployment_service_claim_and_config() -> None:
     assert parse_job(config).spec == job(syncer={"quorum": 2}).spec  # loadable by `diloco learner --config`
 
 
+def test_a_sharded_syncer_is_a_statefulset_with_a_volume_per_shard() -> None:
+    sharded = job(syncer={"fragments": 6, "shards": 3})
+    objs = by_key(render.children(sharded, OWNER, TOKEN, started=True, finished=False))
+    assert ("Deployment", "demo-syncer") not in objs and ("PersistentVolumeClaim", "demo-checkpoints") not in objs
+    sts = objs[("StatefulSet", "demo-syncer")]["spec"]
+    assert (sts["replicas"], sts["serviceName"], sts["podManagementPolicy"]) == (3, "demo-syncer", "Parallel")
+    (c,) = sts["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--shard") + 1] == "ordinal"  # from the pod's hostname, any version
+    assert {"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR} in c["volumeMounts"]
+    assert not [v for v in sts["template"]["spec"]["volumes"] if v["name"] == "checkpoints"]
+    (claim,) = sts["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "checkpoints" and "ownerReferences" not in claim["metadata"]
+    assert objs[("Service", "demo-syncer")]["spec"]["clusterIP"] == "None"  # per-pod names for the shards
+    (learner,) = objs[("StatefulSet", "demo-us")]["spec"]["template"]["spec"]["containers"]
+    assert learner["args"][learner["args"].index("--syncer") + 1] == ",".join(
+        f"demo-syncer-{i}.demo-syncer.research.svc:50051" for i in range(3))
+    # Finished: the shards go, their volumes (not the operator's to delete) stay.
+    after = kinds(render.children(sharded, OWNER, TOKEN, started=True, finished=True))
+    assert after == {("ConfigMap", "demo-config"), ("Secret", "demo-token")}
+
+
+def test_the_shard_count_of_a_running_syncer_cannot_change() -> None:
+    one, three = job(), job(syncer={"fragments": 6, "shards": 3})
+    deployment, sts = {"spec": {"replicas": 1}}, {"spec": {"replicas": 3}}
+    assert render.shard_change_problem(one, None, None) is None  # nothing runs yet
+    assert render.shard_change_problem(one, deployment, None) is None
+    assert render.shard_change_problem(three, None, sts) is None
+    assert render.shard_change_problem(three, deployment, None).startswith(
+        "spec.syncer.shards: the job's syncer runs as 1 shard(s), and the shard count cannot change")
+    assert "set it back to 3" in render.shard_change_problem(one, None, sts)
+    assert "set it back to 3" in render.shard_change_problem(job(syncer={"fragments": 6, "shards": 2}), None, sts)
+
+
 def test_big_models_get_bigger_checkpoint_volumes() -> None:
     big = job(model={"layers": 48, "dModel": 4096, "heads": 32, "context": 2048})
     claim = by_key(render.children(big, OWNER, TOKEN, started=True, finished=False))[

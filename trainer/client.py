@@ -23,6 +23,7 @@ import numpy as np
 
 from diloco.contract import Event
 from diloco.core.codecs import CODECS, Codec, CodecError, decode_tensors, encode_tensors
+from diloco.core.fragments import owned_by
 from diloco.core.ledger import Arrival
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
@@ -43,6 +44,11 @@ class JoinState:
     codec: Codec
     block_size: int
     slot: int  # the shared schedule's next slot
+    # The fragments this state is for: those of the syncer shard that sent it (all when
+    # unsharded); `params` holds their tensors and `versions` is meaningful for them only.
+    owned: list[int]
+    shard: int = 0
+    shards: int = 1
 
 
 @dataclass
@@ -129,6 +135,7 @@ class SyncerClient:
         self.view: dict[str, np.ndarray] = {}
         self.view_exact = False  # True from a join until the first subscription uses it
         self.fragments: list[list[str]] = []
+        self.owned: list[int] = []  # the fragments of the syncer (shard) we are connected to
         self.tags: list[bytes] = []  # per fragment: the provenance tag our copy came with
 
     # -- join ------------------------------------------------------------------------
@@ -149,7 +156,12 @@ class SyncerClient:
         codec = next((c for c in CODECS if c == header.codec), None)
         if codec is None:
             raise ConnectionError(f"the syncer asked for codec {header.codec!r}; this learner knows {', '.join(CODECS)}")
-        params = decode_tensors(bytes(buf), shapes)
+        shards = header.shards or 1
+        if header.shard >= shards:
+            raise ConnectionError(f"the syncer calls itself shard {header.shard} of {shards}")
+        owned = list(owned_by(header.shard, len(header.fragments), shards))
+        names = {n for p in owned for n in header.fragments[p].names}
+        params = decode_tensors(bytes(buf), {n: s for n, s in shapes.items() if n in names})
         self.bytes_received += len(buf)
         self.expected_shapes = dict(shapes)
         with self.lock:
@@ -157,12 +169,13 @@ class SyncerClient:
             self.incarnation = header.incarnation
             self.known_versions = list(header.versions)
             self.fragments = [list(f.names) for f in header.fragments]
+            self.owned = owned
             self.view, self.view_exact = dict(params), True
             self.tags = list(header.tags) + [b""] * (len(header.fragments) - len(header.tags))
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
-                         params, codec, header.block_size, int(header.slot))
+                         params, codec, header.block_size, int(header.slot), owned, header.shard, shards)
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
         backoff = Backoff()
@@ -202,6 +215,10 @@ class SyncerClient:
             out = Updates(self.rejoined, self.inbox, self.accepted, self.refused)
             self.rejoined, self.inbox, self.accepted, self.refused = None, {}, [], []
         return out
+
+    def has_news(self) -> bool:
+        with self.lock:
+            return bool(self.inbox or self.accepted or self.refused or self.rejoined)
 
     def wait_for_news(self, timeout: float) -> None:
         """Block until something arrives for the loop (used while flushing at the end)."""
@@ -297,12 +314,12 @@ class SyncerClient:
     def _offer_recovery(self) -> None:
         """Give a restarted syncer the newest global fragments we hold (see Recover)."""
         with self.lock:
-            view, versions, fragments, tags = dict(self.view), list(self.known_versions), self.fragments, list(self.tags)
-        if not view or len(versions) != len(fragments):
+            view, versions, owned, tags = dict(self.view), list(self.known_versions), list(self.owned), list(self.tags)
+        if not view or not owned or len(versions) != len(tags):
             return
-        blob = encode_tensors(view, "fp32")
-        header = pb.RecoverHeader(learner=self.learner, fragments=list(range(len(fragments))),
-                                  versions=versions, total_bytes=len(blob), tags=tags)
+        blob = encode_tensors(view, "fp32")  # the view holds the owned fragments' tensors only
+        header = pb.RecoverHeader(learner=self.learner, fragments=owned, versions=[versions[p] for p in owned],
+                                  total_bytes=len(blob), tags=[tags[p] for p in owned])
         msgs = (pb.RecoverChunk(header=header if i == 0 else None, data=bytes(part)) for i, part in enumerate(chunks(blob)))
         try:
             reply = self.stub.Recover(msgs, metadata=self.metadata, timeout=60)
@@ -366,7 +383,7 @@ class SyncerClient:
                 continue
             self.bytes_received += len(buf)
             with self.lock:
-                if msg.incarnation != self.incarnation or msg.fragment >= len(self.fragments):
+                if msg.incarnation != self.incarnation or msg.fragment not in self.owned:
                     continue
                 names = self.fragments[msg.fragment]
             expect = {n: self.expected_shapes[n] for n in names}

@@ -23,8 +23,16 @@ log = logging.getLogger("diloco.learner")
 FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(event: str, **fields: Any) -> None:  # one JSON object per line: contract.Event
-    print(json.dumps({"t": time.time(), "event": event, **fields}), flush=True)
+    """Whole lines only: the loop and the client's threads all emit, and print() writes the
+    object and its newline separately, so two threads could run their lines together."""
+    line = json.dumps({"t": time.time(), "event": event, **fields}) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def _warm_codecs(syncer: Any) -> None:
@@ -52,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
     from diloco.core.fragments import plan_fragments, specs_from_shapes
     from diloco.core.ledger import Ledger, absorb, prepare_push
     from diloco.core.schedule import Schedule
+    from diloco.shards import syncer_addresses
     from diloco.trainer import data, inner, model
     from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated, Updates
     from diloco.trainer.metrics import LearnerMetrics
+    from diloco.trainer.sharded_client import ShardedClient
 
     spec = job.spec
     group = next((g for g in spec.learner_groups if g.name == args.group), None)
@@ -99,9 +109,20 @@ def run(args: argparse.Namespace) -> int:
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
     # A pod (no restart count) or a restarted process takes its id over from a predecessor the
     # syncer may still think alive; only the very first local process need not.
-    client = SyncerClient(args.syncer, token, learner_id, group.region, on_event=emit,
-                          tls_ca=tls_ca, tls_server_name=args.tls_server_name,
-                          supersede=args.restart is None or args.restart > 0)
+    def connect(address: str) -> SyncerClient:
+        return SyncerClient(address, token, learner_id, group.region, on_event=emit, tls_ca=tls_ca,
+                            tls_server_name=args.tls_server_name, supersede=args.restart is None or args.restart > 0)
+
+    try:
+        addresses = syncer_addresses(args.syncer)  # one per shard of spec.syncer.shards
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    if len(addresses) != spec.syncer.shards:
+        print(f"--syncer: {len(addresses)} addresses for spec.syncer.shards {spec.syncer.shards}; "
+              "list every shard's host:port, in shard order", file=sys.stderr)
+        return Exit.CONFIG
+    client = connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)
     t_join = time.monotonic()
     try:
         joined = client.join_with_retry(shapes)
@@ -139,10 +160,10 @@ def run(args: argparse.Namespace) -> int:
     def apply(u: Updates) -> None:
         """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
         nonlocal incarnation
-        if u.rejoined is not None:  # the syncer restarted: rebase every fragment onto its state
+        if u.rejoined is not None:  # the syncer (shard) restarted: rebase its fragments onto its state
             anchors = ledger.anchors()
-            write({n: u.rejoined.params[n] + (np.asarray(params[n]) - anchors[n]) for n in anchors})
-            ledger.restart(u.rejoined.params, u.rejoined.versions)
+            write({n: u.rejoined.params[n] + (np.asarray(params[n]) - anchors[n]) for n in u.rejoined.params})
+            ledger.restart(u.rejoined.params, u.rejoined.versions, u.rejoined.owned)
             schedule.observe(u.rejoined.slot)
             incarnation = u.rejoined.incarnation
             emit(Event.READOPTED, incarnation=incarnation, versions=ledger.versions)

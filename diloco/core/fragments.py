@@ -140,3 +140,14 @@ def _by_layer(ordered: list[TensorSpec], p: int) -> list[list[str]]:
 def due_fragment(step: int, num_fragments: int) -> int:
     """Round robin: fragment `step mod P` is due after step `step`, so each syncs every P steps."""
     return step % num_fragments
+
+
+def owner(fragment: int, shards: int) -> int:
+    """The syncer shard that merges, checkpoints and publishes `fragment`: round robin, so a
+    balanced plan gives every shard the same bytes, and a fragment's due slots alternate shards."""
+    return fragment % shards
+
+
+def owned_by(shard: int, num_fragments: int, shards: int) -> tuple[int, ...]:
+    """The fragments syncer shard `shard` of `shards` owns (every fragment when unsharded)."""
+    return tuple(p for p in range(num_fragments) if owner(p, shards) == shard)

@@ -140,10 +140,13 @@ class Ledger:
         return out if settled is None else settled
 
     def restart(self, anchors: Mapping[str, np.ndarray] | None = None,
-                versions: Sequence[int] | None = None) -> None:
+                versions: Sequence[int] | None = None, only: Sequence[int] | None = None) -> None:
         """Forget every push in flight (the syncer restarted, or our weights are being reset)
-        and optionally take new anchors. Progress of forgotten pushes stays unpushed."""
+        and optionally take new anchors; with `only`, of those fragments (a syncer shard's).
+        Progress of forgotten pushes stays unpushed."""
         for p, b in enumerate(self.books):
+            if only is not None and p not in only:
+                continue
             for f in b.in_flight:
                 b.steps += f.steps
                 b.tokens += f.tokens

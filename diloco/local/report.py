@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
+from diloco.core.fragments import owned_by, plan_fragments, specs_from_shapes
 from diloco.local.tracker import RunTracker
+from diloco.shards import checkpoint_dir
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.state import GlobalModel
@@ -29,11 +31,18 @@ def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
     return float(np.mean([float(loss(p, jnp.asarray(b))) for b in batches]))
 
 
-def global_params(out: Path) -> dict[str, np.ndarray] | None:
-    loaded, _ = CheckpointStore(out / "checkpoints").load_latest()
-    if loaded is None:
-        return None
-    return GlobalModel.params_of(loaded.arrays)
+def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] | None:
+    """Θ from the final checkpoints: each fragment from the shard that owns it."""
+    syncer, merged = job.spec.syncer, {}
+    for s in range(syncer.shards):
+        loaded, _ = CheckpointStore(checkpoint_dir(str(out / "checkpoints"), s, syncer.shards)).load_latest()
+        if loaded is None:
+            return None
+        params = GlobalModel.params_of(loaded.arrays)
+        plan = plan_fragments(specs_from_shapes({k: v.shape for k, v in params.items()}), syncer.fragments,
+                              syncer.fragmentation)
+        merged.update({n: params[n] for p in owned_by(s, plan.num_fragments, syncer.shards) for n in plan.fragments[p]})
+    return merged
 
 
 def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,
@@ -41,7 +50,7 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
     from diloco.trainer.model import init_params
 
     initial = evaluate(job, {k: np.asarray(v) for k, v in init_params(job.spec.model, job.spec.data.seed).items()})
-    final_params = global_params(out)
+    final_params = global_params(job, out)
     final = evaluate(job, final_params) if final_params is not None else float("nan")
     sent, received = tracker.bytes()
     learner_kills = sum(1 for _, target in tracker.kills if target in tracker.slots)

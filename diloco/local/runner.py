@@ -1,6 +1,6 @@
 """`diloco run FILE`: the same manifest a cluster takes, as processes on this machine.
 
-One syncer, one process per learner replica (each pinned to a core), chaos as the
+One syncer process per shard, one process per learner replica (each pinned to a core), chaos as the
 manifest says (SIGKILL a learner, restart it after the delay as a StatefulSet would),
 a live view, and in --out: events.jsonl, summary.json and PNG plots.
 """
@@ -24,6 +24,7 @@ from diloco.core.chaos import SYNCER, ChaosSchedule, Kill
 from diloco.launch import load_config
 from diloco.local.procs import Child, Supervisor, free_port
 from diloco.local.tracker import RunTracker
+from diloco.shards import aggregate, checkpoint_dir, syncer_name
 from diloco.spec import DecoupledDiLoCoJob, dump_job
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 
@@ -41,7 +42,8 @@ class LocalRun:
         self.config = out / "job.yaml"
         self.config.write_text(yaml.safe_dump(dump_job(job), sort_keys=False))
         self.token = secrets.token_hex(16)
-        self.port = free_port()
+        shards = spec.syncer.shards
+        self.ports = [free_port() for _ in range(shards)]
         env = dict(os.environ, **{
             TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
             # A restarted learner reuses the compiled step: re-admission in ~1 s instead of ~5 s.
@@ -50,18 +52,22 @@ class LocalRun:
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         })
         self.sup = Supervisor(env)
-        syncer = SyncerArgs(str(self.config), self.port, free_port(), str(out / "checkpoints"))
-        self.sup.add(Child(SYNCER, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / "syncer.log"))
+        self.syncers = [syncer_name(s, shards) for s in range(shards)]
+        for s, (name, port) in enumerate(zip(self.syncers, self.ports)):
+            syncer = SyncerArgs(str(self.config), port, free_port(), checkpoint_dir(str(out / "checkpoints"), s, shards),
+                                shard=s if shards > 1 else None)
+            self.sup.add(Child(name, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / f"{name}.log"))
+        addresses = ",".join(f"127.0.0.1:{port}" for port in self.ports)
         cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner in turn
         for i, learner in enumerate(spec.learner_ids()):
-            args = LearnerArgs(str(self.config), learner.group, learner.index, f"127.0.0.1:{self.port}",
+            args = LearnerArgs(str(self.config), learner.group, learner.index, addresses,
                                metrics_port=free_port(), cpus=str(cpus[i % len(cpus)]))
             self.sup.add(Child(str(learner), "learner", diloco_argv("learner", args.argv()),
                                out / "logs" / f"{learner}.log"))
         self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
         self.events = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
-        self.stub = rpc.SyncerStub(self.channel)
+        self.channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) for port in self.ports]
+        self.stubs = [rpc.SyncerStub(c) for c in self.channels]
         self.stopping = False
         self.failure: str | None = None
         self.finished: set[str] = set()  # learners that reached spec.training.steps and exited 0
@@ -75,10 +81,20 @@ class LocalRun:
         self.record({"t": time.time(), "event": event, "source": "runner", **fields})
 
     def poll_status(self) -> None:
-        try:
-            reply = self.stub.Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=2.0)
-        except grpc.RpcError:
+        replies: list[pb.StatusReply | None] = []
+        for stub in self.stubs:
+            try:
+                replies.append(stub.Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=2.0))
+            except grpc.RpcError:
+                replies.append(None)
+        if len(replies) > 1:  # each shard on its own: one restarting must not hide the others
+            self.runner_event("shard_status", shards=[None if r is None else {
+                "incarnation": r.incarnation, "outer_steps": r.outer_steps, "checkpoint_version": r.checkpoint_version,
+                "seconds_since_publish": r.seconds_since_publish, "versions": list(r.versions)} for r in replies])
+        answered = [r for r in replies if r is not None]
+        if len(answered) < len(replies):  # the job's syncer is up when every shard answers
             return
+        reply = aggregate(answered)
         self.runner_event("status", versions=list(reply.versions), outer_steps=reply.outer_steps,
                           tokens_merged=reply.tokens_merged, active_learners=reply.active_learners,
                           seconds_since_publish=reply.seconds_since_publish, incarnation=reply.incarnation,
@@ -89,8 +105,10 @@ class LocalRun:
     def run(self, view: Any) -> dict[str, Any]:
         spec = self.job.spec
         t0 = time.time()
-        self.runner_event("start", job=self.job.metadata.name, learners=spec.total_learners, port=self.port)
-        self.sup.start("syncer")
+        self.runner_event("start", job=self.job.metadata.name, learners=spec.total_learners, port=self.ports[0],
+                          ports=self.ports)
+        for name in self.syncers:
+            self.sup.start(name)
         for name, c in self.sup.children.items():
             if c.kind == "learner":
                 self.sup.start(name)
@@ -133,9 +151,10 @@ class LocalRun:
         if self.tracker.syncer_up_since is not None:
             up.add(SYNCER)
         kills = self.chaos.plan(elapsed, self.kills_made, expected, up)
-        for kill in kills:
-            self.sup.kill(kill.target)
-            self.runner_event("kill", target=kill.target, signal="SIGKILL", number=kill.number)
+        for kill in kills:  # a sharded syncer loses one shard at a time, in turn
+            process = self.syncers[kill.number % len(self.syncers)] if kill.target == SYNCER else kill.target
+            self.sup.kill(process)
+            self.runner_event("kill", target=kill.target, process=process, signal="SIGKILL", number=kill.number)
             self.kills_made += 1
         return kills
 
@@ -179,7 +198,8 @@ class LocalRun:
         wall = time.time() - t0
         self.runner_event("stop", wall_seconds=wall)
         self.events.close()
-        self.channel.close()
+        for channel in self.channels:
+            channel.close()
         from diloco.local.report import write_report
 
         return write_report(self.job, self.out, self.tracker, wall, self.failure)
