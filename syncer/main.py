@@ -19,6 +19,7 @@ import grpc
 from prometheus_client import start_http_server
 
 from diloco.contract import parse_shard, ready_line
+from diloco.core.fragments import owned_by
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -30,21 +31,23 @@ from diloco.wire import GRPC_OPTIONS, rpc
 log = logging.getLogger("diloco.syncer")
 
 
-def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None) -> tuple[GlobalModel, bool]:
+def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard: int = 0) -> tuple[GlobalModel, bool]:
     """Resume from the newest valid checkpoint, else start from the seed every learner shares;
-    the flag says whether a checkpoint was restored."""
+    the flag says whether a checkpoint was restored. A shard holds its own fragments only."""
     from diloco.trainer.model import init_params, shapes
 
     params = {k: v.__array__() for k, v in init_params(job.spec.model, job.spec.data.seed).items()}
+    syncer = job.spec.syncer
+    owned = owned_by(shard, syncer.fragments, syncer.shards) if syncer.shards > 1 else None
     if store is not None:
         loaded, skipped = store.load_latest()
         for line in skipped:
             log.error("skipping corrupt checkpoint %s", line)
         if loaded is not None:
-            model = GlobalModel.from_state(job.spec.syncer, loaded.arrays, loaded.meta, shapes(params))
+            model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, shapes(params), owned)
             log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
             return model, True
-    return GlobalModel.fresh(job.spec.syncer, params), False
+    return GlobalModel.fresh(syncer, params, owned), False
 
 
 def keep_freed_memory() -> None:
@@ -69,7 +72,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
     regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
-    model, restored = initial_model(job, store)
+    model, restored = initial_model(job, store, shard)
     core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard)
     if store is not None and not restored:
         # A fresh job's first checkpoint, before anything is published: it holds the provenance

@@ -7,7 +7,7 @@ merges; tests drive it directly.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -60,6 +60,9 @@ class GlobalModel:
     # The HMAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.
     publish_key: bytes = field(default_factory=provenance.new_key)
+    # A syncer shard's fragments (spec.syncer.shards): the others' tensors are zero-stride
+    # placeholders (their shapes, no memory), never merged and never checkpointed. None: all.
+    owned: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -72,9 +75,22 @@ class GlobalModel:
         ]
 
     @classmethod
-    def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray]) -> GlobalModel:
-        tensors = {k: np.array(v, dtype=np.float32) for k, v in params.items()}
-        return cls(spec, tensors, [0] * spec.fragments)
+    def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray], owned: Sequence[int] | None = None) -> GlobalModel:
+        model = cls(spec, {k: np.asarray(v) for k, v in params.items()}, [0] * spec.fragments)
+        model.keep_only(owned)
+        return model
+
+    def keep_only(self, owned: Sequence[int] | None) -> None:
+        """Hold (fp32, writable) the tensors of `owned` fragments only; the rest become placeholders."""
+        self.owned = None if owned is None or len(owned) == self.plan.num_fragments else tuple(owned)
+        held = self.held()
+        self.params = {n: np.array(v, np.float32) if n in held else np.broadcast_to(np.float32(0), v.shape)
+                       for n, v in self.params.items()}
+
+    def held(self) -> set[str]:
+        """The tensors this syncer (shard) holds and checkpoints."""
+        fragments = range(self.plan.num_fragments) if self.owned is None else self.owned
+        return {n for p in fragments for n in self.plan.fragments[p]}
 
     def shapes(self, fragment: int | None = None) -> dict[str, tuple[int, ...]]:
         names = self.params if fragment is None else self.plan.fragments[fragment]
@@ -155,12 +171,15 @@ class GlobalModel:
         return 2 * 4 * sum(math.prod(s) for s in shapes.values())
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, object]]:
-        arrays = {f"param/{n}": v for n, v in self.params.items()}
+        held = self.held()
+        arrays = {f"param/{n}": v for n, v in self.params.items() if n in held}
         for p, opt in enumerate(self.optimizers):
             arrays.update({f"momentum/{p}/{n}": b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
                 "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
                 "schedule": dict(self.schedule), "publish_key": self.publish_key.hex()}
+        if self.owned is not None:
+            meta["owned"] = list(self.owned)
         return arrays, meta
 
     @staticmethod
@@ -170,15 +189,26 @@ class GlobalModel:
 
     @classmethod
     def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object],
-                   expect: Mapping[str, tuple[int, ...]]) -> GlobalModel:
-        """Restore, refusing a checkpoint whose tensors or plan do not match this job."""
+                   expect: Mapping[str, tuple[int, ...]], owned: Sequence[int] | None = None) -> GlobalModel:
+        """Restore, refusing a checkpoint whose tensors, plan or shard do not match this job's
+        (and this shard's: `owned`)."""
         params = cls.params_of(arrays)
+        mismatch = "checkpoint tensors do not match the job's model (different spec.model?)"
         got = {k: tuple(v.shape) for k, v in params.items()}
-        if got != dict(expect):
-            raise ValueError("checkpoint tensors do not match the job's model (different spec.model?)")
-        model = cls(spec, params, [0] * spec.fragments)
+        if any(tuple(expect.get(k, ())) != s for k, s in got.items()):
+            raise ValueError(mismatch)
+        model = cls(spec, {n: np.broadcast_to(np.float32(0), s) for n, s in expect.items()}, [0] * spec.fragments)
         if meta.get("plan") != model.plan.to_dict():
             raise ValueError("checkpoint fragment plan differs from the job's spec.syncer fragments")
+        model.keep_only(owned)
+        stored = meta.get("owned")
+        if (list(model.owned) if model.owned is not None else None) != stored:
+            raise ValueError(f"the checkpoint holds fragments {stored if stored is not None else 'all'} and this syncer "
+                             f"shard owns {list(model.owned) if model.owned is not None else 'all'}: "
+                             "spec.syncer.shards changed since it was written; set it back")
+        if set(got) != model.held():
+            raise ValueError(mismatch)
+        model.params.update(params)
         versions = meta.get("versions")
         if not isinstance(versions, list) or len(versions) != spec.fragments or any(
                 not isinstance(v, int) or v < 0 for v in versions):

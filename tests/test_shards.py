@@ -170,3 +170,27 @@ def test_diloco_status_adds_up_the_shards(shards: list[sh.Harness]) -> None:
     out = json.loads(res.stdout)
     assert [int(v) for v in out["versions"]] == [0, 1, 0, 0] and out["shards"] == 2
     assert [s.get("shard", 0) for s in out["per_shard"]] == [0, 1]
+
+
+def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
+    from diloco.syncer.checkpoint import CheckpointStore
+    from diloco.syncer.state import GlobalModel
+
+    h = sh.start(SPEC, checkpoint_dir=str(tmp_path), shard=1)
+    try:
+        model = h.core.model
+        mine = {n for p in (1, 3) for n in model.plan.fragments[p]}
+        assert all((v.strides == (0,) * v.ndim) != (n in mine) for n, v in model.params.items())  # placeholders
+        assert h.push(3, h.fragment_tensors(3)).accepted
+        h.core.merge_ready(flush=True)
+        assert h.core.checkpoint()
+    finally:
+        h.close()
+    loaded, _ = CheckpointStore(str(tmp_path)).load_latest()
+    assert loaded is not None and set(GlobalModel.params_of(loaded.arrays)) == mine
+    restored = GlobalModel.from_state(SPEC, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=(1, 3))
+    assert restored.versions == [0, 0, 0, 1]
+    assert np.array_equal(restored.params[model.plan.fragments[3][0]], model.params[model.plan.fragments[3][0]])
+    for spec, owned in ((SyncerSpec(fragments=4), None), (SyncerSpec(fragments=4, shards=4), (1,))):
+        with pytest.raises(ValueError, match=r"spec\.syncer\.shards changed since it was written"):
+            GlobalModel.from_state(spec, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=owned)

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from diloco.core.fragments import owned_by, plan_fragments, specs_from_shapes
 from diloco.local.tracker import RunTracker
 from diloco.shards import checkpoint_dir
 from diloco.spec import DecoupledDiLoCoJob
@@ -32,16 +31,13 @@ def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
 
 
 def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] | None:
-    """Θ from the final checkpoints: each fragment from the shard that owns it."""
-    syncer, merged = job.spec.syncer, {}
-    for s in range(syncer.shards):
-        loaded, _ = CheckpointStore(checkpoint_dir(str(out / "checkpoints"), s, syncer.shards)).load_latest()
+    """Θ from the final checkpoints: each shard's holds the fragments it owns."""
+    shards, merged = job.spec.syncer.shards, {}
+    for s in range(shards):
+        loaded, _ = CheckpointStore(checkpoint_dir(str(out / "checkpoints"), s, shards)).load_latest()
         if loaded is None:
             return None
-        params = GlobalModel.params_of(loaded.arrays)
-        plan = plan_fragments(specs_from_shapes({k: v.shape for k, v in params.items()}), syncer.fragments,
-                              syncer.fragmentation)
-        merged.update({n: params[n] for p in owned_by(s, plan.num_fragments, syncer.shards) for n in plan.fragments[p]})
+        merged.update(GlobalModel.params_of(loaded.arrays))
     return merged
 
 
