@@ -1,20 +1,21 @@
-"""How many learners one syncer sustains, measured end to end with real processes.
+"""How many learners one syncer shard sustains, and two, measured end to end with real processes.
 
     python bench/syncer_scale.py [--models 1e8,1e9] [--fragments 24] [--step-seconds 1.0]
-                                 [--learners 1,2,4,6,8,12,16] [--slots 72] [--smoke]
+                                 [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 72] [--smoke]
 
-For each model size: a real syncer process (`diloco syncer`, the job's defaults but for the
-model and P, no checkpoints) pinned to CPU 0, and for M = 1, 2, 4, ... a load generator process
-(`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX) pinned to CPU 1, pushing
-precomputed int4 outer gradients on the shared schedule at one step per `--step-seconds`. M is
-sustained when every push is accepted and sent on time and every slot's merge reaches every
-learner before the next slot begins (the first P slots, which open the rounds, excluded). The
-search stops at the first M not sustained. The load generator runs on its own core, so the
-syncer has one core, as one shard would.
+For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
+job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
+generator process (`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX),
+each pinned to a core of its own while there are N + 1 cores (else none pinned), pushing precomputed int4 outer gradients on the shared
+schedule at one step per `--step-seconds`, each fragment to its shard. M is sustained when every
+push is accepted and sent on time and every slot's merge reaches every learner before the next
+slot begins (the first P slots, which open the rounds, excluded). The search stops at the first
+M not sustained; with N > 1 it starts at the largest M one shard sustained (measured again) and
+goes down if that fails. On a 2-core machine two shards and the load generator share both cores.
 
-Last line: JSON with `max_learners` keyed "<params>@<P>@<step seconds>" (the largest M sustained;
-0 if not even one) and every trial's figures. `shard_speedup` is null: the sharded syncer is not
-built yet.
+Last line: JSON with `max_learners` keyed "<params>@<P>@<step seconds>" (one shard; the largest M
+sustained, 0 if not even one), `max_learners_by_shards` (the same per shard count), and
+`shard_speedup` per key: the capacity with the largest N tried over the capacity with one.
 """
 
 from __future__ import annotations
@@ -38,16 +39,27 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = {"5e5": (2, 128), "1e7": (6, 384), "1e8": (14, 768), "1e9": (24, 1856)}  # nominal size: (layers, dModel)
 
 
-def pinned(cpu: int) -> list[str]:
-    """A command prefix pinning the process to one core (each JAX-free process gets its own)."""
-    return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and os.cpu_count() and os.cpu_count() > 1 else []
+def pinned(cpu: int | None) -> list[str]:
+    """A command prefix pinning the process to one core (None: the kernel places it)."""
+    ok = cpu is not None and shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
+    return ["taskset", "-c", str(cpu)] if ok else []
 
 
-def manifest(layers: int, d_model: int, fragments: int) -> dict[str, Any]:
+def placement(shards: int) -> tuple[list[int | None], int | None]:
+    """Cores for the shards and the load generator: one each while there are enough; else the
+    kernel balances them all over every core (pinning a shard beside the load generator would
+    starve one of them while another core idles)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if shards + 1 <= len(cpus):
+        return [cpus[i] for i in range(shards)], cpus[-1]
+    return [None] * shards, None
+
+
+def manifest(layers: int, d_model: int, fragments: int, shards: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "syncer-scale"},
         "spec": {"learnerGroups": [{"name": "synthetic", "region": "bench", "replicas": 64}],
-                 "syncer": {"fragments": fragments},
+                 "syncer": {"fragments": fragments, "shards": shards},
                  "model": {"layers": layers, "dModel": d_model, "heads": max(1, d_model // 64), "context": 128}},
     }
 
@@ -61,11 +73,12 @@ def shapes_of(layers: int, d_model: int) -> dict[str, list[int]]:
     return {k: list(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
-def start_syncer(config: Path, token: str, log: Path) -> tuple[subprocess.Popen[str], str]:
+def start_syncer(config: Path, token: str, log: Path, shard: int, cpu: int | None) -> tuple[subprocess.Popen[str], str]:
     env = dict(os.environ, DILOCO_TOKEN=token)
     with open(log, "w") as err:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([*pinned(0), sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", str(config),
-                                 "--port", "0"], stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=REPO)
+        proc = subprocess.Popen([*pinned(cpu), sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", str(config),
+                                 "--port", "0", "--shard", str(shard)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=REPO)
     assert proc.stdout is not None
     for line in proc.stdout:  # the ready line says the port; a large model takes a while to initialise
         if line.startswith("SYNCER_READY"):
@@ -73,14 +86,57 @@ def start_syncer(config: Path, token: str, log: Path) -> tuple[subprocess.Popen[
     raise SystemExit(f"the syncer exited before serving; see {log}:\n{log.read_text()[-2000:]}")
 
 
-def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, prefix: str) -> dict[str, Any]:
+def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, prefix: str,
+          cpu: int | None) -> dict[str, Any]:
     env = dict(os.environ, DILOCO_TOKEN=token)
-    cmd = [*pinned(1), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
+    cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
            str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--prefix", prefix]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600 + 4 * slots * step)
     if out.returncode != 0:
         return {"learners": learners, "sustained": False, "error": out.stderr.strip().splitlines()[-1:]}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def capacity(name: str, shards: int, learners: list[int], start: int, args: argparse.Namespace,
+             tmp: Path) -> dict[str, Any]:
+    """Start `shards` syncer processes for model `name`; try M = learners[start], ... upwards
+    until one fails (downwards from there if the first fails): the largest M sustained."""
+    layers, d_model = MODELS[name]
+    shapes = shapes_of(layers, d_model)
+    params = sum(math.prod(s) for s in shapes.values())
+    key = f"{name}@{args.fragments}@{args.step_seconds}"
+    config, shapes_file = tmp / f"{name}-{shards}.yaml", tmp / f"{name}.json"
+    config.write_text(yaml.safe_dump(manifest(layers, d_model, args.fragments, shards)))
+    shapes_file.write_text(json.dumps(shapes))
+    token = secrets.token_hex(16)
+    t0 = time.monotonic()
+    cores, generator = placement(shards)
+    syncers = [start_syncer(config, token, tmp / f"{name}-{shards}-{i}.log", i, cores[i]) for i in range(shards)]
+    address = ",".join(a for _, a in syncers)
+    print(f"{key}, {shards} shard(s) on cores {cores}, load generator on {generator} (None: unpinned): "
+          f"{params:,} parameters, ready in {time.monotonic() - t0:.0f} s", flush=True)
+    best, trials = 0, []
+
+    def sustains(m: int) -> bool:
+        row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, f"m{len(trials)}-{m}", generator)
+        trials.append(row)
+        print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
+              f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)
+        return bool(row.get("sustained"))
+
+    try:
+        for m in learners[start:]:  # upwards until one fails
+            if not sustains(m):
+                break
+            best = m
+        if best == 0:  # the first tried failed: downwards until one holds
+            best = next((m for m in reversed(learners[:start]) if sustains(m)), 0)
+    finally:
+        for proc, _ in syncers:
+            proc.terminate()
+        for proc, _ in syncers:
+            proc.wait(timeout=120)
+    return {"key": key, "parameters": params, "shards": shards, "max_learners": best, "rows": trials}
 
 
 def main() -> None:
@@ -89,40 +145,32 @@ def main() -> None:
     parser.add_argument("--fragments", type=int, default=24)
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--learners", default="1,2,4,6,8,12,16,24,32,48,64")
+    parser.add_argument("--shards", default="1,2", help="shard counts to measure, one first")
     parser.add_argument("--slots", type=int, default=72, help="slots per trial (the first P are not counted)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:
         args.models, args.fragments, args.step_seconds, args.learners, args.slots = "5e5", 4, 0.5, "1,2", 12
-    result: dict[str, Any] = {"bench": "syncer_scale", "max_learners": {}, "shard_speedup": None, "trials": {}}
+    counts = [int(x) for x in args.shards.split(",")]
+    if counts[0] != 1:
+        raise SystemExit("--shards: start with 1 (the speedup is over one shard)")
+    learners = [int(x) for x in args.learners.split(",")]
+    result: dict[str, Any] = {"bench": "syncer_scale", "max_learners": {}, "max_learners_by_shards": {},
+                              "shard_speedup": {}, "trials": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
-            layers, d_model = MODELS[name]
-            shapes = shapes_of(layers, d_model)
-            params = sum(math.prod(s) for s in shapes.values())
-            key = f"{name}@{args.fragments}@{args.step_seconds}"
-            config, shapes_file = Path(tmp) / f"{name}.yaml", Path(tmp) / f"{name}.json"
-            config.write_text(yaml.safe_dump(manifest(layers, d_model, args.fragments)))
-            shapes_file.write_text(json.dumps(shapes))
-            token = secrets.token_hex(16)
-            t0 = time.monotonic()
-            syncer, address = start_syncer(config, token, Path(tmp) / f"{name}.log")
-            print(f"{key}: {params:,} parameters, syncer ready in {time.monotonic() - t0:.0f} s", flush=True)
-            best, trials = 0, []
-            try:
-                for m in (int(x) for x in args.learners.split(",")):
-                    row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, f"m{m}")
-                    trials.append(row)
-                    print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
-                          f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)
-                    if not row.get("sustained"):
-                        break
-                    best = m
-            finally:
-                syncer.terminate()
-                syncer.wait(timeout=120)
-            result["max_learners"][key] = best
-            result["trials"][key] = {"parameters": params, "rows": trials}
+            one = 0
+            for shards in counts:
+                start = next((i for i, m in enumerate(learners) if m >= one), 0) if shards > 1 else 0
+                got = capacity(name, shards, learners, start, args, Path(tmp))
+                key = got["key"]
+                result["max_learners_by_shards"].setdefault(key, {})[str(shards)] = got["max_learners"]
+                result["trials"].setdefault(key, {"parameters": got["parameters"], "rows": {}})["rows"][str(shards)] = got["rows"]
+                if shards == 1:
+                    one = got["max_learners"]
+                    result["max_learners"][key] = one
+                else:
+                    result["shard_speedup"][key] = round(got["max_learners"] / one, 3) if one else None
     print(json.dumps(result))
 
 

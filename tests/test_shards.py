@@ -194,3 +194,20 @@ def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
     for spec, owned in ((SyncerSpec(fragments=4), None), (SyncerSpec(fragments=4, shards=4), (1,))):
         with pytest.raises(ValueError, match=r"spec\.syncer\.shards changed since it was written"):
             GlobalModel.from_state(spec, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=owned)
+
+
+def test_the_operator_sees_a_sharded_syncer_as_one(shards: list[sh.Harness]) -> None:
+    from diloco.operator.syncer_client import SyncerClients, Target
+
+    for h, p in zip(shards, (0, 1)):
+        assert h.push(p, h.fragment_tensors(p)).accepted
+        h.core.merge_ready(flush=True)
+    clients = SyncerClients()
+    try:
+        view, error = clients.status("research", "demo", Target(",".join(address(h) for h in shards), sh.TOKEN))
+        assert error == "" and view is not None and view.outer_version == 2
+        shards[1].close()  # one shard down: the syncer as a whole does not answer
+        view, error = clients.status("research", "demo", Target(",".join(address(h) for h in shards), sh.TOKEN))
+        assert view is None and error == "UNAVAILABLE"
+    finally:
+        clients.close()

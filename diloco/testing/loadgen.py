@@ -3,7 +3,8 @@
 Each one joins (keeping only the Join header: the model itself is not needed), subscribes as
 a learner does, and pushes a precomputed int4 outer gradient of the due fragment at every slot
 of the shared schedule (slot s is fragment s mod P, due at t0 + s·T). It records when each
-slot's merge reached it. `bench/syncer_scale.py` runs this in its own process against a syncer
+slot's merge reached it. Against a sharded syncer (`--address` lists every shard's, in order)
+it joins and subscribes to every shard and pushes each fragment to its owner, as learners do. `bench/syncer_scale.py` runs this in its own process against a syncer
 process to measure how many learners one syncer really sustains.
 
     python -m diloco.testing.loadgen --address 127.0.0.1:PORT --shapes shapes.json \\
@@ -27,6 +28,8 @@ import numpy as np
 
 from diloco.contract import TOKEN_ENV
 from diloco.core.codecs import encode_tensors
+from diloco.core.fragments import owner
+from diloco.shards import syncer_addresses
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 
@@ -48,11 +51,18 @@ class Report:
 
 
 @dataclass
-class _Learner:
-    name: str
+class _Link:
+    """One synthetic learner's connection to one syncer shard."""
+
     channel: grpc.Channel
     stub: rpc.SyncerStub
     header: pb.JoinHeader
+
+
+@dataclass
+class _Learner:
+    name: str
+    links: list[_Link]  # one per syncer shard, in shard order
     versions: list[int]
     arrivals: dict[int, float] = field(default_factory=dict)  # closed slot -> when its merge arrived
     refused: int = 0
@@ -68,21 +78,26 @@ def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[
             for names in fragments]
 
 
-def join(address: str, token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> _Learner:
-    channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-    stub = rpc.SyncerStub(channel)
+def join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> _Learner:
+    links = []
     request = pb.JoinRequest(learner=name, region="bench", process=os.getpid(), supersede=True,
                              tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())])
-    stream = stub.Join(request, metadata=auth_metadata(token), timeout=600)
-    header = next(iter(stream)).header  # the model follows; a synthetic learner does not need it
-    stream.cancel()
-    return _Learner(name, channel, stub, header, list(header.versions))
+    for address in addresses:
+        channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        stub = rpc.SyncerStub(channel)
+        stream = stub.Join(request, metadata=auth_metadata(token), timeout=600)
+        header = next(iter(stream)).header  # the model follows; a synthetic learner does not need it
+        stream.cancel()
+        links.append(_Link(channel, stub, header))
+    n = len(links)
+    versions = [links[owner(p, n)].header.versions[p] for p in range(len(links[0].header.fragments))]
+    return _Learner(name, links, versions)
 
 
-def _subscribe(lr: _Learner, token: str, stop: threading.Event) -> None:
-    request = pb.SubscribeRequest(learner=lr.name, incarnation=lr.header.incarnation, known_versions=lr.versions,
-                                  exact=True, session_secret=lr.header.session_secret)
-    stream = lr.stub.Subscribe(request, metadata=auth_metadata(token))
+def _subscribe(lr: _Learner, link: _Link, token: str, stop: threading.Event) -> None:
+    request = pb.SubscribeRequest(learner=lr.name, incarnation=link.header.incarnation, known_versions=lr.versions,
+                                  exact=True, session_secret=link.header.session_secret)
+    stream = link.stub.Subscribe(request, metadata=auth_metadata(token))
     stopper = threading.Thread(target=lambda: (stop.wait(), stream.cancel()), daemon=True)
     stopper.start()
     try:
@@ -103,14 +118,15 @@ def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int,
         due = t0 + (s - first_slot) * step_seconds
         time.sleep(max(0.0, due - time.monotonic()))
         p, blob = s % num, payloads[s % num]
+        link = lr.links[owner(p, len(lr.links))]
         ids[0] += 1
         header = pb.PushHeader(
-            learner=lr.name, region="bench", incarnation=lr.header.incarnation, fragment=p,
+            learner=lr.name, region="bench", incarnation=link.header.incarnation, fragment=p,
             base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
             push_id=ids[0], slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
-            session_secret=lr.header.session_secret)
+            session_secret=link.header.session_secret)
         msgs = (pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob)))
-        reply = lr.stub.Push(msgs, metadata=auth_metadata(token), timeout=60)
+        reply = link.stub.Push(msgs, metadata=auth_metadata(token), timeout=60)
         lr.bytes_pushed += len(blob)
         lr.refused += not reply.accepted
         lr.late += time.monotonic() > due + step_seconds
@@ -118,16 +134,19 @@ def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int,
 
 def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
         slots: int, prefix: str = "synthetic") -> Report:
-    """Join `learners` synthetic learners, push for `slots` slots, and report."""
-    team = [join(address, token, f"{prefix}-{i}", shapes) for i in range(learners)]
-    fragments = [list(f.names) for f in team[0].header.fragments]
+    """Join `learners` synthetic learners, push for `slots` slots, and report. `address`: one
+    host:port, or every shard's of a sharded syncer, comma-separated in shard order."""
+    addresses = syncer_addresses(address)
+    team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
+    fragments = [list(f.names) for f in team[0].links[0].header.fragments]
     payloads = outer_gradients(shapes, fragments)
     stop = threading.Event()
-    readers = [threading.Thread(target=_subscribe, args=(lr, token, stop), daemon=True) for lr in team]
+    readers = [threading.Thread(target=_subscribe, args=(lr, link, token, stop), daemon=True)
+               for lr in team for link in lr.links]
     for t in readers:
         t.start()
     num = len(fragments)
-    first_slot = (max(int(lr.header.slot) for lr in team) // num + 1) * num  # a fresh cycle of the schedule
+    first_slot = (max(int(link.header.slot) for lr in team for link in lr.links) // num + 1) * num  # a fresh cycle
     t0 = time.monotonic() + 1.0  # subscriptions settle first
     pushers = [threading.Thread(target=_push_loop, args=(lr, token, payloads, first_slot, slots, t0, step_seconds, [0]))
                for lr in team]
@@ -140,7 +159,8 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     for t in readers:
         t.join(timeout=10)
     for lr in team:
-        lr.channel.close()
+        for link in lr.links:
+            link.channel.close()
     measured = range(first_slot + num, first_slot + slots)  # the first cycle starts every fragment's rounds
     worst, in_time = 0.0, 0
     for s in measured:
