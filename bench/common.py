@@ -224,7 +224,7 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
             if proxies:
                 for name, child in list(self.sup.children.items()) + list(self.held.items()):
                     if child.kind == "learner":
-                        proxy = self.proxies[name] = FaultProxy(self.port).start()
+                        proxy = self.proxies[name] = FaultProxy(self.ports[0]).start()  # one syncer shard
                         i = child.argv.index("--syncer")
                         child.argv[i + 1] = f"127.0.0.1:{proxy.port}"
 
