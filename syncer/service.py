@@ -35,6 +35,7 @@ from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.publisher import Publisher, Update
 from diloco.syncer.state import GlobalModel, MergeResult, Outer
+from diloco.syncer.status import status_reply
 from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
@@ -383,24 +384,7 @@ class SyncerCore:
             return list(self.model.versions)
 
     def status(self) -> pb.StatusReply:
-        with self.lock:
-            now = self.clock()
-            learners = [
-                pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
-                                 tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
-                                 bytes_received=i.bytes_received)
-                for n, i in sorted(self.learners.items())
-            ]
-            return pb.StatusReply(
-                incarnation=self.incarnation, versions=list(self.model.versions),
-                outer_steps=self.model.outer_steps, tokens_merged=self.model.tokens_merged,
-                active_learners=len(self.active_learners()), learners=learners,
-                seconds_since_publish=now - self.last_publish, checkpoint_version=self.checkpoint_version,
-                grace_seconds=self.book.timings.grace(self.book.policy), step_seconds=self.book.timings.step.get(),
-                contributions_refused=self.refused, bytes_received=self.bytes_received, bytes_sent=self.bytes_sent,
-                regions=self._region_status(), max_norm_ratio=self.admission.max_ratio_seen,
-                shard=self.shard, shards=self.spec.shards,
-            )
+        return status_reply(self)
 
     def set_active_gauges(self) -> None:
         with self.lock:
@@ -408,22 +392,6 @@ class SyncerCore:
             self.metrics.active.set(len(active))
             for region in self.regions | {self.region_of(n) for n in self.learners}:
                 self.metrics.region_learners.labels(region).set(sum(1 for n in active if self.region_of(n) == region))
-
-    def _region_status(self) -> list[pb.RegionStatus]:
-        """Per region (caller holds the lock)."""
-        active = self.active_learners()
-        out: dict[str, pb.RegionStatus] = {}
-        for name, info in self.learners.items():
-            r = out.setdefault(self.region_of(name), pb.RegionStatus(region=self.region_of(name)))
-            r.learners += 1
-            r.active_learners += name in active
-            r.tokens_merged += info.tokens
-            r.bytes_received += info.bytes_received
-            r.contributions += info.contributions
-            r.mean_staleness += info.staleness  # a sum until divided below
-        for r in out.values():
-            r.mean_staleness = r.mean_staleness / r.contributions if r.contributions else 0.0
-        return [out[k] for k in sorted(out)]
 
     def count_sent(self, n: int) -> None:
         with self.lock:
