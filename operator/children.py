@@ -79,9 +79,11 @@ def observe(kube: Kube, namespace: str, job: str,
 
 
 def sync(kube: Kube, namespace: str, job: str, owner_uid: str, desired: list[dict[str, Any]],
-         kinds: tuple[str, ...] = MANAGED_KINDS) -> tuple[dict[Key, dict[str, Any]], Plan]:
-    """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done."""
-    live = observe(kube, namespace, job, kinds)
+         kinds: tuple[str, ...] = MANAGED_KINDS,
+         live: dict[Key, dict[str, Any]] | None = None) -> tuple[dict[Key, dict[str, Any]], Plan]:
+    """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done.
+    `live`: the children as the caller just observed them (else they are listed here)."""
+    live = dict(live) if live is not None else observe(kube, namespace, job, kinds)
     todo = plan(desired, list(live.values()), owner_uid)
     for obj in todo.apply:
         live[key(obj)] = kube.apply(obj)

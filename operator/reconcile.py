@@ -96,12 +96,13 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 0)
     ref = n.job_reference(name, namespace, meta["uid"])
     job, problems = load(body)
+    live: dict[children.Key, Any] | None = None  # observed once, for the shard check and the sync
     if job is not None:
         problems = exposure.problems(job, ctx.config.gateway_api)
-        if job.spec.syncer.external is None:
-            syncer = n.syncer(name)
-            changed = render.shard_change_problem(job, ctx.api.get("Deployment", namespace, syncer),
-                                                  ctx.api.get("StatefulSet", namespace, syncer))
+        if not problems and job.spec.syncer.external is None:
+            live = children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
+            changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
+                                                  live.get(("StatefulSet", n.syncer(name))))
             problems += [changed] if changed else []
         job = None if problems else job
     if job is None:
@@ -125,7 +126,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     desired = render.children(job, owner, token, started=st.started(status), finished=was_finished,
                               blocked=blocker is not None, link=link,
                               expose_annotations=ctx.config.expose_annotations)
-    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
+    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds, live)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))

@@ -39,7 +39,7 @@ def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard:
 
     params = {k: v.__array__() for k, v in init_params(job.spec.model, job.spec.data.seed).items()}
     syncer = job.spec.syncer
-    owned = owned_by(shard, syncer.fragments, syncer.shards) if syncer.shards > 1 else None
+    owned = owned_by(shard, syncer.fragments, syncer.shards)
     if store is not None:
         loaded, skipped = store.load_latest()
         for line in skipped:

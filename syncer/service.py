@@ -102,8 +102,7 @@ class SyncerCore:
         if not 0 <= self.shard < self.spec.shards:
             raise ValueError(f"shard {self.shard} of {self.spec.shards}: shards are numbered 0 to {self.spec.shards - 1}")
         self.owned = owned_by(self.shard, self.model.plan.num_fragments, self.spec.shards)
-        if self.model.owned != (None if self.spec.shards == 1 else self.owned):
-            self.model.keep_only(self.owned)  # a shard holds its own fragments' tensors only
+        self.model.keep_only(self.owned)  # a shard holds its own fragments' tensors only
         for p in self.owned:
             self.publisher.reset(p, self.model.versions[p], self.model.fragment(p), self.published_slot[p])
 

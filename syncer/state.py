@@ -76,16 +76,19 @@ class GlobalModel:
 
     @classmethod
     def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray], owned: Sequence[int] | None = None) -> GlobalModel:
-        model = cls(spec, {k: np.asarray(v) for k, v in params.items()}, [0] * spec.fragments)
+        model = cls(spec, {k: np.array(v, dtype=np.float32) for k, v in params.items()}, [0] * spec.fragments)
         model.keep_only(owned)
         return model
 
     def keep_only(self, owned: Sequence[int] | None) -> None:
-        """Hold (fp32, writable) the tensors of `owned` fragments only; the rest become placeholders."""
-        self.owned = None if owned is None or len(owned) == self.plan.num_fragments else tuple(owned)
+        """Hold the tensors of `owned` fragments only (None or every fragment: all); the rest
+        become placeholders. Holding the same already changes nothing."""
+        normal = None if owned is None or len(owned) == self.plan.num_fragments else tuple(owned)
+        if normal == self.owned:
+            return
+        self.owned = normal
         held = self.held()
-        self.params = {n: np.array(v, np.float32) if n in held else np.broadcast_to(np.float32(0), v.shape)
-                       for n, v in self.params.items()}
+        self.params = {n: v if n in held else np.broadcast_to(np.float32(0), v.shape) for n, v in self.params.items()}
 
     def held(self) -> set[str]:
         """The tensors this syncer (shard) holds and checkpoints."""

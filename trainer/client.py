@@ -218,13 +218,16 @@ class SyncerClient:
 
     def has_news(self) -> bool:
         with self.lock:
-            return bool(self.inbox or self.accepted or self.refused or self.rejoined)
+            return self._news()
 
     def wait_for_news(self, timeout: float) -> None:
         """Block until something arrives for the loop (used while flushing at the end)."""
         with self.lock:
-            if not (self.inbox or self.accepted or self.refused or self.rejoined):
+            if not self._news():
                 self.lock.wait(timeout)
+
+    def _news(self) -> bool:  # the caller holds the lock
+        return bool(self.inbox or self.accepted or self.refused or self.rejoined)
 
     def flush(self, timeout: float) -> bool:
         """Wait until the outbox is empty and nothing is in flight (used on SIGTERM)."""

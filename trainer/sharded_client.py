@@ -54,7 +54,7 @@ class ShardedClient:
             if (st.codec, st.block_size, st.fragments) != (states[0].codec, states[0].block_size, states[0].fragments):
                 raise RuntimeError(f"syncer shards 0 and {i} run different specs (codec, block size or fragments)")
         self.adopted = [st.incarnation for st in states]
-        return merge_states(states, list(range(len(states[0].fragments))))
+        return merge_states(states)
 
     def start(self) -> None:
         for c in self.shards:
@@ -70,8 +70,7 @@ class ShardedClient:
         for i, st in rejoined:
             self.adopted[i] = st.incarnation
         return Updates(
-            rejoined=merge_states([st for _, st in rejoined], sorted(p for _, st in rejoined for p in st.owned))
-            if rejoined else None,
+            rejoined=merge_states([st for _, st in rejoined]) if rejoined else None,
             published={p: a for u in parts for p, a in u.published.items()},
             accepted=[a for u in parts for a in u.accepted],
             refused=[r for u in parts for r in u.refused],
@@ -91,9 +90,10 @@ class ShardedClient:
             c.close()
 
 
-def merge_states(states: Sequence[JoinState], owned: list[int]) -> JoinState:
+def merge_states(states: Sequence[JoinState]) -> JoinState:
     """One join state from shards' (each fragment from the shard that owns it)."""
     first, n = states[0], states[0].shards
+    owned = sorted(p for st in states for p in st.owned)
     by_shard = {st.shard: st for st in states}
     versions = list(first.versions)
     for p in owned:
