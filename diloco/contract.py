@@ -21,6 +21,13 @@ SYNCER_GRPC_PORT = 50051  # gRPC's conventional port
 SYNCER_METRICS_PORT = 9101
 LEARNER_METRICS_PORT = 9100  # Prometheus exporters conventionally sit at 9100+
 MIN_TOKEN_CHARS = 16  # 64 bits of hex: guessing it over the network is hopeless
+# A learner of spec.learnerGroups[].hostsPerLearner > 1 is H processes of one SPMD program:
+# jax.distributed's coordinator (host 0's address), this process's id and the count. Flags win
+# over these variables; the operator sets the variables in each pod of a learner's gang.
+COORDINATOR_ENV = "DILOCO_COORDINATOR"
+PROCESS_ID_ENV = "DILOCO_PROCESS_ID"
+NUM_PROCESSES_ENV = "DILOCO_NUM_PROCESSES"
+COORDINATOR_PORT = 8476  # jax.distributed's customary port on host 0
 
 
 class Exit(enum.IntEnum):
@@ -125,11 +132,16 @@ class LearnerArgs:
     restart: int | None = None
     tls_ca: str | None = None
     tls_server_name: str | None = None
+    coordinator: str | None = None  # host:port of the learner's host 0 (hostsPerLearner > 1)
+    process_id: int | None = None
+    num_processes: int | None = None
 
     def argv(self) -> list[str]:
         out = ["--config", self.config, "--group", self.group, "--index", str(self.index), "--syncer", self.syncer]
         out += _optional(("--metrics-port", self.metrics_port), ("--cpus", self.cpus), ("--restart", self.restart),
-                         ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name))
+                         ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name),
+                         ("--coordinator", self.coordinator), ("--process-id", self.process_id),
+                         ("--num-processes", self.num_processes))
         return out
 
 
@@ -177,6 +189,11 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
     p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
     add_client_tls_flags(p)
+    p.add_argument("--coordinator", default=None,
+                   help=f"multi-host learner: host 0's host:port for jax.distributed (else ${COORDINATOR_ENV})")
+    p.add_argument("--process-id", type=int, default=None, help=f"multi-host learner: this host's id (else ${PROCESS_ID_ENV})")
+    p.add_argument("--num-processes", type=int, default=None,
+                   help=f"multi-host learner: its host count (else ${NUM_PROCESSES_ENV})")
 
 
 def add_syncer_flags(p: argparse.ArgumentParser) -> None:

