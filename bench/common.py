@@ -314,12 +314,12 @@ class _Setup:
         import jax
         import jax.numpy as jnp
         import numpy as np
-        import optax
 
         from diloco.spec import parse_job
         from diloco.trainer import data, model
+        from diloco.trainer.recipe import Recipe
 
-        self.jax, self.jnp, self.np, self.optax, self.model, self.data = jax, jnp, np, optax, model, data
+        self.jax, self.jnp, self.np, self.data = jax, jnp, np, data
         spec = parse_job(m).spec
         self.spec, self.cfg, self.tr = spec, spec.model, spec.training
         train, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
@@ -327,27 +327,12 @@ class _Setup:
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.rngs = [np.random.default_rng([spec.data.seed, i, 0]) for i in range(learners)]
         self.window = spec.model.context + 1
-        self.evals = [jnp.asarray(b) for b in data.eval_batches(held_out, self.tr.eval_batches, self.tr.batch_size,
-                                                                 self.window)]
-        tr, cfg = self.tr, self.cfg
-        schedule = optax.warmup_cosine_decay_schedule(0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps,
-                                                      tr.learning_rate * tr.min_lr_ratio)
-        self.tx = optax.chain(optax.clip_by_global_norm(tr.grad_clip),
-                              optax.adamw(schedule, weight_decay=tr.weight_decay))
-        tx = self.tx
-
-        @jax.jit
-        def train_step(params, opt_state, batch):
-            loss, grads = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch))(params)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), opt_state, loss
-
-        self.train_step = train_step
-        self.batch_loss = jax.jit(lambda p, b: model.loss_fn(cfg, p, b))
-        self.params0 = model.init_params(cfg, spec.data.seed)
+        self.evals = data.eval_batches(held_out, self.tr.eval_batches, self.tr.batch_size, self.window)
+        self.recipe = Recipe(self.cfg, self.tr)  # the learner's own step, schedule and eval
+        self.params0 = self.recipe.place(model.init_params(self.cfg, spec.data.seed))
 
     def eval_loss(self, params: Any) -> float:
-        return float(self.np.mean([float(self.batch_loss(params, b)) for b in self.evals]))
+        return self.recipe.eval_loss(params, self.evals)
 
     def batch(self, i: int) -> Any:
         return self.data.sample_batch(self.shards[i], self.tr.batch_size, self.window, self.rngs[i])
@@ -359,10 +344,10 @@ def data_parallel(m: dict[str, Any], learners: int, steps: int, eval_every: int 
     s = _Setup(m, learners)
     np = s.np
     params = s.params0
-    opt = s.tx.init(params)
+    opt = s.recipe.init_state(params)
     warm = np.concatenate([s.data.sample_batch(s.shards[i], s.tr.batch_size, s.window, np.random.default_rng(99))
                            for i in range(learners)])
-    s.jax.block_until_ready(s.train_step(params, opt, warm))  # compile outside the timed loop
+    s.jax.block_until_ready(s.recipe.step(params, opt, warm, 0))  # compile outside the timed loop
     initial = s.eval_loss(params)
     tps = s.tr.batch_size * s.cfg.context * learners
     curve = [(0, initial)]
@@ -371,7 +356,7 @@ def data_parallel(m: dict[str, Any], learners: int, steps: int, eval_every: int 
     for step in range(1, steps + 1):
         batch = np.concatenate([s.batch(i) for i in range(learners)])
         c0 = time.monotonic()
-        params, opt, loss = s.train_step(params, opt, batch)
+        params, opt, loss = s.recipe.step(params, opt, batch, step - 1)
         float(loss)
         compute += time.monotonic() - c0
         if step % eval_every == 0 or step == steps:
@@ -394,9 +379,9 @@ def sync_diloco(m: dict[str, Any], learners: int, steps: int, inner_steps: int, 
     np, jnp = s.np, s.jnp
     glob = {k: np.array(v, dtype=np.float32) for k, v in s.params0.items()}
     outer = NesterovSGD(outer_lr, outer_momentum)
-    opts = [s.tx.init(s.params0) for _ in range(learners)]
+    opts = [s.recipe.init_state(s.params0) for _ in range(learners)]
     warm = s.data.sample_batch(s.shards[0], s.tr.batch_size, s.window, np.random.default_rng(99))
-    s.jax.block_until_ready(s.train_step(s.params0, opts[0], warm))
+    s.jax.block_until_ready(s.recipe.step(s.params0, opts[0], warm, 0))
     initial = s.eval_loss(s.params0)
     tps = s.tr.batch_size * s.cfg.context
     curve = [(0, initial)]
@@ -408,8 +393,8 @@ def sync_diloco(m: dict[str, Any], learners: int, steps: int, inner_steps: int, 
         for i in range(learners):
             params = {k: jnp.asarray(v) for k, v in glob.items()}
             c0 = time.monotonic()
-            for _ in range(h):
-                params, opts[i], loss = s.train_step(params, opts[i], s.batch(i))
+            for j in range(h):
+                params, opts[i], loss = s.recipe.step(params, opts[i], s.batch(i), done + j)
                 float(loss)
             times.append(time.monotonic() - c0)
             locals_.append(params)
@@ -435,13 +420,13 @@ def plain_loop(m: dict[str, Any], seconds: float, slowdown: float, shard: int, l
     group's slowdown exactly as the learner stretches it (sleep compute x (slowdown - 1))."""
     s = _Setup(m, learners)
     params = s.params0
-    opt = s.tx.init(params)
-    params, opt, loss = s.train_step(params, opt, s.batch(shard))
+    opt = s.recipe.init_state(params)
+    params, opt, loss = s.recipe.step(params, opt, s.batch(shard), 0)
     float(loss)
     n, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
         c0 = time.monotonic()
-        params, opt, loss = s.train_step(params, opt, s.batch(shard))
+        params, opt, loss = s.recipe.step(params, opt, s.batch(shard), n + 1)
         float(loss)
         if slowdown > 1:
             time.sleep((time.monotonic() - c0) * (slowdown - 1))
@@ -471,8 +456,8 @@ def lockstep_worker(rank: int, m: dict[str, Any], learners: int, inner_steps: in
     if rank == 0:
         glob[:] = np.concatenate([np.asarray(s.params0[k]).reshape(-1) for k in names])
     outer = NesterovSGD(0.7, 0.9)
-    opt = s.tx.init(s.params0)
-    params, opt, loss = s.train_step(s.params0, opt, s.batch(rank))
+    opt = s.recipe.init_state(s.params0)
+    params, opt, loss = s.recipe.step(s.params0, opt, s.batch(rank), 0)
     float(loss)
 
     def unflat(flat: Any) -> dict[str, Any]:
@@ -489,7 +474,7 @@ def lockstep_worker(rank: int, m: dict[str, Any], learners: int, inner_steps: in
         b0 = time.monotonic()
         for _ in range(inner_steps):
             c0 = time.monotonic()
-            params, opt, loss = s.train_step(params, opt, s.batch(rank))
+            params, opt, loss = s.recipe.step(params, opt, s.batch(rank), steps + 1)
             float(loss)
             if slowdown > 1:
                 time.sleep((time.monotonic() - c0) * (slowdown - 1))

@@ -24,25 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAIN = r"""
 import os, sys, time
 os.sched_setaffinity(0, {0})
-import jax, numpy as np, optax
+import jax, numpy as np
 from diloco.spec import load_job
 from diloco.trainer import data, model
+from diloco.trainer.recipe import Recipe
 job = load_job(sys.argv[1]); spec = job.spec; cfg, tr = spec.model, spec.training
 train, _ = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
 rng = np.random.default_rng(0)
-params = model.init_params(cfg, 0)
-schedule = optax.warmup_cosine_decay_schedule(0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
-tx = optax.chain(optax.clip_by_global_norm(tr.grad_clip), optax.adamw(schedule, weight_decay=tr.weight_decay))
-opt = tx.init(params)
-@jax.jit
-def step(p, o, b):
-    l, g = jax.value_and_grad(lambda p: model.loss_fn(cfg, p, b))(p)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o, l
+recipe = Recipe(cfg, tr)  # the learner's own step
+params = recipe.place(model.init_params(cfg, 0))
+opt = recipe.init_state(params)
 seconds = float(sys.argv[2]); n = 0; warm = 3.0
 t0 = time.monotonic(); start = None
 while True:
-    params, opt, loss = step(params, opt, data.sample_batch(train, tr.batch_size, cfg.context + 1, rng))
+    params, opt, loss = recipe.step(params, opt, data.sample_batch(train, tr.batch_size, cfg.context + 1, rng), n)
     float(loss)  # the learner reads its loss every step too
     now = time.monotonic()
     if start is None and now - t0 >= warm:

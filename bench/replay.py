@@ -63,27 +63,22 @@ def scripts_for(kind: str, learners: int, steps: int, seed: int) -> list[Any]:
 
 
 class JaxTrainer:
-    """The learner's real inner step (trainer/inner.py) on each learner's real shard."""
+    """The learner's real inner step (trainer/recipe.py) on each learner's real shard."""
 
     def __init__(self, m: dict[str, Any], learners: int, seed: int) -> None:
-        import jax
-        import jax.numpy as jnp
         import numpy as np
 
         from diloco.spec import parse_job
-        from diloco.trainer import data, inner, model
+        from diloco.trainer import data, model
+        from diloco.trainer.recipe import Recipe
 
         spec = parse_job(m).spec
-        self.jnp, self.np, self.data, self.spec = jnp, np, data, spec
+        self.np, self.data, self.spec = np, data, spec
         train, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.window = spec.model.context + 1
-        self.evals = [jnp.asarray(b) for b in data.eval_batches(held_out, spec.training.eval_batches,
-                                                                 spec.training.batch_size, self.window)]
-        self.tx = inner.optimizer(spec.training)
-        self.lr = inner.learning_rate(spec.training)
-        self.step_fn = inner.train_step(spec.model, self.tx)
-        self.loss = jax.jit(lambda p, b: model.loss_fn(spec.model, p, b))
+        self.evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, self.window)
+        self.recipe = Recipe(spec.model, spec.training)
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
         self.seed, self.lives = seed, [0] * learners
         self.rngs: list[Any] = [None] * learners
@@ -91,17 +86,16 @@ class JaxTrainer:
     def fresh_state(self, m: int, params: dict[str, Any]) -> Any:
         self.lives[m] += 1  # a restarted learner draws a fresh data order, as the product's does
         self.rngs[m] = self.np.random.default_rng([self.seed, m, self.lives[m]])
-        return self.tx.init({k: self.jnp.asarray(v) for k, v in params.items()})
+        return self.recipe.init_state(self.recipe.place(params))
 
     def step(self, m: int, params: dict[str, Any], state: Any, slot: int) -> tuple[dict[str, Any], Any, int]:
         tr = self.spec.training
         batch = self.data.sample_batch(self.shards[m], tr.batch_size, self.window, self.rngs[m])
-        p, state, _ = self.step_fn({k: self.jnp.asarray(v) for k, v in params.items()}, state, batch, self.lr(slot))
+        p, state, _ = self.recipe.step(self.recipe.place(params), state, batch, slot)
         return {k: self.np.asarray(v) for k, v in p.items()}, state, tr.batch_size * self.spec.model.context
 
     def eval_loss(self, params: dict[str, Any]) -> float:
-        jp = {k: self.jnp.asarray(v) for k, v in params.items()}
-        return float(self.np.mean([float(self.loss(jp, b)) for b in self.evals]))
+        return self.recipe.eval_loss(self.recipe.place(params), self.evals)
 
 
 def replay_arm(m: dict[str, Any], learners: int, steps: int, seed: int, scripts: str = "healthy",

@@ -86,14 +86,13 @@ def reducer(learners: int) -> None:
 def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
     """A dp or sync learner: real JAX training, exchanging through the reducer."""
     os.sched_setaffinity(0, {index % 2})
-    import jax
     import jax.numpy as jnp
     import numpy as np
-    import optax
 
     from diloco.core.outer import NesterovSGD
     from diloco.spec import load_job
     from diloco.trainer import data, model
+    from diloco.trainer.recipe import Recipe
 
     spec = load_job(config).spec
     cfg, tr = spec.model, spec.training
@@ -102,10 +101,8 @@ def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
     rng = np.random.default_rng(index)
     params = model.init_params(cfg, 0)
     names = sorted(params)
-    tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps))
-    opt = tx.init(params)
-    grad_fn = jax.jit(jax.value_and_grad(lambda p, b: model.loss_fn(cfg, p, b)))
-    apply_fn = jax.jit(lambda p, o, g: (lambda u, o2: (optax.apply_updates(p, u), o2))(*tx.update(g, o, p)))
+    recipe = Recipe(cfg, tr)  # the learner's own AdamW, schedule and clipping
+    opt = recipe.init_state(params)
     host, port = address.split(":")
     conn = socket.create_connection((host, int(port)))
 
@@ -129,10 +126,10 @@ def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
     try:
         while True:
             batch = data.sample_batch(shard, tr.batch_size, cfg.context + 1, rng)
-            loss, grads = grad_fn(params, batch)
+            loss, grads = recipe.grads(params, batch)
             if mode == "dp":
                 grads = allreduce(grads)
-            params, opt = apply_fn(params, opt, grads)
+            params, opt = recipe.update(params, opt, grads, step)
             step += 1
             if mode == "sync" and step % SYNC_H == 0:
                 delta = allreduce({n: anchor[n] - np.asarray(params[n]) for n in names})

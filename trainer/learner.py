@@ -54,16 +54,16 @@ def run(args: argparse.Namespace) -> int:
     # In the background, so a cold cache (compiling takes seconds) never delays the join.
     threading.Thread(target=_warm_codecs, args=(job.spec.syncer,), name="warm-kernels", daemon=True).start()
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from diloco.core.fragments import plan_fragments, specs_from_shapes
     from diloco.core.ledger import Ledger, absorb, prepare_push
     from diloco.core.schedule import Schedule
     from diloco.shards import syncer_addresses
-    from diloco.trainer import data, inner, model
+    from diloco.trainer import data, model, sharding
     from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated, Updates
     from diloco.trainer.metrics import LearnerMetrics
+    from diloco.trainer.recipe import Recipe
     from diloco.trainer.sharded_client import ShardedClient
 
     spec = job.spec
@@ -84,26 +84,24 @@ def run(args: argparse.Namespace) -> int:
     restart_entropy = args.restart if args.restart is not None else int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng([spec.data.seed, shard_index, restart_entropy])
     window = spec.model.context + 1
-    evals = [jnp.asarray(b) for b in data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)]
+    evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)
 
-    # Model and inner optimizer (trainer/inner.py): AdamW, its learning rate taken from the
-    # shared schedule's slot, so a (re)joining learner resumes the job's schedule.
+    # Model and inner step (trainer/recipe.py): AdamW, its learning rate taken from the shared
+    # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program
+    # over every device this learner has (spec.training.mesh; trainer/sharding.py).
     cfg, tr = spec.model, spec.training
-    params = model.init_params(cfg, spec.data.seed)
-    shapes = model.shapes(params)
-    schedule_lr = inner.learning_rate(tr)
-    tx = inner.optimizer(tr)
-    train_step = inner.train_step(cfg, tx)
-
-    batch_loss = jax.jit(lambda params, b: model.loss_fn(cfg, params, b))
-
-    def eval_loss(params) -> float:  # one compiled forward pass, reused for every batch
-        return float(np.mean([float(batch_loss(params, b)) for b in evals]))
+    shapes = model.parameter_shapes(cfg)
+    try:
+        layout = sharding.layout(tr.mesh, shapes, tr.batch_size)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    recipe = Recipe(cfg, tr, layout)
 
     # Compile before joining, so the state we pull is fresh when training starts.
-    opt_state = tx.init(params)
-    jax.block_until_ready(train_step(params, opt_state, data.sample_batch(shard, tr.batch_size, window, rng), 0.0))
-    eval_loss(params)
+    params = recipe.place(model.init_params(cfg, spec.data.seed))
+    jax.block_until_ready(recipe.step(params, recipe.init_state(params), data.sample_batch(shard, tr.batch_size, window, rng), 0))
+    recipe.eval_loss(params, evals[:1])
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
     metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
@@ -136,16 +134,16 @@ def run(args: argparse.Namespace) -> int:
     P = plan.num_fragments
     codec, block_size = joined.codec, joined.block_size  # the syncer decides the wire format
 
-    params = {n: jnp.asarray(v) for n, v in joined.params.items()}
+    params = recipe.place(joined.params)
     ledger = Ledger(plan.fragments, joined.params, joined.versions, spec.syncer.adoption)
     schedule = Schedule(P, joined.slot)
     incarnation = joined.incarnation
-    opt_state = tx.init(params)
+    opt_state = recipe.init_state(params)
     tokens_per_step = tr.batch_size * spec.model.context
     pull_seconds = time.monotonic() - t_join
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
-    first_eval = eval_loss(params)  # the global model as pulled: a late joiner starts from it
+    first_eval = recipe.eval_loss(params, evals)  # the global model as pulled: a late joiner starts from it
     emit(Event.JOINED, learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
          slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
@@ -155,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         return {n: np.asarray(params[n]) for n in plan.fragments[p]}
 
     def write(values: dict[str, np.ndarray]) -> None:
-        params.update({n: jnp.asarray(v) for n, v in values.items()})
+        params.update(recipe.place(values))
 
     def apply(u: Updates) -> None:
         """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
@@ -194,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         # 2. One inner step on our shard (stretched by the group's slowdown factor).
         t0 = time.monotonic()
         batch = data.sample_batch(shard, tr.batch_size, window, rng)
-        params, opt_state, loss = train_step(params, opt_state, batch, schedule_lr(schedule.slot))
+        params, opt_state, loss = recipe.step(params, opt_state, batch, schedule.slot)
         loss_value = float(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
@@ -211,8 +209,8 @@ def run(args: argparse.Namespace) -> int:
         if not np.isfinite(loss_value) or client.resync.is_set():
             emit(Event.DIVERGED if not np.isfinite(loss_value) else Event.RESYNCED, step=step)
             client.resync.clear()
-            params = {n: jnp.asarray(v) for n, v in ledger.anchors().items()}
-            opt_state = tx.init(params)
+            params = recipe.place(ledger.anchors())
+            opt_state = recipe.init_state(params)
             ledger.restart()
             ledger.reset_counters()
             schedule.take()
@@ -223,13 +221,13 @@ def run(args: argparse.Namespace) -> int:
         #    previous push is still in flight (then its progress goes out with the next one).
         slot, p = schedule.take()
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
-            params = {n: v * jnp.nan if n in plan.fragments[p] else v for n, v in params.items()}
+            params = {n: v * np.nan if n in plan.fragments[p] else v for n, v in params.items()}
         if not ledger.busy(p) or step == args.inject_nan_at_step:  # the poisoned push always goes out
             push(p, slot)
         step += 1
 
         if step % tr.eval_interval_steps == 0:
-            ev = eval_loss(params)
+            ev = recipe.eval_loss(params, evals)
             metrics.eval_loss.set(ev)
             emit(Event.EVAL, step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
         if time.monotonic() - last_report >= 1.0:

@@ -1,12 +1,19 @@
-"""A byte-level decoder-only transformer (pre-LayerNorm, learned positions, untied head).
+"""The learner's model: one of the built-in families (trainer/gpt.py, trainer/llama.py) or the
+user's own Flax module (`spec.model.module`), behind four functions every caller uses.
 
-Parameter names are flat `a/b/c` paths; fragments, codecs and checkpoints all key on
-them, and `embed`-prefixed tables are merged by plain averaging (docs/ALGORITHM.md, "The syncer": Merge).
+Parameter names are flat `a/b/c` paths; fragments, codecs and checkpoints all key on them,
+and `embed`-prefixed tables are merged by plain averaging (docs/ALGORITHM.md, "The syncer":
+Merge). Parameters are fp32 whatever `spec.model.dtype` says: that is the compute dtype.
+
+Bring your own model: `module: "package.module:factory"`, where `factory(spec.model)`
+returns a `flax.linen.Module` whose `__call__(tokens)` maps (batch, length) int32 token ids
+to (batch, length, vocabSize) logits; name embedding tables `embed...` so they are averaged.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import flax.linen as nn
@@ -17,61 +24,57 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from diloco.spec import TransformerModel
 
-VOCAB = 256  # bytes: no tokenizer to download, any text works
 Params = dict[str, jax.Array]
 
 
-class Block(nn.Module):
-    d_model: int
-    heads: int
-    mlp_ratio: int
-
-    @nn.compact
-    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-        h = nn.LayerNorm(use_bias=False, name="ln1")(x)
-        h = nn.MultiHeadDotProductAttention(
-            num_heads=self.heads, qkv_features=self.d_model, use_bias=False, name="attn"
-        )(h, h, mask=mask)
-        x = x + h
-        h = nn.LayerNorm(use_bias=False, name="ln2")(x)
-        h = nn.Dense(self.mlp_ratio * self.d_model, use_bias=False, name="up")(h)
-        h = nn.Dense(self.d_model, use_bias=False, name="down")(nn.gelu(h))
-        return x + h
+def build(cfg: TransformerModel) -> nn.Module:
+    """The Flax module `cfg` describes."""
+    if cfg.module is not None:
+        return _user_module(cfg)
+    if cfg.family == "llama":
+        from diloco.trainer.llama import Llama
+        return Llama(cfg)
+    from diloco.trainer.gpt import GPT
+    return GPT(cfg)
 
 
-class Transformer(nn.Module):
-    cfg: TransformerModel
+def _user_module(cfg: TransformerModel) -> nn.Module:
+    assert cfg.module is not None
+    where, _, name = cfg.module.partition(":")
+    try:
+        factory = getattr(importlib.import_module(where), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"spec.model.module {cfg.module!r}: cannot load it ({exc}); install the package "
+                         "in the learner image and name an importable `package.module:factory`") from exc
+    module = factory(cfg)
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"spec.model.module {cfg.module!r}: the factory returned {type(module).__name__}, "
+                         "not a flax.linen.Module")
+    return module
 
-    @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        c = self.cfg
-        t = tokens.shape[-1]
-        x = nn.Embed(VOCAB, c.d_model, name="embed")(tokens)
-        x = x + nn.Embed(c.context, c.d_model, name="pos_embed")(jnp.arange(t))
-        mask = nn.make_causal_mask(tokens)
-        for i in range(c.layers):
-            x = Block(c.d_model, c.heads, c.mlp_ratio, name=f"layers_{i}")(x, mask)
-        x = nn.LayerNorm(use_bias=False, name="ln_f")(x)
-        return nn.Dense(VOCAB, use_bias=False, name="head")(x)
+
+def _flat(tree: Any) -> dict[str, Any]:
+    return {"/".join(k): v for k, v in flatten_dict(tree).items()}
 
 
 def init_params(cfg: TransformerModel, seed: int) -> Params:
-    """Flat fp32 parameters; every learner and the syncer get the same ones from the same seed."""
-    model = Transformer(cfg)
+    """Flat fp32 parameters; every learner gets the same ones from the same seed."""
     # Jitted: one compile instead of dozens of eagerly dispatched ops (3.6 s -> well under 1 s).
-    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, cfg.context), jnp.int32))
-    return {"/".join(k): v for k, v in flatten_dict(variables["params"]).items()}
+    variables = jax.jit(build(cfg).init)(jax.random.PRNGKey(seed), jnp.zeros((1, cfg.context), jnp.int32))
+    return _flat(variables["params"])
 
 
 def apply(cfg: TransformerModel, params: Params, tokens: jax.Array) -> jax.Array:
+    """Logits (batch, length, vocabSize) in the compute dtype."""
     nested = unflatten_dict({tuple(k.split("/")): v for k, v in params.items()})
-    logits: jax.Array = Transformer(cfg).apply({"params": nested}, tokens)  # type: ignore[assignment]  # no mutable collections: logits only
+    logits: jax.Array = build(cfg).apply({"params": nested}, tokens)  # type: ignore[assignment]  # no mutable collections: logits only
     return logits
 
 
 def loss_fn(cfg: TransformerModel, params: Params, batch: jax.Array) -> jax.Array:
-    """Mean next-byte cross-entropy in nats; batch is (B, context + 1) bytes."""
-    logits = apply(cfg, params, batch[:, :-1])
+    """Mean next-token cross-entropy in nats (fp32 whatever the compute dtype); batch is
+    (B, context + 1) token ids."""
+    logits = apply(cfg, params, batch[:, :-1]).astype(jnp.float32)
     return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), batch[:, 1:, None], axis=-1))
 
 
@@ -82,8 +85,8 @@ def shapes(params: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 @functools.lru_cache(maxsize=64)
 def _shapes_of(cfg_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     cfg = TransformerModel.model_validate_json(cfg_json)
-    abstract = jax.eval_shape(Transformer(cfg).init, jax.random.PRNGKey(0), jnp.zeros((1, cfg.context), jnp.int32))
-    return tuple(("/".join(k), tuple(v.shape)) for k, v in flatten_dict(abstract["params"]).items())
+    abstract = jax.eval_shape(build(cfg).init, jax.random.PRNGKey(0), jnp.zeros((1, cfg.context), jnp.int32))
+    return tuple((k, tuple(v.shape)) for k, v in _flat(abstract["params"]).items())
 
 
 def parameter_shapes(cfg: TransformerModel) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,105 @@
+"""The one training recipe: the model's loss, AdamW, its learning-rate schedule and the
+held-out eval, as the learner, every benchmark and the run report use them.
+
+AdamW with global-norm clipping; the learning rate follows linear warmup then cosine decay
+over the *shared schedule's* slots and is passed in each step, so a learner that (re)joins
+mid-job resumes the job's schedule instead of warming up again (AdamW's own bias correction
+restarts with its moments, as it must). With a `Layout` (trainer/sharding.py) the step runs
+as one SPMD program over the learner's mesh; without one, on the default device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from diloco.spec import Training, TransformerModel
+from diloco.trainer import model
+from diloco.trainer.sharding import Layout
+
+
+def learning_rate(tr: Training) -> Callable[[int], float]:
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
+    return lambda slot: float(schedule(slot))
+
+
+def optimizer(tr: Training) -> optax.GradientTransformation:
+    return optax.chain(optax.clip_by_global_norm(tr.grad_clip),
+                       optax.inject_hyperparams(optax.adamw)(learning_rate=0.0, weight_decay=tr.weight_decay))
+
+
+class Recipe:
+    """`init` -> (params, state); `step(params, state, batch, slot)` -> (params, state, loss);
+    `eval_loss(params, batches)`. Parameters and state stay where the layout puts them."""
+
+    def __init__(self, cfg: TransformerModel, tr: Training, layout: Layout | None = None) -> None:
+        self.cfg, self.tr, self.layout = cfg, tr, layout
+        self.tx = optimizer(tr)
+        self.lr = learning_rate(tr)
+
+        def grads(params: Any, batch: Any) -> Any:
+            return jax.value_and_grad(lambda p: model.loss_fn(cfg, p, batch))(params)
+
+        def update(params: Any, state: Any, grads: Any, lr: Any) -> Any:
+            clip_state, adamw_state = state
+            adamw_state.hyperparams["learning_rate"] = lr
+            updates, state = self.tx.update(grads, (clip_state, adamw_state), params)
+            return optax.apply_updates(params, updates), state
+
+        def step(params: Any, state: Any, batch: Any, lr: Any) -> Any:
+            loss, g = grads(params, batch)
+            return (*update(params, state, g, lr), loss)
+
+        # Apart, for data-parallel baselines that all-reduce gradients between the two.
+        self._grads, self._update = jax.jit(grads), jax.jit(update)
+
+        loss = lambda p, b: model.loss_fn(cfg, p, b)  # noqa: E731
+        if layout is None:
+            self._step, self._loss, self._init = jax.jit(step), jax.jit(loss), jax.jit(self.tx.init)
+            return
+        state_sh = layout.state_shardings(jax.eval_shape(self.tx.init, self._shapes()))
+        self._step = jax.jit(step, out_shardings=(layout.params, state_sh, layout.replicated))
+        self._loss = jax.jit(loss, out_shardings=layout.replicated)
+        self._init = jax.jit(self.tx.init, out_shardings=state_sh)
+
+    def _shapes(self) -> dict[str, Any]:
+        return {n: jax.ShapeDtypeStruct(s, jnp.float32) for n, s in model.parameter_shapes(self.cfg).items()}
+
+    def place(self, params: dict[str, Any]) -> dict[str, jax.Array]:
+        """Host arrays as the step's parameters (sharded over the mesh, or on the device)."""
+        if self.layout is None:
+            return {n: jnp.asarray(v) for n, v in params.items()}
+        return self.layout.put_params(params)
+
+    def init_state(self, params: dict[str, jax.Array]) -> Any:
+        return self._init(params)
+
+    def _batch(self, batch: np.ndarray) -> jax.Array:
+        return jnp.asarray(batch) if self.layout is None else self.layout.put_batch(batch)
+
+    def step(self, params: Any, state: Any, batch: np.ndarray, slot: int) -> tuple[Any, Any, jax.Array]:
+        out: tuple[Any, Any, jax.Array] = self._step(params, state, self._batch(batch), self.lr(slot))
+        return out
+
+    def grads(self, params: Any, batch: np.ndarray) -> tuple[jax.Array, Any]:
+        """(loss, gradients) without updating: what a data-parallel worker all-reduces."""
+        out: tuple[jax.Array, Any] = self._grads(params, self._batch(batch))
+        return out
+
+    def update(self, params: Any, state: Any, grads: Any, slot: int) -> tuple[Any, Any]:
+        out: tuple[Any, Any] = self._update(params, state, grads, self.lr(slot))
+        return out
+
+    def batch_loss(self, params: Any, batch: np.ndarray) -> jax.Array:
+        out: jax.Array = self._loss(params, self._batch(batch))
+        return out
+
+    def eval_loss(self, params: Any, batches: Iterable[np.ndarray]) -> float:
+        """Mean held-out loss over fixed batches (one compiled forward pass, reused)."""
+        return float(np.mean([float(self.batch_loss(params, b)) for b in batches]))
