@@ -37,6 +37,37 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     contract.add_client_tls_flags(p)
     p.set_defaults(func=cmd_status)
 
+    p = sub.add_parser("export", help="write a syncer checkpoint's global model as safetensors or orbax, with its config")
+    p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR",
+                   help="the syncer's checkpoint directory; a sharded syncer's: the root holding shard-0, shard-1, ...")
+    p.add_argument("out", metavar="OUT", help="directory to write model.safetensors (or orbax/) and config.json to")
+    p.add_argument("--format", choices=["safetensors", "orbax"], default="safetensors")
+    p.add_argument("--config", default=None, metavar="JOB.yaml",
+                   help="the job's manifest (default: the job.yaml `diloco run` writes beside CHECKPOINT_DIR)")
+    p.add_argument("--force", action="store_true", help="replace an export already in OUT")
+    p.set_defaults(func=lambda a: _call("diloco.export", "main", a))
+
+    p = sub.add_parser("sample", help="generate text from an exported model or a syncer checkpoint")
+    p.add_argument("export_dir", nargs="?", default=None, metavar="EXPORT_DIR", help="a `diloco export` directory")
+    p.add_argument("--checkpoint", default=None, metavar="CHECKPOINT_DIR", help="sample a checkpoint instead")
+    p.add_argument("--config", default=None, metavar="JOB.yaml",
+                   help="with --checkpoint: the job's manifest (default: the job.yaml beside CHECKPOINT_DIR)")
+    p.add_argument("--prompt", default=None, help="text to continue (default: ROMEO: on the builtin corpus)")
+    p.add_argument("--tokens", type=int, default=200, help="tokens to generate (bytes, for a byte-level model)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sample at this temperature")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed (temperature > 0)")
+    p.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
+                   help="override the job's tokenizer (needed for pre-tokenized data with a vocabulary above 256)")
+    p.set_defaults(func=lambda a: _call("diloco.sample", "main", a))
+
+    p = sub.add_parser("prepare-tokens", help="tokenize text files into train.bin / val.bin (spec.data.source kind tokens)")
+    p.add_argument("glob", metavar="GLOB", help="the text files, a quoted glob, local or an fsspec URL")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write train.bin and val.bin to")
+    p.add_argument("--tokenizer", default="bytes", help="a Hugging Face tokenizer.json (default: bytes, ids 0-255)")
+    p.add_argument("--held-out-fraction", type=float, default=0.05,
+                   help="the last fraction of the ids, written to val.bin (default: spec.data.heldOutFraction's 0.05)")
+    p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a))
+
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
     p.set_defaults(func=lambda a: _call("diloco.operator.crd", "main", a))
 

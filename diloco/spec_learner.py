@@ -105,7 +105,9 @@ class DataSource(Model):
     path: str | None = Field(None, min_length=1, max_length=4096)
     # The held-out files (a glob); unset: the last spec.data.heldOutFraction of the data.
     held_out_path: str | None = Field(None, min_length=1, max_length=4096)
-    # text: "bytes" (ids 0-255, no tokenizer) or the path of a Hugging Face tokenizer.json.
+    # "bytes" (ids 0-255, no tokenizer) or a Hugging Face tokenizer.json (a path or fsspec URL):
+    # text is tokenized with it; tokens name the one that made them, to decode samples and check
+    # that its vocabulary fits spec.model.vocabSize.
     tokenizer: str = Field("bytes", min_length=1, max_length=4096)
     token_dtype: Literal["uint16", "uint32"] = "uint16"  # tokens: nanoGPT writes uint16 (vocab < 65536)
 
@@ -129,8 +131,8 @@ class Data(Model):
             raise ValueError(f"source.path: kind {s.kind!r} reads files; give a glob such as /data/train/*.txt")
         if s.kind == "builtin" and (s.path or s.held_out_path):
             raise ValueError("source.path: the builtin corpus reads no files; set source.kind to text or tokens")
-        if s.kind != "text" and s.tokenizer != "bytes":
-            raise ValueError("source.tokenizer: only text is tokenized; tokens are already ids")
+        if s.kind == "builtin" and s.tokenizer != "bytes":
+            raise ValueError("source.tokenizer: the builtin corpus is bytes; set source.kind to text to tokenize files")
         return self
 
 

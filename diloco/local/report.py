@@ -17,17 +17,14 @@ from diloco.syncer.state import GlobalModel
 
 def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
     """Held-out loss (nats per byte) on the same fixed windows the learners use."""
-    import jax
-    import jax.numpy as jnp
-
-    from diloco.trainer import data, model
+    from diloco.trainer import data
+    from diloco.trainer.recipe import Recipe
 
     spec = job.spec
     _, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
     batches = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, spec.model.context + 1)
-    loss = jax.jit(lambda p, b: model.loss_fn(spec.model, p, b))
-    p = {k: jnp.asarray(v) for k, v in params.items()}
-    return float(np.mean([float(loss(p, jnp.asarray(b))) for b in batches]))
+    recipe = Recipe(spec.model, spec.training)  # the learners' own eval
+    return recipe.eval_loss(recipe.place(params), batches)
 
 
 def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] | None:
@@ -75,6 +72,11 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
     }
     if failure:
         summary["failure"] = failure
+    if final_params is not None:  # what the model learned, at a glance; never fails the run
+        from diloco.sample import summary_sample
+
+        if (sample := summary_sample(job.spec.model, job.spec.data.source, final_params)) is not None:
+            summary["sample"] = sample
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     plot(tracker, out, initial)
     return summary

@@ -1,0 +1,161 @@
+"""Reading `spec.data.source`'s files: text tokenized (bytes or a Hugging Face tokenizer.json)
+and nanoGPT-layout token files (memory-mapped when local).
+
+Every path is a glob, local or an fsspec URL (gs://, s3://, memory://), expanded and sorted so
+every learner sees the same list. Errors name the spec field and the fix: they are what a user
+reads when a job does not start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Final
+
+import numpy as np
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from tokenizers import Tokenizer
+
+# Documents are joined with the tokenizer's end-of-text token when it has one of these names
+# (GPT-2, Llama/SentencePiece, Llama 3, Gemma), else with a newline, as the built-in corpus is.
+END_OF_TEXT: Final = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+BATCH_FILES: Final = 16  # files tokenized per call: work for the tokenizer's threads, and a progress tick
+BATCH_BYTES: Final = 64 << 20  # or fewer files when they are large: memory holds one batch of text
+FULL_CHECK_TOKENS: Final = 1 << 30  # up to 1G ids (2 GB of uint16, ~1 s from the page cache) are all checked
+SAMPLE_BLOCKS: Final = 256  # above that, this many evenly spaced blocks of SAMPLE_BLOCK ids are checked
+SAMPLE_BLOCK: Final = 1 << 20  # 256 x 1M ids: about a second from a cold disk, whatever the data's size
+
+Progress = Callable[[int], None]  # called with the count of bytes just read and tokenized
+
+
+def expand(pattern: str, field: str) -> list[str]:
+    """The files `pattern` matches (directories left out), sorted, as URLs fsspec can open."""
+    fs, stripped = url_to_fs(pattern)
+    found = fs.glob(stripped, detail=True)
+    paths = sorted(p for p, info in found.items() if info.get("type") == "file")
+    if not paths:
+        raise ValueError(f"{field}: no files match {pattern!r}; check the path (a glob such as "
+                         "/data/train/*.txt or gs://bucket/train/*.bin)")
+    return [p if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(p) for p in paths]
+
+
+def read_bytes(url: str) -> bytes:
+    fs, path = url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        raw: bytes = f.read()
+    return raw
+
+
+def read_tokenizer(where: str, field: str) -> Tokenizer | None:
+    """The tokenizer.json at `where` (a path or fsspec URL); None for "bytes"."""
+    if where == "bytes":
+        return None
+    try:
+        return Tokenizer.from_str(read_bytes(where).decode("utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{field}: no file at {where!r}; give the path of a Hugging Face tokenizer.json, "
+                         "or \"bytes\" for byte-level ids") from None
+    except Exception as exc:  # tokenizers raises plain Exception for malformed JSON
+        raise ValueError(f"{field}: {where!r} is not a tokenizer.json the `tokenizers` library can read "
+                         f"({exc}); save one with Tokenizer.save()") from None
+
+
+def check_vocab(tok: Tokenizer, vocab_size: int, where: str) -> None:
+    """Every id the tokenizer can make needs a row in the model's embedding (bytes need none:
+    check_ids sees the ids the data actually holds)."""
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if size > vocab_size:
+        raise ValueError(f"spec.model.vocabSize: {vocab_size} is smaller than the vocabulary of {where!r} "
+                         f"({size} tokens); set spec.model.vocabSize to at least {size}")
+
+
+def separator(tok: Tokenizer | None) -> np.ndarray:
+    """The ids between two documents (see END_OF_TEXT)."""
+    if tok is None:
+        return np.array([ord("\n")], np.uint32)
+    for name in END_OF_TEXT:
+        if (i := tok.token_to_id(name)) is not None:
+            return np.array([i], np.uint32)
+    return np.array(tok.encode("\n", add_special_tokens=False).ids, np.uint32)
+
+
+def batches(urls: Sequence[str]) -> Iterator[list[bytes]]:
+    """The files' contents, BATCH_FILES or BATCH_BYTES at a time, whichever comes first."""
+    batch: list[bytes] = []
+    for url in urls:
+        batch.append(read_bytes(url))
+        if len(batch) == BATCH_FILES or sum(map(len, batch)) >= BATCH_BYTES:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def encode(raws: Sequence[bytes], tok: Tokenizer | None) -> list[np.ndarray]:
+    """Each document's ids (uint32): its bytes, or its UTF-8 text tokenized whole (a cut inside
+    a document could change its ids: pre-tokenizers join whitespace runs, some prepend a space)."""
+    if tok is None:
+        return [np.frombuffer(raw, np.uint8).astype(np.uint32) for raw in raws]
+    texts = [raw.decode("utf-8", errors="replace") for raw in raws]
+    return [np.array(e.ids, np.uint32) for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def stream_text(urls: Sequence[str], tok: Tokenizer | None, progress: Progress | None = None) -> Iterator[np.ndarray]:
+    """Each file's ids (uint32) in order, from the second on led by `separator(tok)`."""
+    sep = separator(tok)
+    first = True
+    for raws in batches(urls):
+        for ids in encode(raws, tok):
+            yield ids if first else np.concatenate([sep, ids])
+            first = False
+        if progress:
+            progress(sum(map(len, raws)))
+
+
+def read_text(urls: Sequence[str], tok: Tokenizer | None) -> np.ndarray:
+    """The files' ids as one array, uint16 when they fit (half the memory)."""
+    ids = np.concatenate(list(stream_text(urls, tok)))
+    return ids.astype(np.uint16) if ids.size and ids.max() < 1 << 16 else ids
+
+
+def read_tokens(urls: Sequence[str], dtype: str, field: str) -> list[np.ndarray]:
+    """Each file as a flat array of `dtype` ids: np.memmap when local (nothing is read until
+    used), read into memory from an fsspec URL (object stores cannot be mapped). Empty files
+    are left out."""
+    itemsize = np.dtype(dtype).itemsize
+    out: list[np.ndarray] = []
+    for url in urls:
+        fs, path = url_to_fs(url)
+        size = int(fs.size(path))
+        if size % itemsize:
+            raise ValueError(f"{field}: {url!r} has {size} bytes, not a multiple of {itemsize} "
+                             f"({dtype}); set spec.data.source.tokenDtype to the dtype the file was written with")
+        if size == 0:
+            continue
+        if isinstance(fs, LocalFileSystem):
+            out.append(np.memmap(path, dtype=dtype, mode="r"))
+        else:
+            out.append(np.frombuffer(read_bytes(url), dtype=dtype))
+    if not out:
+        raise ValueError(f"{field}: every file matched is empty; point it at the .bin files "
+                         "`diloco prepare-tokens` wrote")
+    return out
+
+
+def check_ids(arrays: Sequence[np.ndarray], vocab_size: int, where: str) -> None:
+    """Every id < spec.model.vocabSize (an id past the embedding table trains on garbage, silently
+    on accelerators): all of them up to FULL_CHECK_TOKENS, above that SAMPLE_BLOCKS blocks."""
+    total = sum(len(a) for a in arrays)
+    if total <= FULL_CHECK_TOKENS:
+        blocks, how = list(arrays), f"all {total} ids"  # a max over a memmap streams through it
+    else:
+        blocks = []
+        for a in arrays:  # blocks in proportion to each file's length, evenly spaced in it
+            n = max(1, min(SAMPLE_BLOCKS * len(a) // total, len(a) // SAMPLE_BLOCK))
+            blocks += [a[s : s + SAMPLE_BLOCK] for s in np.linspace(0, max(len(a) - SAMPLE_BLOCK, 0), n, dtype=np.int64)]
+        how = f"a sample of {sum(len(b) for b in blocks)} of {total} ids"
+    top = max(int(b.max()) for b in blocks if len(b))
+    if top >= vocab_size:
+        raise ValueError(f"spec.model.vocabSize: {where} holds id {top} (checked {how}), but the model's "
+                         f"vocabulary is {vocab_size}; set spec.model.vocabSize to at least {top + 1}, or check "
+                         "spec.data.source.tokenDtype and tokenizer")
