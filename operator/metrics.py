@@ -24,6 +24,9 @@ class OperatorMetrics:
         self.readmissions = Counter("diloco_operator_learner_readmissions_total",
                                     "Lost learners whose pod became ready again", [*JOB_LABELS, "diloco_group"],
                                     registry=r)
+        self.restarts = Counter("diloco_operator_learner_restarts_total",
+                                "Multi-host learners restarted as a whole after losing a host",
+                                [*JOB_LABELS, "diloco_group"], registry=r)
         self.chaos_kills = Counter("diloco_operator_chaos_kills_total", "Pods deleted by chaos injection",
                                    JOB_LABELS, registry=r)
         self.forced_deletions = Counter("diloco_operator_forced_deletions_total",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.contract import SYNCER_GRPC_PORT, LearnerId
+from diloco.contract import COORDINATOR_PORT, SYNCER_GRPC_PORT, LearnerId
 from diloco.spec import API_VERSION, KIND
 
 MANAGER = "diloco-operator"  # field manager for server-side apply and the managed-by label
@@ -20,6 +20,10 @@ INDEX = "apps.kubernetes.io/pod-index"  # set on every StatefulSet pod by the co
 APPLIED_HASH = "diloco.dev/applied-hash"  # hash of what the operator last applied
 CONFIG_HASH = "diloco.dev/config-hash"  # on pod templates: restart pods when training config changes
 CHAOS = "diloco.dev/chaos-kill"  # annotation on a pod deleted by chaos (seen in its DELETED event)
+# A multi-host learner's pods (hostsPerLearner > 1): the name of its own StatefulSet, and its
+# index (their pod-index label is then the host: the process id within the learner).
+GANG = "diloco.dev/gang"
+LEARNER_INDEX = "diloco.dev/learner-index"
 
 LEARNER, SYNCER = "learner", "syncer"
 CONFIG_KEY = "job.yaml"
@@ -35,6 +39,25 @@ MAX_STATEFULSET_NAME = 52
 
 def statefulset(job: str, group: str) -> str:
     return f"{job}-{group}"
+
+
+def gang(job: str, group: str, index: int) -> str:
+    """The StatefulSet of learner `group-index` when it spans several hosts; its pods are `<gang>-<host>`."""
+    return f"{job}-{group}-{index}"
+
+
+def gang_selector(job: str, group: str, index: int) -> dict[str, str]:
+    return {**selector(job, LEARNER, group), LEARNER_INDEX: str(index)}
+
+
+def host_address(job: str, group: str, index: int, host: int, namespace: str) -> str:
+    """A multi-host learner's host by its stable name under the group's headless Service."""
+    return f"{gang(job, group, index)}-{host}.{statefulset(job, group)}.{namespace}.svc"
+
+
+def coordinator_address(job: str, group: str, index: int, namespace: str) -> str:
+    """jax.distributed's coordinator: host 0 of the learner."""
+    return f"{host_address(job, group, index, 0, namespace)}:{COORDINATOR_PORT}"
 
 
 def syncer(job: str) -> str:
@@ -108,11 +131,19 @@ def job_reference(name: str, namespace: str, uid: str) -> dict[str, Any]:
 
 
 def learner_of(pod: dict[str, Any]) -> tuple[str, LearnerId] | None:
-    """(job, learner) of a learner pod, from its labels or its StatefulSet name suffix."""
+    """(job, learner) of a learner pod, from its labels or its StatefulSet name suffix (a
+    multi-host learner's pods carry their learner's index in a label of their own)."""
     meta = pod.get("metadata", {})
     lab = meta.get("labels") or {}
     job, group = lab.get(JOB), lab.get(GROUP)
     if not job or not group or lab.get(COMPONENT) != LEARNER:
         return None
-    raw = lab.get(INDEX) or meta.get("name", "").rsplit("-", 1)[-1]
+    raw = lab.get(LEARNER_INDEX) or lab.get(INDEX) or meta.get("name", "").rsplit("-", 1)[-1]
     return (job, LearnerId(group, int(raw))) if raw.isdigit() else None
+
+
+def host_of(pod: dict[str, Any]) -> int | None:
+    """The host (process id) of a multi-host learner's pod: its StatefulSet ordinal."""
+    meta = pod.get("metadata", {})
+    raw = (meta.get("labels") or {}).get(INDEX) or meta.get("name", "").rsplit("-", 1)[-1]
+    return int(raw) if raw.isdigit() else None

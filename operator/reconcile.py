@@ -13,7 +13,7 @@ from secrets import token_urlsafe
 from typing import Any
 
 from diloco.contract import LearnerId
-from diloco.operator import access, children, exposure, pods, render
+from diloco.operator import access, children, exposure, gangs, learners, pods, render, restarts
 from diloco.operator import chaos as chaos_mod
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
@@ -64,8 +64,7 @@ def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: ac
 def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: dict[children.Key, Any],
              job_pods: list[dict[str, Any]], target: Target, probe: tuple[st.SyncerView | None, str] | None,
              blocker: access.Blocker | None, now: float) -> st.Observation:
-    ready = {g.name: int(((live.get(("StatefulSet", n.statefulset(owner.name, g.name))) or {}).get("status") or {})
-                         .get("readyReplicas") or 0) for g in job.spec.learner_groups}
+    ready = {g.name: learners.ready_learners(owner.name, g, live) for g in job.spec.learner_groups}
     if probe is not None:  # an external syncer: asked before the learners were rendered
         view, error = probe
         syncer_ready = view is not None
@@ -146,6 +145,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
             post(ref, "PodForceDeleted", f"pod {pod_meta['name']} was Terminating past its grace period "
                                          f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
     new = _readmit_ready(ctx, ref, new, job_pods)
+    if ended is None and not was_finished and blocker is None and not job.spec.suspend:
+        new = _settle_gangs(ctx, ref, job, new, job_pods, now)
     if blocker is not None and _running_reason(status) != blocker.reason:
         post(ref, blocker.reason, blocker.message, warning=True)
     diff = st.changed(status, new)
@@ -166,34 +167,63 @@ def _running_reason(status: dict[str, Any]) -> str:
 
 def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
                    job_pods: list[dict[str, Any]]) -> dict[str, Any]:
-    """Re-admit lost slots whose pod is ready but whose event was missed or came out of order."""
+    """Re-admit lost slots whose pod is ready but whose event was missed or came out of order
+    (multi-host learners: `_settle_gangs`)."""
     for pod in job_pods:
         found = n.learner_of(pod)
-        if found is None or not pods.ready(pod):
+        if found is None or (pod["metadata"].get("labels") or {}).get(n.GANG) or not pods.ready(pod):
             continue
         patch = pods.record_ready(new, found[1])
         if patch is not None:
             new = {**new, **patch}
-            _readmitted(ctx, ref, found[1], pod)
+            _readmitted(ctx, ref, found[1], f"pod {pod['metadata']['name']} is ready")
     return new
 
 
-def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, pod: dict[str, Any]) -> None:
+def _settle_gangs(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, new: dict[str, Any],
+                  job_pods: list[dict[str, Any]], now: float) -> dict[str, Any]:
+    """Every multi-host learner: record its run, restart it as a whole if it lost a host,
+    re-admit it once all its hosts are back."""
+    name = ref["metadata"]["name"]
+    for group in job.spec.learner_groups:
+        if not learners.is_gang(group):
+            continue
+        for i in range(group.replicas):
+            learner = LearnerId(group.name, i)
+            members = restarts.members(job_pods, n.gang(name, group.name, i))
+            new = {**new, **restarts.settle(ctx, ref, new, learner, group.hosts_per_learner, members, now)}
+            new = {**new, **_readmit_gang(ctx, ref, new, learner, group.hosts_per_learner, members)}
+    return new
+
+
+def _readmit_gang(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, hosts: int,
+                  members: list[dict[str, Any]]) -> dict[str, Any]:
+    if not gangs.back(members, hosts, gangs.run_of(status, str(learner))):
+        return {}
+    patch = pods.record_ready(status, learner)
+    if patch is None:
+        return {}
+    _readmitted(ctx, ref, learner, f"all {hosts} hosts are ready")
+    return patch
+
+
+def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, why: str) -> None:
     meta = ref["metadata"]
     log.info("%s/%s: learner %s re-admitted", meta["namespace"], meta["name"], learner)
     ctx.metrics.readmissions.labels(meta["namespace"], meta["name"], learner.group).inc()
-    post(ref, "LearnerReadmitted", f"learner {learner} is back: pod {pod['metadata']['name']} is ready")
+    post(ref, "LearnerReadmitted", f"learner {learner} is back: {why}")
 
 
 def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None:
-    """Count a learner pod lost, or re-admit its slot once a pod for it is ready again."""
+    """Count a learner pod lost, or re-admit its slot once a pod for it is ready again; a
+    multi-host learner's pod may also restart its whole gang (every event of one counts)."""
     found = n.learner_of(pod)
     if found is None:
         return
     job_name, learner = found
-    slot_id = str(learner)
     lost = pods.loss(event_type, pod)
-    if lost is None and not pods.ready(pod):
+    gang = (pod["metadata"].get("labels") or {}).get(n.GANG)
+    if lost is None and not pods.ready(pod) and not gang:
         return
     namespace = pod["metadata"]["namespace"]
     with ctx.lock(namespace, job_name):
@@ -202,26 +232,46 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             return
         job, status, ref = loaded
         if job is None or not job.spec.runs_here() or st.finished(status) or access.blocked(status) or \
-                not st.slot_wanted(job.spec, slot_id):
+                not st.slot_wanted(job.spec, str(learner)):
             return  # scaled down, suspended, finished, blocked, invalid or not ours: removed on purpose
+        group = next(g for g in job.spec.learner_groups if g.name == learner.group)
+        if bool(gang) != learners.is_gang(group):
+            return  # the group's hostsPerLearner changed: these pods go with their old StatefulSet
+        now, patch = time.time(), {}
+        back = pods.ready(pod)
+        if gang:
+            members = ctx.api.list("Pod", namespace, n.gang_selector(job_name, learner.group, learner.index))
+            gone = pod if event_type == "DELETED" else None
+            patch = restarts.settle(ctx, ref, status, learner, group.hosts_per_learner, members, now, gone)
+            back = gangs.back(members, group.hosts_per_learner, gangs.run_of({**status, **patch}, str(learner)))
+        current = {**status, **patch}
         if lost is not None:
-            if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
-                lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")
-            patch = pods.record_loss(status, learner, lost, pod["metadata"].get("uid", ""), time.time())
-            if patch is None:
-                return
+            patch.update(_lose(ctx, ref, current, learner, lost, pod, now))
+        elif back:
+            readmit = pods.record_ready(current, learner)
+            if readmit is not None:
+                patch.update(readmit)
+                _readmitted(ctx, ref, learner, f"all {group.hosts_per_learner} hosts are ready" if gang
+                            else f"pod {pod['metadata']['name']} is ready")
+        if patch:
             ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
-            log.info("%s/%s: learner %s lost (%s)", namespace, job_name, slot_id, lost.detail)
-            ctx.metrics.losses.labels(namespace, job_name, learner.group, lost.reason).inc()
-            reason = "LearnerPreempted" if lost.reason == pods.PREEMPTED else "LearnerLost"
-            post(ref, reason, f"learner {slot_id} lost ({lost.reason}): {lost.detail}; the others keep "
-                              "training", warning=True)
-        else:
-            patch = pods.record_ready(status, learner)
-            if patch is None:
-                return
-            ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
-            _readmitted(ctx, ref, learner, pod)
+
+
+def _lose(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, lost: pods.Loss,
+          pod: dict[str, Any], now: float) -> dict[str, Any]:
+    """The status patch counting the learner lost (empty if it already is), with its Event."""
+    if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
+        lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")
+    patch = pods.record_loss(status, learner, lost, pod["metadata"].get("uid", ""), now)
+    if patch is None:
+        return {}
+    meta = ref["metadata"]
+    log.info("%s/%s: learner %s lost (%s)", meta["namespace"], meta["name"], learner, lost.detail)
+    ctx.metrics.losses.labels(meta["namespace"], meta["name"], learner.group, lost.reason).inc()
+    reason = "LearnerPreempted" if lost.reason == pods.PREEMPTED else "LearnerLost"
+    post(ref, reason, f"learner {learner} lost ({lost.reason}): {lost.detail}; the others keep training",
+         warning=True)
+    return patch
 
 
 def _job(ctx: Context, namespace: str, name: str) -> tuple[DecoupledDiLoCoJob | None, dict[str, Any],

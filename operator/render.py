@@ -2,60 +2,37 @@
 
 No I/O and no clock, so every rule here is tested without a cluster. `children()` decides
 which parts exist in each state (running, suspended, finished, blocked on a Secret); the
-builders below say how each part looks. Learner pods find their index from the StatefulSet's
-pod-index label and the syncer through the `access.Link` (its Service, or another cluster's
-endpoint); both read the job token from a Secret, never from args.
+builders below (and learners.py, for the learners) say how each part looks. Learner pods
+find the syncer through the `access.Link` (its Service, or another cluster's endpoint);
+learners and syncer read the job token from a Secret, never from args.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from diloco.contract import (
-    LEARNER_METRICS_PORT,
     SHARD_FROM_HOSTNAME,
     SYNCER_GRPC_PORT,
     SYNCER_METRICS_PORT,
-    TOKEN_ENV,
-    LearnerArgs,
     SyncerArgs,
     container_command,
 )
-from diloco.operator import access, exposure
+from diloco.operator import access, exposure, learners, parts
 from diloco.operator import naming as n
-from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, Resources, dump_job
-
-RUN_AS = 10001  # the images' non-root user
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The job's identity, stamped on every child as labels and an owner reference."""
-
-    name: str
-    namespace: str
-    uid: str
+from diloco.operator.parts import Owner, meta
+from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
 
 
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
-    """Names that Kubernetes would refuse later; reported like spec errors, with the field path."""
-    problems = []
-    for i, group in enumerate(job.spec.learner_groups):
-        name = n.statefulset(job.metadata.name, group.name)
-        if len(name) > n.MAX_STATEFULSET_NAME:
-            problems.append(
-                f"spec.learnerGroups[{i}].name: StatefulSet name {name!r} has {len(name)} characters; "
-                f"metadata.name and the group name together must stay within {n.MAX_STATEFULSET_NAME - 1}"
-            )
-    return problems
+    """Names that Kubernetes would refuse later, and TPU slices the learners cannot fill;
+    reported like spec errors, with the field path."""
+    return learners.problems(job)
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
@@ -98,13 +75,8 @@ def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool
             out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
     if not spec.suspend:
         for group in spec.learner_groups:
-            out += [learner_service(owner, group), learner_statefulset(job, owner, group, link)]
+            out += learners.learner_children(job, owner, group, link)
     return out
-
-
-def meta(owner: Owner, name: str, component: str | None = None, group: str | None = None) -> dict[str, Any]:
-    return {"name": name, "namespace": owner.namespace, "labels": n.labels(owner.name, component, group),
-            "ownerReferences": [n.owner_reference(owner.name, owner.uid)]}
 
 
 def config_map(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
@@ -142,140 +114,25 @@ def checkpoint_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
                      "resources": {"requests": {"storage": f"{checkpoint_gib(spec)}Gi"}}}}
 
 
-def _hash(data: Any) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
-    return _hash(job.spec.learner_inputs(group.name))
+    return learners.config_hash(job, group)
 
 
 def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
-    return _hash(job.spec.syncer_inputs())
-
-
-def _resources(res: Resources) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in ("requests", "limits"):
-        values = getattr(res, key)
-        if values:
-            out[key] = {k: str(v) for k, v in values.items()}
-    return out
-
-
-def _security() -> tuple[dict[str, Any], dict[str, Any]]:
-    pod = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
-           "seccompProfile": {"type": "RuntimeDefault"}}
-    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                 "capabilities": {"drop": ["ALL"]}}
-    return pod, container
-
-
-def _token_env(secret: str) -> dict[str, Any]:
-    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
-
-
-def _tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Only the keys a container needs, readable by its group alone (the pod's fsGroup)."""
-    volume = {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440,
-                                        "items": [{"key": k, "path": k} for k in keys]}}
-    return volume, {"name": "tls", "mountPath": n.TLS_DIR, "readOnly": True}
-
-
-def _common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n.config_map(owner.name)}},
-                                     {"name": "tmp", "emptyDir": {}}]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
-                                    {"name": "tmp", "mountPath": "/tmp"}]
-    return volumes, mounts
-
-
-def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup,
-                        link: access.Link) -> dict[str, Any]:
-    name = n.statefulset(owner.name, group.name)
-    pod_security, container_security = _security()
-    volumes, mounts = _common_volumes(owner)
-    match = n.selector(owner.name, n.LEARNER, group.name)
-    tls_ca, tls_server_name = None, None
-    if link.ca_secret is not None:
-        volume, mount = _tls_volume(link.ca_secret, (n.CA_KEY,))
-        volumes.append(volume)
-        mounts.append(mount)
-        tls_ca, tls_server_name = f"{n.TLS_DIR}/{n.CA_KEY}", link.server_name or None
-    args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_INDEX)", link.address,
-                       metrics_port=LEARNER_METRICS_PORT, tls_ca=tls_ca, tls_server_name=tls_server_name)
-    container = {
-        "name": n.LEARNER,
-        "image": group.image,
-        "command": container_command("learner"),
-        "args": args.argv(),
-        "env": [
-            {"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{n.INDEX}']"}}},
-            _token_env(link.token_secret),
-            {"name": "HOME", "value": "/tmp"},
-        ],
-        "ports": [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT}],
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
-        "resources": _resources(group.resources),
-        "securityContext": container_security,
-        "volumeMounts": mounts,
-    }
-    pod_spec: dict[str, Any] = {
-        "containers": [container],
-        "securityContext": pod_security,
-        "terminationGracePeriodSeconds": 30,  # the learner flushes its last push in under 10 s
-        "enableServiceLinks": False,
-        "volumes": volumes,
-        # Spread a group's learners over nodes: one failing node should cost one learner.
-        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
-            "weight": 100,
-            "podAffinityTerm": {"labelSelector": {"matchLabels": n.selector(owner.name, n.LEARNER)},
-                                "topologyKey": "kubernetes.io/hostname"},
-        }]}},
-    }
-    if group.node_selector:
-        pod_spec["nodeSelector"] = dict(group.node_selector)
-    if group.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in group.tolerations]
-    return {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": meta(owner, name, n.LEARNER, group.name),
-        "spec": {
-            "replicas": group.replicas,
-            "serviceName": name,
-            # Learners never wait for each other, so neither should their pods.
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": match},
-            "template": {
-                "metadata": {"labels": n.labels(owner.name, n.LEARNER, group.name),
-                             "annotations": {n.CONFIG_HASH: learner_config_hash(job, group)}},
-                "spec": pod_spec,
-            },
-        },
-    }
-
-
-def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
-    """Headless: stable per-pod DNS names for the StatefulSet and metrics scraping."""
-    name = n.statefulset(owner.name, group.name)
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, name, n.LEARNER, group.name),
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
-                     "selector": n.selector(owner.name, n.LEARNER, group.name),
-                     "ports": [{"name": "metrics", "port": LEARNER_METRICS_PORT,
-                                "targetPort": "metrics"}]}}
+    return parts.digest(job.spec.syncer_inputs())
 
 
 def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -> dict[str, Any]:
     """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
-    pod_security, container_security = _security()
-    volumes, mounts = _common_volumes(owner)
+    pod_security, container_security = parts.security()
+    volumes, mounts = parts.common_volumes(owner)
     if shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
     mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
     expose = job.spec.syncer.expose
     tls: dict[str, str] = {}
     if expose is not None and expose.tls.enabled and expose.tls.secret_name:
-        volume, mount = _tls_volume(expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY))
+        volume, mount = parts.tls_volume(expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY))
         volumes.append(volume)
         mounts.append(mount)
         tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
@@ -286,14 +143,14 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "image": job.spec.syncer.image,
         "command": container_command("syncer"),
         "args": args.argv(),
-        "env": [_token_env(n.token_secret(owner.name)), {"name": "HOME", "value": "/tmp"}],
+        "env": [parts.token_env(n.token_secret(owner.name)), {"name": "HOME", "value": "/tmp"}],
         "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT},
                   {"name": "metrics", "containerPort": SYNCER_METRICS_PORT}],
         # Restoring a large checkpoint takes a while; only then does the port open.
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10, "failureThreshold": 6},
-        "resources": _resources(job.spec.syncer.resources),
+        "resources": parts.resources(job.spec.syncer.resources),
         "securityContext": container_security,
         "volumeMounts": mounts,
     }

@@ -3,9 +3,9 @@
 Inputs are what the handlers observed (children, the syncer's Status RPC, Secrets the job
 names) plus the previous status; the output is the next status. The syncer's answer is the
 global picture (every region, every cluster); the group counts are this cluster's own.
-Counters written by the pod handlers (lost, preempted, readmitted) and accumulators (goodput)
-are carried over, so the status is the operator's only memory and a restarted operator
-continues where the last one stopped.
+Counters written by the pod handlers (lost, preempted, readmitted, restarts), multi-host
+learners' runs (gangRuns) and accumulators (goodput) are carried over, so the status is the
+operator's only memory and a restarted operator continues where the last one stopped.
 """
 
 from __future__ import annotations
@@ -150,10 +150,14 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation:
     for g in spec.learner_groups:
         entry = group_entry(status, g.name)
         entry.update(region=g.region, desired=g.replicas if running else 0, ready=obs.ready.get(g.name, 0))
+        if g.hosts_per_learner > 1:
+            entry.setdefault("restarts", 0)  # whole-gang restarts of its multi-host learners
         groups.append(entry)
     ready = sum(g["ready"] for g in groups)
     out.update(learnerGroups=groups, desiredLearners=desired, readyLearners=ready, learners=f"{ready}/{desired}")
     out["lostLearners"] = [x for x in status.get("lostLearners") or [] if slot_wanted(spec, x.get("slot", ""))]
+    if "gangRuns" in status:  # multi-host learners' runs (gangs.py), kept for those still wanted
+        out["gangRuns"] = [x for x in status["gangRuns"] or [] if slot_wanted(spec, x.get("learner", ""))]
     syncer: dict[str, Any] = {"endpoint": obs.syncer_endpoint, "ready": obs.syncer_ready,
                               "restarts": obs.syncer_restarts}
     if spec.syncer.external is not None:

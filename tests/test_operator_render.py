@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.operator import access, exposure, render
+from diloco.operator import access, exposure, learners, render
 from diloco.operator import naming as n
 from diloco.operator.children import plan, stamped
 from diloco.spec import DecoupledDiLoCoJob, parse_job
@@ -271,3 +271,133 @@ def test_plan_applies_only_what_changed_and_deletes_orphans() -> None:
     resized = render.children(job(model={"dModel": 4096, "heads": 32}), OWNER, TOKEN, started=True, finished=False)
     assert ("PersistentVolumeClaim", "demo-checkpoints") not in {
         (o["kind"], o["metadata"]["name"]) for o in plan(resized, live, "uid-1").apply}  # claims are create-only
+
+
+# -- multi-host learners (hostsPerLearner > 1): a gang of pods per learner ------------------
+
+SLICE = {"name": "tpu", "region": "us-west4", "replicas": 2, "hostsPerLearner": 4,
+         "nodeSelector": {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                          "cloud.google.com/gke-tpu-topology": "4x4"},
+         "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+         "resources": {"requests": {"google.com/tpu": 4}, "limits": {"google.com/tpu": 4}}}
+
+
+def gang_job(*groups: dict[str, Any], **spec: Any) -> DecoupledDiLoCoJob:
+    return job(learnerGroups=list(groups) or [SLICE, {"name": "eu", "replicas": 1}], **spec)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_a_multi_host_learner_is_a_gang_of_pods_with_the_coordinator_in_its_environment() -> None:
+    objs = by_key(render.children(gang_job(), OWNER, TOKEN, started=True, finished=False))
+    assert {k for k in objs if k[1].startswith("demo-tpu")} == {
+        ("Service", "demo-tpu"), ("StatefulSet", "demo-tpu-0"), ("StatefulSet", "demo-tpu-1")}  # one per learner
+    spec = objs[("StatefulSet", "demo-tpu-1")]["spec"]
+    # Four hosts started together (host 0 waits for all of them), named under the group's Service.
+    assert (spec["replicas"], spec["podManagementPolicy"], spec["serviceName"]) == (4, "Parallel", "demo-tpu")
+    assert spec["selector"]["matchLabels"] == {n.JOB: "demo", n.COMPONENT: "learner", n.GROUP: "tpu",
+                                               n.LEARNER_INDEX: "1"}
+    labels = spec["template"]["metadata"]["labels"]
+    assert (labels[n.GANG], labels[n.LEARNER_INDEX], labels[n.GROUP]) == ("demo-tpu-1", "1", "tpu")
+    (c,) = spec["template"]["spec"]["containers"]
+    assert c["args"][c["args"].index("--index") + 1] == "1"  # fixed: the pod index is the host
+    host = {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    env = env_of(c)
+    assert (env["DILOCO_PROCESS_ID"], env["DILOCO_NUM_PROCESSES"]) == (host, "4")
+    assert env["DILOCO_COORDINATOR"] == "demo-tpu-1-0.demo-tpu.research.svc:8476"  # host 0, by its stable name
+    assert "POD_INDEX" not in env
+    # What libtpu needs to join the slice's hosts (GKE's webhook sets it for Indexed Jobs only).
+    assert env["TPU_WORKER_ID"] == host
+    assert env["TPU_WORKER_HOSTNAMES"] == ",".join(f"demo-tpu-1-{h}.demo-tpu.research.svc" for h in range(4))
+    assert {"name": "coordinator", "containerPort": 8476} in c["ports"]
+    assert c["resources"] == {"requests": {"google.com/tpu": "4"}, "limits": {"google.com/tpu": "4"}}
+    pod = spec["template"]["spec"]
+    assert pod["nodeSelector"] == SLICE["nodeSelector"] and pod["tolerations"] == SLICE["tolerations"]
+    # One slice per learner: all hosts in one node pool, which no other gang shares.
+    (together,) = pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert together == {"labelSelector": {"matchLabels": {n.GANG: "demo-tpu-1"}},
+                        "topologyKey": "cloud.google.com/gke-nodepool"}
+    (apart,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert apart["topologyKey"] == "cloud.google.com/gke-nodepool"
+    assert apart["labelSelector"]["matchExpressions"] == [
+        {"key": n.GANG, "operator": "Exists"}, {"key": n.GANG, "operator": "NotIn", "values": ["demo-tpu-1"]}]
+    # The headless Service resolves host 0 before it is ready (it never is, alone).
+    svc = objs[("Service", "demo-tpu")]["spec"]
+    assert (svc["clusterIP"], svc["publishNotReadyAddresses"]) == ("None", True)
+    assert svc["selector"] == {n.JOB: "demo", n.COMPONENT: "learner", n.GROUP: "tpu"}
+    assert {"name": "coordinator", "port": 8476, "targetPort": "coordinator"} in svc["ports"]
+    # The one-host group beside it renders as ever.
+    eu = objs[("StatefulSet", "demo-eu")]["spec"]
+    assert eu["replicas"] == 1 and n.GANG not in eu["template"]["metadata"]["labels"]
+    assert objs[("Service", "demo-eu")]["spec"]["ports"] == [{"name": "metrics", "port": 9100,
+                                                              "targetPort": "metrics"}]
+
+
+def test_a_multi_node_gpu_learner_gets_the_gang_environment_but_no_tpu_rules() -> None:
+    gpu = {"name": "h100", "replicas": 1, "hostsPerLearner": 2,
+           "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+           "resources": {"requests": {"nvidia.com/gpu": 8}, "limits": {"nvidia.com/gpu": 8}}}
+    sts = by_key(render.children(gang_job(gpu), OWNER, TOKEN, started=True, finished=False))[
+        ("StatefulSet", "demo-h100-0")]["spec"]
+    (c,) = sts["template"]["spec"]["containers"]
+    env = env_of(c)
+    assert env["DILOCO_COORDINATOR"] == "demo-h100-0-0.demo-h100.research.svc:8476"
+    assert env["DILOCO_NUM_PROCESSES"] == "2" and not {"TPU_WORKER_ID", "TPU_WORKER_HOSTNAMES"} & set(env)
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert set(sts["template"]["spec"]["affinity"]) == {"podAntiAffinity"}  # only the preferred spread
+
+
+def test_one_host_learners_render_exactly_as_before() -> None:
+    plain = render.children(job(), OWNER, TOKEN, started=True, finished=False)
+    groups = [{**g.model_dump(by_alias=True, exclude_none=True), "hostsPerLearner": 1} for g in job().spec.learner_groups]
+    assert render.children(job(learnerGroups=groups), OWNER, TOKEN, started=True, finished=False) == plain
+    for obj in plain:
+        assert n.GANG not in str(obj) and "DILOCO_COORDINATOR" not in str(obj) and "TPU_WORKER" not in str(obj)
+
+
+def test_scaling_a_gang_group_adds_or_removes_whole_learners_and_touches_no_other() -> None:
+    def rendered(replicas: int) -> list[dict[str, Any]]:
+        return render.children(gang_job({**SLICE, "replicas": replicas}, {"name": "eu", "replicas": 1}),
+                               OWNER, TOKEN, started=True, finished=False)
+
+    live = [stamped(o) for o in rendered(2)]
+    up = plan(rendered(3), live, "uid-1")
+    assert [key for key in map(lambda o: (o["kind"], o["metadata"]["name"]), up.apply)] == [
+        ("ConfigMap", "demo-config"), ("StatefulSet", "demo-tpu-2")] and not up.delete  # the config: replicas
+    down = plan(rendered(1), live, "uid-1")
+    assert {(o["kind"], o["metadata"]["name"]) for o in down.delete} == {("StatefulSet", "demo-tpu-1")}
+    assert [o["metadata"]["name"] for o in down.apply] == ["demo-config"]
+    # Training changes restart every gang (their template), as they do one-host learners.
+    changed = plan(render.children(gang_job(training={"learningRate": 0.001}), OWNER, TOKEN, started=True,
+                                   finished=False), live, "uid-1")
+    assert {"demo-tpu-0", "demo-tpu-1", "demo-eu"} <= {o["metadata"]["name"] for o in changed.apply}
+
+
+def test_gang_problems_slice_hosts_name_lengths_and_collisions() -> None:
+    (wrong,) = render.name_problems(gang_job({**SLICE, "hostsPerLearner": 2}))
+    assert wrong.startswith("spec.learnerGroups[0].hostsPerLearner: a 4x4 TPU slice with 4 chips per pod "
+                            "(google.com/tpu) has 4 host(s)") and wrong.endswith("set hostsPerLearner to 4")
+    single = {**SLICE, "hostsPerLearner": 1, "nodeSelector": {**SLICE["nodeSelector"],
+                                                              "cloud.google.com/gke-tpu-topology": "2x4"},
+              "resources": {"limits": {"google.com/tpu": 8}}}
+    assert render.name_problems(gang_job(single)) == []  # 2x4 on an 8-chip host: one host
+    collide = render.name_problems(gang_job({"name": "a", "replicas": 1, "hostsPerLearner": 2},
+                                            {"name": "a-0", "replicas": 1}))
+    assert collide == ["spec.learnerGroups[1].name: StatefulSet 'demo-a-0' would also be a learner of group 'a'; "
+                       "rename one of the groups"]
+    long = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+                      "metadata": {"name": "a" * 20},
+                      "spec": {"learnerGroups": [{"name": "b" * 29, "replicas": 12, "hostsPerLearner": 2}]}})
+    (problem,) = render.name_problems(long)  # 20 + 1 + 29 fits one StatefulSet, not "-11" more
+    assert problem.startswith(f"spec.learnerGroups[0].name: StatefulSet name '{'a' * 20}-{'b' * 29}-11' has 53")
+
+
+def test_ready_learners_of_a_gang_need_every_host() -> None:
+    group = gang_job().spec.learner_groups[0]
+    live = {("StatefulSet", "demo-tpu-0"): {"status": {"readyReplicas": 4}},
+            ("StatefulSet", "demo-tpu-1"): {"status": {"readyReplicas": 3}}}
+    assert learners.ready_learners("demo", group, live) == 1
+    one_host = job().spec.learner_groups[0]
+    assert learners.ready_learners("demo", one_host, {("StatefulSet", "demo-us"): {"status": {"readyReplicas": 2}}}) == 2

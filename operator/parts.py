@@ -1,0 +1,74 @@
+"""The pieces every rendered child shares: its owner, metadata, security and volumes.
+
+Split from render.py so the learner renderer (learners.py) and the rest of the job's
+children (render.py) build pods the same way without importing each other. Pure, like both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from diloco.contract import TOKEN_ENV
+from diloco.operator import naming as n
+from diloco.spec import Resources
+
+RUN_AS = 10001  # the images' non-root user
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The job's identity, stamped on every child as labels and an owner reference."""
+
+    name: str
+    namespace: str
+    uid: str
+
+
+def meta(owner: Owner, name: str, component: str | None = None, group: str | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": owner.namespace, "labels": n.labels(owner.name, component, group),
+            "ownerReferences": [n.owner_reference(owner.name, owner.uid)]}
+
+
+def digest(data: Any) -> str:
+    """A short stable hash of plain data (pod templates carry it: a change restarts the pods)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def resources(res: Resources) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in ("requests", "limits"):
+        values = getattr(res, key)
+        if values:
+            out[key] = {k: str(v) for k, v in values.items()}
+    return out
+
+
+def security() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(pod, container) security contexts: non-root, no privilege, read-only root filesystem."""
+    pod = {"runAsNonRoot": True, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+           "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                 "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def token_env(secret: str) -> dict[str, Any]:
+    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
+
+
+def tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Only the keys a container needs, readable by its group alone (the pod's fsGroup)."""
+    volume = {"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440,
+                                        "items": [{"key": k, "path": k} for k in keys]}}
+    return volume, {"name": "tls", "mountPath": n.TLS_DIR, "readOnly": True}
+
+
+def common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n.config_map(owner.name)}},
+                                     {"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
+                                    {"name": "tmp", "mountPath": "/tmp"}]
+    return volumes, mounts
