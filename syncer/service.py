@@ -361,6 +361,7 @@ class SyncerCore:
             fragments=[pb.FragmentNames(names=list(f)) for f in self.model.plan.fragments],
             codec=self.spec.compression, block_size=self.spec.block_size, slot=slot, tags=tags,
             session_secret=secret, shard=self.shard, shards=self.spec.shards,
+            resume_tokens=self.model.credited_to(learner),
         )
         return header, blob
 

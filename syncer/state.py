@@ -56,6 +56,10 @@ class GlobalModel:
     # carries its process's cumulative count, so a token is credited by the first merge
     # of any fragment that follows it, exactly once.
     credited: dict[str, int] = field(default_factory=dict)
+
+    def credited_to(self, learner: str) -> int:
+        """Tokens credited to every process that was `learner` (where its data resumes)."""
+        return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
     # The HMAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.

@@ -49,6 +49,7 @@ class JoinState:
     owned: list[int]
     shard: int = 0
     shards: int = 1
+    resume_tokens: int = 0  # this learner's tokens already merged: where its data resumes
 
 
 @dataclass
@@ -175,7 +176,8 @@ class SyncerClient:
             self.inbox.clear()
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
-                         params, codec, header.block_size, int(header.slot), owned, header.shard, shards)
+                         params, codec, header.block_size, int(header.slot), owned, header.shard, shards,
+                         int(header.resume_tokens))
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
         backoff = Backoff()

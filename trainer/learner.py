@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
 import sys
 import threading
@@ -24,11 +23,14 @@ FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one ro
 
 
 _EMITTING = threading.Lock()
+_SPEAKS = [True]  # host 0 speaks for a multi-host learner (trainer/hosts.py); the others are silent
 
 
 def emit(event: str, **fields: Any) -> None:  # one JSON object per line: contract.Event
     """Whole lines only: the loop and the client's threads all emit, and print() writes the
     object and its newline separately, so two threads could run their lines together."""
+    if not _SPEAKS[0]:
+        return
     line = json.dumps({"t": time.time(), "event": event, **fields}) + "\n"
     with _EMITTING:
         sys.stdout.write(line)
@@ -62,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from diloco.shards import syncer_addresses
     from diloco.trainer import data, model, sharding
     from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated, Updates
+    from diloco.trainer.hosts import Hosts, MirroredClient
     from diloco.trainer.metrics import LearnerMetrics
-    from diloco.trainer.recipe import Recipe
+    from diloco.trainer.recipe import Recipe, scalar
     from diloco.trainer.sharded_client import ShardedClient
 
     spec = job.spec
@@ -72,19 +75,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"--group {args.group!r} --index {args.index}: no such learner in spec.learnerGroups", file=sys.stderr)
         return Exit.CONFIG
     learner_id = str(LearnerId(group.name, args.index))
+    try:  # a learner of several hosts: join the others first, before JAX does anything else
+        hosts = Hosts.start(args, group.hosts_per_learner)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    _SPEAKS[0] = hosts.leader
     # Disjoint across groups and clusters: spec.data.shards and the groups' shardOffset.
     shard_index, shard_count = spec.shard_of(group.name, args.index)
 
-    # Data: our own disjoint shard, and the shared held-out split.
-    corpus = data.corpus_bytes()
-    train, held_out = data.split(corpus, spec.data.held_out_fraction)
-    shard = data.shard(train, shard_index % shard_count, shard_count, spec.data.sharding)
-    # A restart must not replay the same batches: the runner passes its restart count; in a
-    # pod (no count available) fresh entropy does the job.
-    restart_entropy = args.restart if args.restart is not None else int.from_bytes(os.urandom(4), "little")
-    rng = np.random.default_rng([spec.data.seed, shard_index, restart_entropy])
+    # Data (spec.data.source): our own disjoint shard, and the shared held-out split. Batch k is
+    # a pure function of (seed, shard, k): a restarted learner resumes at the batch after the
+    # last one the syncer merged (the Join says how many tokens that is), on every host alike.
     window = spec.model.context + 1
-    evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)
+    try:
+        corpus = data.load(spec.data, spec.model.vocab_size, window)
+        shard = data.shard_of(corpus.train, shard_index % shard_count, shard_count, spec.data.sharding)
+        batches = data.Batches(shard, spec.training.batch_size, window, spec.data.seed, shard_index)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
+    evals = data.eval_batches(corpus.held_out, spec.training.eval_batches, spec.training.batch_size, window)
 
     # Model and inner step (trainer/recipe.py): AdamW, its learning rate taken from the shared
     # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program
@@ -100,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Compile before joining, so the state we pull is fresh when training starts.
     params = recipe.place(model.init_params(cfg, spec.data.seed))
-    jax.block_until_ready(recipe.step(params, recipe.init_state(params), data.sample_batch(shard, tr.batch_size, window, rng), 0))
+    jax.block_until_ready(recipe.step(params, recipe.init_state(params), batches.batch(0), 0))
     recipe.eval_loss(params, evals[:1])
 
     # Join: pull the whole current global model with its versions (re-admission on restart).
@@ -120,7 +131,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"--syncer: {len(addresses)} addresses for spec.syncer.shards {spec.syncer.shards}; "
               "list every shard's host:port, in shard order", file=sys.stderr)
         return Exit.CONFIG
-    client = connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)
+    real = (connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)) if hosts.leader else None
+    stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (client.stop_requested)
+    client = MirroredClient(hosts, real, stop)
     t_join = time.monotonic()
     try:
         joined = client.join_with_retry(shapes)
@@ -140,17 +153,18 @@ def run(args: argparse.Namespace) -> int:
     incarnation = joined.incarnation
     opt_state = recipe.init_state(params)
     tokens_per_step = tr.batch_size * spec.model.context
+    next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
     pull_seconds = time.monotonic() - t_join
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
     first_eval = recipe.eval_loss(params, evals)  # the global model as pulled: a late joiner starts from it
     emit(Event.JOINED, learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
          slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
-         pull_seconds=round(pull_seconds, 3), incarnation=incarnation)
+         pull_seconds=round(pull_seconds, 3), incarnation=incarnation, batch=next_batch)
     client.start()
 
     def local(p: int) -> dict[str, np.ndarray]:
-        return {n: np.asarray(params[n]) for n in plan.fragments[p]}
+        return hosts.host_copy({n: params[n] for n in plan.fragments[p]})
 
     def write(values: dict[str, np.ndarray]) -> None:
         params.update(recipe.place(values))
@@ -160,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         nonlocal incarnation
         if u.rejoined is not None:  # the syncer (shard) restarted: rebase its fragments onto its state
             anchors = ledger.anchors()
-            write({n: u.rejoined.params[n] + (np.asarray(params[n]) - anchors[n]) for n in u.rejoined.params})
+            current = hosts.host_copy({n: params[n] for n in u.rejoined.params})
+            write({n: u.rejoined.params[n] + (current[n] - anchors[n]) for n in u.rejoined.params})
             ledger.restart(u.rejoined.params, u.rejoined.versions, u.rejoined.owned)
             schedule.observe(u.rejoined.slot)
             incarnation = u.rejoined.incarnation
@@ -178,22 +193,24 @@ def run(args: argparse.Namespace) -> int:
         client.submit(Outgoing(p, ledger.books[p].version, f.steps, f.tokens, step_ema, loss_value, blob,
                                train_seconds, incarnation, push_seq, slot, trained_tokens))
 
-    stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
     finished = False
     last_report = time.monotonic()
-    while not stop.is_set() and not client.stopping.is_set():
+    while True:
         # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold).
         apply(client.take_updates())
+        if client.stop_requested or client.stopping.is_set():
+            break
 
         # 2. One inner step on our shard (stretched by the group's slowdown factor).
         t0 = time.monotonic()
-        batch = data.sample_batch(shard, tr.batch_size, window, rng)
+        batch = batches.batch(next_batch)
+        next_batch += 1
         params, opt_state, loss = recipe.step(params, opt_state, batch, schedule.slot)
-        loss_value = float(loss)
+        loss_value = scalar(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
             time.sleep(compute * (group.slowdown - 1))
@@ -208,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         # whose outer gradient the syncer refused as malformed or non-finite.
         if not np.isfinite(loss_value) or client.resync.is_set():
             emit(Event.DIVERGED if not np.isfinite(loss_value) else Event.RESYNCED, step=step)
-            client.resync.clear()
+            client.clear_resync()
             params = recipe.place(ledger.anchors())
             opt_state = recipe.init_state(params)
             ledger.restart()
@@ -249,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
     flushed = False
     flushed_at: dict[int, int] = {}
     deadline = time.monotonic() + FLUSH_SECONDS
-    while not client.stopping.is_set() and time.monotonic() < deadline:
+    while client.until(deadline):
         apply(client.take_updates())
         for p in range(P):
             if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
@@ -262,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     emit(Event.EXIT, step=step, slot=schedule.slot, train_seconds=train_seconds, trained_tokens=trained_tokens,
          acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
          bytes_received=client.bytes_received, flushed=flushed,
-         reason="fatal" if client.stopping.is_set() and not stop.is_set() else ("finished" if finished else "stopped"))
-    fatal = client.stopping.is_set() and not stop.is_set()  # the syncer refused us for good
+         reason="fatal" if client.stopping.is_set() and not client.stop_requested else ("finished" if finished else "stopped"))
+    fatal = client.stopping.is_set() and not client.stop_requested  # the syncer refused us for good
     client.close()
     return Exit.REFUSED if fatal else Exit.OK

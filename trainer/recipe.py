@@ -23,6 +23,11 @@ from diloco.trainer import model
 from diloco.trainer.sharding import Layout
 
 
+def scalar(x: jax.Array) -> float:
+    """A replicated scalar as a Python float, also when its devices span several processes."""
+    return float(np.asarray(x.addressable_data(0)))
+
+
 def learning_rate(tr: Training) -> Callable[[int], float]:
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
@@ -102,4 +107,4 @@ class Recipe:
 
     def eval_loss(self, params: Any, batches: Iterable[np.ndarray]) -> float:
         """Mean held-out loss over fixed batches (one compiled forward pass, reused)."""
-        return float(np.mean([float(self.batch_loss(params, b)) for b in batches]))
+        return float(np.mean([scalar(self.batch_loss(params, b)) for b in batches]))

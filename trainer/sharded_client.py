@@ -102,4 +102,5 @@ def merge_states(states: Sequence[JoinState]) -> JoinState:
         incarnation="+".join(st.incarnation for st in states), versions=versions, fragments=first.fragments,
         params={k: v for st in states for k, v in st.params.items()}, codec=first.codec,
         block_size=first.block_size, slot=max(st.slot for st in states), owned=owned, shard=0, shards=n,
+        resume_tokens=max(st.resume_tokens for st in states),  # each shard credits every push it merges
     )

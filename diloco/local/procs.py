@@ -1,7 +1,9 @@
 """Child processes of a local run: start, read JSON events, kill, restart.
 
 Children are started with `subprocess` (never fork after JAX starts) and each learner
-is pinned to one core so learners share the machine fairly (docs/DEVELOPMENT.md).
+is pinned to one core so learners share the machine fairly (docs/DEVELOPMENT.md). A
+learner of several hosts (hostsPerLearner) is one child of several processes that start,
+die and restart together, as the operator restarts a gang.
 """
 
 from __future__ import annotations
@@ -34,7 +36,11 @@ class Child:
     kind: str  # "syncer" | "learner"
     argv: list[str]
     log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
+    # A multi-host learner: each host's own flags (process id, core), the coordinator added at start.
+    hosts: list[list[str]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's
+    proc: subprocess.Popen[bytes] | None = None  # host 0: the one that speaks (events on stdout)
+    others: list[subprocess.Popen[bytes]] = field(default_factory=list)
     restarts: int = 0
     started_at: float = 0.0
     down_since: float | None = None  # set while killed and waiting to restart
@@ -42,8 +48,22 @@ class Child:
     last_event: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def procs(self) -> list[subprocess.Popen[bytes]]:
+        return ([self.proc] if self.proc is not None else []) + self.others
+
+    @property
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
+
+    def exit_code(self) -> int | None:
+        """How the child ended, if any of its processes has: host 0's code, else the first
+        other host's (a lost host ends the learner)."""
+        if self.proc is None:
+            return None
+        codes = [p.poll() for p in self.procs]
+        if codes[0] is not None:
+            return codes[0]
+        return next((c for c in codes[1:] if c is not None), None)
 
 
 class Supervisor:
@@ -60,8 +80,15 @@ class Supervisor:
     def start(self, name: str, extra: list[str] | None = None) -> None:
         c = self.children[name]
         argv = c.argv + (extra or [])
+        env = {**self.env, **c.env}
         log = open(c.log_path, "ab")  # noqa: SIM115 - the child owns it for its lifetime
-        c.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, env=self.env, start_new_session=True)
+        hosts = c.hosts or [[]]
+        # A fresh coordinator port per start: the last one may linger in TIME_WAIT.
+        coordinator = ["--coordinator", f"127.0.0.1:{free_port()}"] if len(hosts) > 1 else []
+        c.proc = subprocess.Popen(argv + hosts[0] + coordinator, stdout=subprocess.PIPE, stderr=log, env=env,
+                                  start_new_session=True)
+        c.others = [subprocess.Popen(argv + h + coordinator, stdout=log, stderr=log, env=env, start_new_session=True)
+                    for h in hosts[1:]]
         log.close()
         c.started_at, c.down_since = time.time(), None
         c.reader = threading.Thread(target=self._read, args=(c.name, c.proc.stdout), daemon=True)
@@ -75,24 +102,27 @@ class Supervisor:
             self.events.put(event)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill every process of the child (all hosts of a learner: none can go on alone)."""
         c = self.children[name]
-        if c.proc is not None and c.proc.poll() is None:
-            os.killpg(c.proc.pid, sig)
-            c.proc.wait()
+        for p in reversed(c.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+            p.wait()
         c.down_since = time.time()
 
     def stop_all(self, kinds: tuple[str, ...], timeout: float = 20.0) -> None:
         """SIGTERM, then SIGKILL whatever has not exited after `timeout`."""
-        victims = [c for c in self.children.values() if c.kind in kinds and c.alive]
-        for c in victims:
-            os.killpg(c.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        victims = [c for c in self.children.values() if c.kind in kinds]
+        procs = [p for c in victims for p in c.procs if p.poll() is None]
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
         deadline = time.time() + timeout
-        for c in victims:
+        for p in procs:
             try:
-                c.proc.wait(max(0.1, deadline - time.time()))  # type: ignore[union-attr]
+                p.wait(max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                os.killpg(c.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-                c.proc.wait()  # type: ignore[union-attr]
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         for c in victims:
             if c.reader is not None:
                 c.reader.join(timeout=2.0)

@@ -16,13 +16,13 @@ from diloco.syncer.state import GlobalModel
 
 
 def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
-    """Held-out loss (nats per byte) on the same fixed windows the learners use."""
+    """Held-out loss (nats per token) on the same fixed windows the learners use."""
     from diloco.trainer import data
     from diloco.trainer.recipe import Recipe
 
-    spec = job.spec
-    _, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
-    batches = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, spec.model.context + 1)
+    spec, window = job.spec, job.spec.model.context + 1
+    held_out = data.load(spec.data, spec.model.vocab_size, window).held_out
+    batches = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)
     recipe = Recipe(spec.model, spec.training)  # the learners' own eval
     return recipe.eval_loss(recipe.place(params), batches)
 

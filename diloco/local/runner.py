@@ -1,7 +1,7 @@
 """`diloco run FILE`: the same manifest a cluster takes, as processes on this machine.
 
-One syncer process per shard, one process per learner replica (each pinned to a core), chaos as the
-manifest says (SIGKILL a learner, restart it after the delay as a StatefulSet would),
+One syncer process per shard, one process per learner replica and host (each pinned to a core),
+chaos as the manifest says (SIGKILL a learner, restart it after the delay as a StatefulSet would),
 a live view, and in --out: events.jsonl, summary.json and PNG plots.
 """
 
@@ -25,7 +25,7 @@ from diloco.launch import load_config
 from diloco.local.procs import Child, Supervisor, free_port
 from diloco.local.tracker import RunTracker
 from diloco.shards import aggregate, checkpoint_dir, syncer_name
-from diloco.spec import DecoupledDiLoCoJob, dump_job
+from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 
 POLL_SECONDS = 1.0  # status poll: often enough for the progress view, cheap for the syncer
@@ -58,12 +58,19 @@ class LocalRun:
                                 shard=s if shards > 1 else None)
             self.sup.add(Child(name, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / f"{name}.log"))
         addresses = ",".join(f"127.0.0.1:{port}" for port in self.ports)
-        cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner in turn
-        for i, learner in enumerate(spec.learner_ids()):
+        cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner process in turn
+        groups = {g.name: g for g in spec.learner_groups}
+        process = 0
+        for learner in spec.learner_ids():
+            h = groups[learner.group].hosts_per_learner
+            cores = [str(cpus[(process + k) % len(cpus)]) for k in range(h)]
+            process += h
             args = LearnerArgs(str(self.config), learner.group, learner.index, addresses,
-                               metrics_port=free_port(), cpus=str(cpus[i % len(cpus)]))
+                               metrics_port=free_port() if h == 1 else None, cpus=cores[0] if h == 1 else None)
+            hosts = [] if h == 1 else [["--process-id", str(k), "--num-processes", str(h), "--cpus", cores[k],
+                                        "--metrics-port", str(free_port())] for k in range(h)]
             self.sup.add(Child(str(learner), "learner", diloco_argv("learner", args.argv()),
-                               out / "logs" / f"{learner}.log"))
+                               out / "logs" / f"{learner}.log", hosts=hosts, env=cpu_devices(spec, h)))
         self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
         self.events = open(out / "events.jsonl", "w", encoding="utf-8")  # noqa: SIM115
         self.channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) for port in self.ports]
@@ -112,7 +119,7 @@ class LocalRun:
         for name, c in self.sup.children.items():
             if c.kind == "learner":
                 self.sup.start(name)
-                self.runner_event("spawned", target=name, restarts=0)
+                self.runner_event("spawned", target=name, restarts=0, pids=[p.pid for p in c.procs])
         next_poll = t0
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
         try:
@@ -169,7 +176,7 @@ class LocalRun:
                 c.restarts += 1
                 self.sup.start(name, ["--restart", str(c.restarts)] if c.kind == "learner" else None)
                 self.runner_event("restart", target=name, restarts=c.restarts)
-                self.runner_event("spawned", target=name, restarts=c.restarts)
+                self.runner_event("spawned", target=name, restarts=c.restarts, pids=[p.pid for p in c.procs])
 
     def _detect_crashes(self, now: float) -> str | None:
         """A child that exits on its own is restarted like a killed one, up to backoffLimit;
@@ -178,8 +185,10 @@ class LocalRun:
         for name, c in self.sup.children.items():
             if name in self.finished:
                 continue
-            if c.down_since is None and c.proc is not None and c.proc.poll() is not None:
-                code = c.proc.returncode
+            code = c.exit_code() if c.down_since is None else None
+            if code is not None:
+                if len(c.procs) > 1:  # a learner cannot lose a host: the whole gang restarts
+                    self.sup.kill(name)
                 self.runner_event("exited", target=name, returncode=code)
                 if code == Exit.OK and c.kind == "learner":
                     self.finished.add(name)
@@ -203,6 +212,17 @@ class LocalRun:
         from diloco.local.report import write_report
 
         return write_report(self.job, self.out, self.tracker, wall, self.failure)
+
+
+def cpu_devices(spec: JobSpec, hosts: int) -> dict[str, str]:
+    """Locally, a learner process gets its share of the mesh as CPU devices (XLA's host
+    platform): data x fsdp / hostsPerLearner when the mesh names both sizes, else one."""
+    mesh = spec.training.mesh
+    if -1 in (mesh.data, mesh.fsdp) or mesh.data * mesh.fsdp <= 1:
+        return {}
+    per_host = max(1, mesh.data * mesh.fsdp // hosts)
+    flags = " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), f"--xla_force_host_platform_device_count={per_host}") if f)
+    return {"XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
 
 
 def main(args: argparse.Namespace) -> int:
