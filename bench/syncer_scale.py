@@ -35,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from diloco.testing.loadgen import seed
+
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {"5e5": (2, 128), "1e7": (6, 384), "1e8": (14, 768), "1e9": (24, 1856)}  # nominal size: (layers, dModel)
 
@@ -113,6 +115,7 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
     cores, generator = placement(shards)
     syncers = [start_syncer(config, token, tmp / f"{name}-{shards}-{i}.log", i, cores[i]) for i in range(shards)]
     address = ",".join(a for _, a in syncers)
+    seed([a for _, a in syncers], token, {n: tuple(v) for n, v in shapes.items()}, args.fragments)  # Θ₀ comes from learners
     print(f"{key}, {shards} shard(s) on cores {cores}, load generator on {generator} (None: unpinned): "
           f"{params:,} parameters, ready in {time.monotonic() - t0:.0f} s", flush=True)
     best, trials = 0, []

@@ -13,6 +13,7 @@ import signal
 import socket
 import threading
 import time
+import uuid
 from concurrent import futures
 
 import grpc
@@ -24,6 +25,7 @@ from diloco.core.fragments import owned_by
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
+from diloco.syncer.seeding import Switch, Unseeded
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
@@ -32,23 +34,20 @@ from diloco.wire import GRPC_OPTIONS, rpc
 log = logging.getLogger("diloco.syncer")
 
 
-def initial_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard: int = 0) -> tuple[GlobalModel, bool]:
-    """Resume from the newest valid checkpoint, else start from the seed every learner shares;
-    the flag says whether a checkpoint was restored. A shard holds its own fragments only."""
-    from diloco.trainer.model import init_params, shapes
-
-    params = {k: v.__array__() for k, v in init_params(job.spec.model, job.spec.data.seed).items()}
+def restored_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard: int = 0) -> GlobalModel | None:
+    """The newest valid checkpoint's model, or None: then the first learner seeds Θ₀
+    (syncer/seeding.py). A shard holds its own fragments only."""
+    if store is None:
+        return None
+    loaded, skipped = store.load_latest()
+    for line in skipped:
+        log.error("skipping corrupt checkpoint %s", line)
+    if loaded is None:
+        return None
     syncer = job.spec.syncer
-    owned = owned_by(shard, syncer.fragments, syncer.shards)
-    if store is not None:
-        loaded, skipped = store.load_latest()
-        for line in skipped:
-            log.error("skipping corrupt checkpoint %s", line)
-        if loaded is not None:
-            model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, shapes(params), owned)
-            log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
-            return model, True
-    return GlobalModel.fresh(syncer, params, owned), False
+    model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, owned=owned_by(shard, syncer.fragments, syncer.shards))
+    log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
+    return model
 
 
 def keep_freed_memory() -> None:
@@ -73,23 +72,35 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     metrics = SyncerMetrics()
     # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
     regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
-    model, restored = initial_model(job, store, shard)
+    model = restored_model(job, store, shard)
+    restored = model is not None
     # Load the kernels before serving, not at the first pushes: loaded then, they make the first
     # rounds seconds late on a cold cache (about 0.4 s from the cache).
     kernels.warm(job.spec.syncer.block_size)
-    core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard)
-    if store is not None and not restored:
-        # A fresh job's first checkpoint, before anything is published: it holds the provenance
-        # key, so a syncer that crashes before its first scheduled checkpoint still recognises
-        # what it published when learners hand it back (Recover).
-        core.checkpoint()
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
     # Each learner holds a subscription thread and briefly a push or join thread; spec.data.shards
     # counts other clusters' learners too, and the head-room admits scavengers.
     workers = 4 * max(job.spec.total_learners, job.spec.shard_count) + 64
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
-    rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
+    incarnation = uuid.uuid4().hex[:12]  # changes at every start: learners re-join a new one
+
+    def start(model: GlobalModel) -> SyncerCore:
+        """The syncer proper, once it has a model; RPCs switch to it at once."""
+        core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard, incarnation=incarnation)
+        if store is not None and not restored:
+            # A fresh job's first checkpoint, before anything is published: it holds the provenance
+            # key and Θ₀'s hash, so a syncer that crashes before its first scheduled checkpoint still
+            # recognises what it published when learners hand it back (Recover).
+            core.checkpoint()
+        switch.current = SyncerServicer(core, token)
+        log.info("syncer %s shard %d of %d serving (incarnation %s, fragments %s of %d)", job.metadata.name,
+                 shard, job.spec.syncer.shards, core.incarnation, list(core.owned), core.model.plan.num_fragments)
+        return core
+
+    unseeded = Unseeded(job.spec.syncer, shard, token, on_seed=start)
+    switch = Switch(unseeded)
+    rpc.add_SyncerServicer_to_server(switch, server)  # forwards every RPC to the current servicer
     if tls is not None:
         key, cert = tls
         bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)]))
@@ -97,14 +108,20 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
         bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"syncer: cannot listen on port {port}")
-    server.start()
-    log.info("syncer %s shard %d of %d listening on %d (incarnation %s, fragments %s of %d)", job.metadata.name,
-             shard, job.spec.syncer.shards, bound, core.incarnation, list(core.owned), core.model.plan.num_fragments)
-    print(ready_line(bound, core.incarnation), flush=True)
-
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    core = start(model) if model is not None else None
+    server.start()
+    print(ready_line(bound, incarnation), flush=True)  # serving (an unseeded syncer answers Join and Seed)
+    if core is None:
+        log.info("no checkpoint: waiting on port %d for the first learner's initial model", bound)
+        while not unseeded.seeded.wait(0.5):
+            if stop.is_set():
+                server.stop(grace=1).wait()
+                return
+        core = unseeded.started
+        log.info("seeded with Θ₀ by a learner: %d tensors", len(core.model.params))
 
     def merge_loop() -> None:
         # Woken by every accepted push; otherwise sleeps until the next grace deadline.

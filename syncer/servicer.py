@@ -11,6 +11,7 @@ from typing import TypeVar
 import grpc
 
 from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
 from diloco.wire import chunks, pb, token_matches
 
@@ -51,6 +52,9 @@ class SyncerServicer:
         if theirs != core.model.shapes():
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "the learner's model does not match the syncer's (different spec.model?)")
+        if request.init_hash and core.model.init_hash and request.init_hash != core.model.init_hash:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the learner's initial model Θ₀ differs from the one the "
+                          "syncer was seeded with (different spec.model or spec.data.seed?)")
         with self._refusals(context):
             header, blob = core.join(request.learner, request.region, request.process, request.supersede)
         core.count_sent(len(blob))
@@ -109,6 +113,16 @@ class SyncerServicer:
             blob = _assemble(first, request_iterator, header.total_bytes, "recover")
             adopted = self.core.recover(list(header.fragments), list(header.versions), blob, list(header.tags))
         return pb.RecoverReply(adopted=adopted, versions=self.core.versions())
+
+    def Seed(self, request_iterator: Iterator[pb.SeedChunk], context: grpc.ServicerContext) -> pb.SeedReply:
+        """Seeded already (syncer/seeding.py): an equal Θ₀ is answered as in, another refused."""
+        self._auth(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a seed starts with a header")
+        if self.core.model.init_hash and first.header.init_hash != self.core.model.init_hash:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, ANOTHER_SEED)
+        return pb.SeedReply(adopted=False)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)

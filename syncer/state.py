@@ -56,10 +56,6 @@ class GlobalModel:
     # carries its process's cumulative count, so a token is credited by the first merge
     # of any fragment that follows it, exactly once.
     credited: dict[str, int] = field(default_factory=dict)
-
-    def credited_to(self, learner: str) -> int:
-        """Tokens credited to every process that was `learner` (where its data resumes)."""
-        return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
     # The HMAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.
@@ -67,6 +63,9 @@ class GlobalModel:
     # A syncer shard's fragments (spec.syncer.shards): the others' tensors are zero-stride
     # placeholders (their shapes, no memory), never merged and never checkpointed. None: all.
     owned: tuple[int, ...] | None = None
+    # The fingerprint of Θ₀ as the first learner seeded it (diloco/core/seed.py): every learner
+    # that joins must present the same. Empty: from a checkpoint older than seeding.
+    init_hash: bytes = b""
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -93,6 +92,10 @@ class GlobalModel:
         self.owned = normal
         held = self.held()
         self.params = {n: v if n in held else np.broadcast_to(np.float32(0), v.shape) for n, v in self.params.items()}
+
+    def credited_to(self, learner: str) -> int:
+        """Tokens credited to every process that was `learner` (where its data resumes)."""
+        return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)
 
     def held(self) -> set[str]:
         """The tensors this syncer (shard) holds and checkpoints."""
@@ -184,7 +187,8 @@ class GlobalModel:
             arrays.update({f"momentum/{p}/{n}": b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
                 "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
-                "schedule": dict(self.schedule), "publish_key": self.publish_key.hex()}
+                "schedule": dict(self.schedule), "publish_key": self.publish_key.hex(),
+                "init_hash": self.init_hash.hex(), "shapes": {n: list(v.shape) for n, v in self.params.items()}}
         if self.owned is not None:
             meta["owned"] = list(self.owned)
         return arrays, meta
@@ -196,12 +200,16 @@ class GlobalModel:
 
     @classmethod
     def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object],
-                   expect: Mapping[str, tuple[int, ...]], owned: Sequence[int] | None = None) -> GlobalModel:
+                   expect: Mapping[str, tuple[int, ...]] | None = None, owned: Sequence[int] | None = None
+                   ) -> GlobalModel:
         """Restore, refusing a checkpoint whose tensors, plan or shard do not match this job's
-        (and this shard's: `owned`)."""
+        (and this shard's: `owned`). `expect`: the model's shapes where the caller knows them;
+        the syncer does not (it runs no model code) and takes the checkpoint's own."""
         params = cls.params_of(arrays)
         mismatch = "checkpoint tensors do not match the job's model (different spec.model?)"
         got = {k: tuple(v.shape) for k, v in params.items()}
+        if expect is None:
+            expect = _checkpoint_shapes(meta, got)
         if any(tuple(expect.get(k, ())) != s for k, s in got.items()):
             raise ValueError(mismatch)
         model = cls(spec, {n: np.broadcast_to(np.float32(0), s) for n, s in expect.items()}, [0] * spec.fragments)
@@ -240,6 +248,10 @@ class GlobalModel:
         schedule = meta.get("schedule", {})
         checked_schedule(schedule, model.plan.num_fragments)
         model.schedule = dict(schedule)  # type: ignore[call-overload]
+        init_hash = meta.get("init_hash", "")
+        if not isinstance(init_hash, str) or len(init_hash) not in (0, 64):
+            raise ValueError("checkpoint init_hash is malformed")
+        model.init_hash = bytes.fromhex(init_hash)
         stored = meta.get("publish_key")
         if stored is not None:  # a checkpoint older than provenance tags: keep the fresh key
             if not isinstance(stored, str) or len(stored) != 2 * provenance.KEY_BYTES:
@@ -262,3 +274,19 @@ def round_policy(spec: SyncerSpec, num_fragments: int) -> RoundPolicy:
     """The rounds' rules, from spec.syncer: the one place the spec's names meet the core's."""
     g, st = spec.grace_window, spec.staleness
     return RoundPolicy(spec.quorum, g.gamma, g.tau, g.cap_seconds, st.max_versions, st.policy, num_fragments)
+
+
+def _checkpoint_shapes(meta: Mapping[str, object], held: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape as the checkpoint recorded it; an older one, which did not, holds all
+    its tensors (unsharded) and its arrays say."""
+    shapes = meta.get("shapes")
+    if shapes is None:
+        if meta.get("owned") is not None:
+            raise ValueError("this shard's checkpoint predates recorded shapes; restore it with a syncer "
+                             "of the release that wrote it, or start the job afresh")
+        return dict(held)
+    if not isinstance(shapes, dict) or any(
+            not isinstance(k, str) or not isinstance(v, list) or not all(isinstance(d, int) and d > 0 for d in v)
+            for k, v in shapes.items()):
+        raise ValueError("checkpoint shapes are malformed")
+    return {k: tuple(v) for k, v in shapes.items()}

@@ -25,6 +25,8 @@ from diloco.contract import Event
 from diloco.core.codecs import CODECS, Codec, CodecError, decode_tensors, encode_tensors
 from diloco.core.fragments import owned_by
 from diloco.core.ledger import Arrival
+from diloco.core.seed import InitialModel
+from diloco.syncer.seeding import parse_unseeded, seed_chunks
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 log = logging.getLogger("diloco.learner")
@@ -33,6 +35,10 @@ FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
 
 class Unauthenticated(RuntimeError):
     """The syncer refused the job token: retrying cannot help."""
+
+
+class JoinRefused(RuntimeError):
+    """The syncer will not admit this learner as it is (another model, another Θ₀): restarting cannot help."""
 
 
 @dataclass
@@ -138,14 +144,42 @@ class SyncerClient:
         self.fragments: list[list[str]] = []
         self.owned: list[int] = []  # the fragments of the syncer (shard) we are connected to
         self.tags: list[bytes] = []  # per fragment: the provenance tag our copy came with
+        # Which syncer shard this client talks to (the sharded client sets it), and our Θ₀: an
+        # unseeded syncer (syncer/seeding.py) gets its part of it, every Join proves its hash.
+        self.position = (0, 1)
+        self.initial: InitialModel | None = None
 
     # -- join ------------------------------------------------------------------------
 
     def join(self, shapes: dict[str, tuple[int, ...]], timeout: float = 30.0) -> JoinState:
+        try:
+            return self._join(shapes, timeout)
+        except grpc.RpcError as exc:
+            where = parse_unseeded(exc.details() or "") if exc.code() == grpc.StatusCode.FAILED_PRECONDITION else None
+            if where is None or self.initial is None:
+                raise
+        self._seed(shapes, *where)
+        if self.view:  # a syncer that lost its state: hand it the newer fragments we hold first
+            self._offer_recovery()
+        return self._join(shapes, timeout)
+
+    def _seed(self, shapes: dict[str, tuple[int, ...]], shard: int, shards: int) -> None:
+        """Give an unseeded syncer (shard) our Θ₀ of its fragments; a learner that lost the race
+        to seed it hears the seed is in."""
+        assert self.initial is not None
+        if (shard, shards) != self.position:
+            raise JoinRefused(f"the syncer at {self.address} is shard {shard} of {shards}, not {self.position[0]} "
+                              f"of {self.position[1]}: list every shard's address, in shard order")
+        stream = seed_chunks(self.learner, shapes, self.initial.held_by(shard, shards))
+        reply = self.stub.Seed(stream, metadata=self.metadata, timeout=600)
+        log.info("seeded the syncer with Θ₀ (%s)", "adopted" if reply.adopted else "already seeded by a peer")
+
+    def _join(self, shapes: dict[str, tuple[int, ...]], timeout: float) -> JoinState:
         request = pb.JoinRequest(
             learner=self.learner, region=self.region,
             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())],
             process=self.session, supersede=self.supersede,
+            init_hash=self.initial.hash_for(*self.position) if self.initial is not None else b"",
         )
         header, buf = None, bytearray()
         for chunk in self.stub.Join(request, metadata=self.metadata, timeout=timeout):
@@ -179,7 +213,9 @@ class SyncerClient:
                          params, codec, header.block_size, int(header.slot), owned, header.shard, shards,
                          int(header.resume_tokens))
 
-    def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
+    def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: InitialModel | None = None) -> JoinState:
+        if initial is not None:
+            self.initial = initial
         backoff = Backoff()
         while not self.stopping.is_set():
             try:
@@ -187,8 +223,8 @@ class SyncerClient:
             except grpc.RpcError as exc:
                 if exc.code() in FATAL:
                     raise Unauthenticated(exc.details()) from None
-                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    raise RuntimeError(f"syncer refused to admit this learner: {exc.details()}") from None
+                if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT):
+                    raise JoinRefused(f"syncer refused to admit this learner: {exc.details()}") from None
                 wait = backoff.next()  # ALREADY_EXISTS: the id's live holder may be on its way out
                 log.warning("join failed (%s); retrying in %.1fs", exc.code().name, wait)
             except ConnectionError as exc:
@@ -338,7 +374,7 @@ class SyncerClient:
         self._offer_recovery()
         try:
             state = self.join_with_retry(self.expected_shapes)
-        except (RuntimeError, Unauthenticated) as exc:
+        except RuntimeError as exc:  # Unauthenticated, JoinRefused, or stopped
             self.emit(Event.FATAL, reason=str(exc))
             self.stopping.set()
             return

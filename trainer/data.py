@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
@@ -160,12 +160,6 @@ class Batches:
         picks = np.concatenate([self.order(int(e))[at[epochs == e]] for e in np.unique(epochs)])
         stride = self.length - 1
         return np.stack([self.tokens.window(int(i) * stride, self.length) for i in picks]).astype(np.int32)
-
-    def from_batch(self, k: int) -> Iterator[np.ndarray]:
-        """Batches k, k + 1, ... (a restarted learner resumes at the count it had merged)."""
-        while True:
-            yield self.batch(k)
-            k += 1
 
     def epoch(self, k: int) -> float:
         """How many passes over the shard batches 0..k-1 make."""

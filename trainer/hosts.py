@@ -85,11 +85,11 @@ class MirroredClient:
         self.resync = threading.Event()  # snapshot of: a push was refused as malformed
         self.stop_requested = False  # snapshot of host 0's SIGTERM
 
-    def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> Any:
+    def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: Any = None) -> Any:
         result: Any = None
         if self.client is not None:
             try:
-                result = self.client.join_with_retry(shapes)
+                result = self.client.join_with_retry(shapes, initial)
             except Exception as exc:  # shared, so every host fails the same way
                 result = exc
         result = self.hosts.share(result)

@@ -61,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from diloco.core.fragments import plan_fragments, specs_from_shapes
     from diloco.core.ledger import Ledger, absorb, prepare_push
     from diloco.core.schedule import Schedule
+    from diloco.core.seed import InitialModel
     from diloco.shards import syncer_addresses
     from diloco.trainer import data, model, sharding
-    from diloco.trainer.client import Outgoing, SyncerClient, Unauthenticated, Updates
+    from diloco.trainer.client import JoinRefused, Outgoing, SyncerClient, Unauthenticated, Updates
     from diloco.trainer.hosts import Hosts, MirroredClient
     from diloco.trainer.metrics import LearnerMetrics
     from diloco.trainer.recipe import Recipe, scalar
@@ -110,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
     recipe = Recipe(cfg, tr, layout)
 
     # Compile before joining, so the state we pull is fresh when training starts.
-    params = recipe.place(model.init_params(cfg, spec.data.seed))
+    theta0 = {n: np.asarray(v) for n, v in model.init_params(cfg, spec.data.seed).items()}  # Θ₀, as every learner has it
+    params = recipe.place(theta0)
     jax.block_until_ready(recipe.step(params, recipe.init_state(params), batches.batch(0), 0))
     recipe.eval_loss(params, evals[:1])
 
@@ -135,12 +137,15 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (client.stop_requested)
     client = MirroredClient(hosts, real, stop)
     t_join = time.monotonic()
-    try:
-        joined = client.join_with_retry(shapes)
+    plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.fragments, spec.syncer.fragmentation)
+    try:  # an unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code
+        joined = client.join_with_retry(shapes, InitialModel(theta0, plan.fragments))
     except Unauthenticated as exc:
         emit(Event.FATAL, reason=f"syncer refused the token: {exc}")
         return Exit.REFUSED
-    plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.fragments, spec.syncer.fragmentation)
+    except JoinRefused as exc:
+        emit(Event.FATAL, reason=str(exc))
+        return Exit.CONFIG
     if [list(f) for f in plan.fragments] != joined.fragments:
         emit(Event.FATAL, reason="fragment plan differs from the syncer's; learner and syncer run different specs")
         return Exit.CONFIG
@@ -251,7 +256,8 @@ def run(args: argparse.Namespace) -> int:
             last_report = time.monotonic()
             metrics.network(client.bytes_sent, client.bytes_received)
             metrics.productive(client.acked_train_seconds)
-            emit(Event.PROGRESS, step=step, slot=schedule.slot, loss=loss_value, step_seconds=step_ema,
+            emit(Event.PROGRESS, step=step, slot=schedule.slot, epoch=round(batches.epoch(next_batch), 4),
+                 loss=loss_value, step_seconds=step_ema,
                  train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
                  bytes_received=client.bytes_received, versions=ledger.versions)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from diloco.core.fragments import owner
+from diloco.core.seed import InitialModel
 from diloco.trainer.client import JoinState, Outgoing, SyncerClient, Updates
 
 
@@ -25,8 +26,8 @@ class ShardedClient:
         self.shards = [make(a) for a in addresses]
         self.stopping = threading.Event()  # shared: a fatal refusal by any shard stops the learner
         self.resync = threading.Event()  # shared: a push refused as malformed resets all our weights
-        for c in self.shards:
-            c.stopping, c.resync = self.stopping, self.resync
+        for i, c in enumerate(self.shards):
+            c.stopping, c.resync, c.position = self.stopping, self.resync, (i, len(self.shards))
         # Per shard, the incarnation whose state the loop has adopted: a push made before the
         # loop rebased onto a restarted shard is against the old anchors, and is dropped.
         self.adopted = [""] * len(self.shards)
@@ -44,8 +45,8 @@ class ShardedClient:
         """Training time every shard has acknowledged progress of."""
         return min(c.acked_train_seconds for c in self.shards)
 
-    def join_with_retry(self, shapes: dict[str, tuple[int, ...]]) -> JoinState:
-        states = [c.join_with_retry(shapes) for c in self.shards]
+    def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: InitialModel | None = None) -> JoinState:
+        states = [c.join_with_retry(shapes, initial) for c in self.shards]
         n = len(states)
         for i, st in enumerate(states):
             if (st.shard, st.shards) != (i, n):

@@ -28,8 +28,10 @@ import numpy as np
 
 from diloco.contract import TOKEN_ENV
 from diloco.core.codecs import encode_tensors
-from diloco.core.fragments import owner
+from diloco.core.fragments import Method, owner, plan_fragments, specs_from_shapes
+from diloco.core.seed import InitialModel
 from diloco.shards import syncer_addresses
+from diloco.syncer.seeding import seed_chunks
 from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 
@@ -76,6 +78,18 @@ def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[
     rng = np.random.default_rng(seed)
     return [encode_tensors({n: (1e-3 * rng.standard_normal(shapes[n])).astype(np.float32) for n in names}, "int4")
             for names in fragments]
+
+
+def seed(addresses: list[str], token: str, shapes: Mapping[str, tuple[int, ...]], fragments: int,
+         method: Method = "balanced") -> None:
+    """Seed fresh syncer shards with a synthetic Θ₀ (zeros; a syncer runs no model code, so
+    learners bring it: syncer/seeding.py). The plan is what the syncer will derive."""
+    plan = plan_fragments(specs_from_shapes(shapes), fragments, method)
+    initial = InitialModel({n: np.zeros(s, np.float32) for n, s in shapes.items()}, plan.fragments)
+    for i, address in enumerate(addresses):
+        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+            stream = seed_chunks("loadgen", shapes, initial.held_by(i, len(addresses)))
+            rpc.SyncerStub(channel).Seed(stream, metadata=auth_metadata(token), timeout=600)
 
 
 def join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> _Learner:

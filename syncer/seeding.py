@@ -1,0 +1,189 @@
+"""Before the first learner arrives: a syncer without a checkpoint holds no model.
+
+The syncer runs no model code (its image needs no JAX, and a user's own model never has to be
+importable there), so Θ₀ comes from the first learner that joins: its Join fails with
+FAILED_PRECONDITION "unseeded shard S of N", it sends the tensors this syncer holds (`Seed`),
+and joins again. The seed is checked as any outside input is: shapes, sizes, a fragment plan
+they yield, finite values, and a hash the syncer recomputes; every later learner's Θ₀ must
+hash the same (docs/ALGORITHM.md, "Models, devices and hosts").
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+
+from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.fragments import owned_by, plan_fragments, specs_from_shapes
+from diloco.core.seed import seed_hash
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.state import GlobalModel
+from diloco.wire import chunks, pb, token_matches
+
+UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
+ANOTHER_SEED = "seed: the syncer was seeded with another Θ₀ (different spec.model or spec.data.seed)"
+MAX_TENSORS = 1 << 16
+MAX_ELEMENTS = 1 << 36  # 256 GiB of fp32: far above any model one syncer shard could hold
+
+
+def unseeded_message(shard: int, shards: int) -> str:
+    return f"{UNSEEDED} {shard} of {shards}: send Θ₀ (Seed) and join again"
+
+
+def parse_unseeded(details: str) -> tuple[int, int] | None:
+    """(shard, shards) from a Join refusal of an unseeded syncer, else None."""
+    if not details.startswith(UNSEEDED):
+        return None
+    try:
+        shard, _, shards = details.removeprefix(UNSEEDED).split(":")[0].split()
+        return int(shard), int(shards)
+    except ValueError:
+        return None
+
+
+def seed_chunks(learner: str, shapes: Mapping[str, Sequence[int]], tensors: Mapping[str, np.ndarray]
+                ) -> Iterator[pb.SeedChunk]:
+    """A Seed RPC's stream: every tensor's shape (the plan), then `tensors` (what the syncer
+    holds) as an fp32 bundle in chunks."""
+    blob = encode_tensors(dict(tensors), "fp32")
+    header = pb.SeedHeader(learner=learner, tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()],
+                           total_bytes=len(blob), init_hash=seed_hash(tensors))
+    for i, part in enumerate(chunks(blob)):
+        yield pb.SeedChunk(header=header if i == 0 else None, data=bytes(part))
+
+
+def seeded_model(spec: SyncerSpec, shard: int, header: pb.SeedHeader, blob: bytes) -> GlobalModel:
+    """The global model Θ₀ a Seed describes, or Refused naming what is wrong with it."""
+    def bad(why: str) -> Refused:
+        return Refused(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {why}", outcome="malformed")
+
+    if not header.learner or len(header.learner) > MAX_ID:
+        raise bad("learner id must be 1-128 characters")
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in header.tensors}
+    if not shapes or len(shapes) != len(header.tensors) or len(shapes) > MAX_TENSORS:
+        raise bad(f"{len(header.tensors)} tensors with {len(shapes)} distinct names; send each tensor once")
+    if any(not n or not s or min(s) < 1 for n, s in shapes.items()):
+        raise bad("every tensor needs a name and a shape of positive sizes")
+    if sum(math.prod(s) for s in shapes.values()) > MAX_ELEMENTS:
+        raise bad("the model is larger than one syncer can hold")
+    try:
+        plan = plan_fragments(specs_from_shapes(shapes), spec.fragments, spec.fragmentation)
+    except ValueError as exc:
+        raise bad(f"the tensors give no plan of spec.syncer.fragments {spec.fragments}: {exc}") from None
+    owned = list(owned_by(shard, plan.num_fragments, spec.shards))
+    held = {n: shapes[n] for p in owned for n in plan.fragments[p]}
+    try:
+        values = decode_tensors(blob, held)
+    except CodecError as exc:
+        raise bad(f"the bundle does not hold this shard's tensors as fp32: {exc}") from None
+    if not all(np.isfinite(v).all() for v in values.values()):
+        raise bad("Θ₀ has non-finite values")
+    digest = seed_hash(values)
+    if digest != header.init_hash:
+        raise bad("init_hash does not match the tensors sent")
+    params: dict[str, Any] = {n: np.broadcast_to(np.float32(0), s) for n, s in shapes.items()}
+    params.update(values)
+    model = GlobalModel.fresh(spec, params, owned)
+    model.init_hash = digest
+    return model
+
+
+class Unseeded:
+    """The servicer while no model exists: Seed builds one (once) and hands it to `on_seed`,
+    which starts the syncer proper and switches the RPCs to it before the seed is answered (so
+    the seeding learner's next Join finds it); Join says the model is missing; the rest wait."""
+
+    def __init__(self, spec: SyncerSpec, shard: int, token: str, on_seed: Callable[[GlobalModel], Any]) -> None:
+        self.spec, self.shard, self.token, self.on_seed = spec, shard, token, on_seed
+        self.lock = threading.Lock()
+        self.model: GlobalModel | None = None
+        self.started: Any = None  # what on_seed returned
+        self.seeded = threading.Event()
+
+    def _auth(self, context: grpc.ServicerContext) -> None:
+        if not token_matches(context.invocation_metadata(), self.token):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+
+    def Seed(self, request_iterator: Iterator[pb.SeedChunk], context: grpc.ServicerContext) -> pb.SeedReply:
+        self._auth(context)
+        first = next(request_iterator, None)
+        if first is None or not first.HasField("header"):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a seed starts with a header")
+        declared = first.header.total_bytes
+        if declared > 4 * MAX_ELEMENTS + MAX_TENSORS * 1024:  # fp32 values plus the bundle's headers
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {declared} bytes is more than one syncer holds")
+        buf = bytearray(first.data)
+        for chunk in request_iterator:
+            buf += chunk.data
+            if len(buf) > declared:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seed: larger than its declared size")
+        if len(buf) != declared:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {len(buf)} of {declared} bytes")
+        try:
+            model = seeded_model(self.spec, self.shard, first.header, bytes(buf))
+        except Refused as exc:
+            context.abort(exc.code, exc.reason)
+        with self.lock:
+            if self.model is None:
+                self.started = self.on_seed(model)
+                self.model = model
+                self.seeded.set()
+                return pb.SeedReply(adopted=True)
+            same = self.model.init_hash == model.init_hash
+        if not same:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, ANOTHER_SEED)
+        return pb.SeedReply(adopted=False)
+
+    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[pb.JoinChunk]:
+        self._auth(context)
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, unseeded_message(self.shard, self.spec.shards))
+        yield from ()
+
+    def _waiting(self, context: grpc.ServicerContext) -> Any:
+        self._auth(context)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the syncer waits for its first learner's initial model")
+
+    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
+        return self._waiting(context)
+
+    def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
+        self._waiting(context)
+        yield from ()
+
+    def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
+        return self._waiting(context)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        return self._waiting(context)
+
+
+class Switch:
+    """The servicer gRPC holds: every call goes to the current one (Unseeded, then the syncer's),
+    looked up per call, since gRPC binds a servicer's methods once at registration."""
+
+    def __init__(self, current: Any) -> None:
+        self.current = current
+
+    def Join(self, request: Any, context: Any) -> Any:
+        return self.current.Join(request, context)
+
+    def Push(self, request_iterator: Any, context: Any) -> Any:
+        return self.current.Push(request_iterator, context)
+
+    def Subscribe(self, request: Any, context: Any) -> Any:
+        return self.current.Subscribe(request, context)
+
+    def Status(self, request: Any, context: Any) -> Any:
+        return self.current.Status(request, context)
+
+    def Recover(self, request_iterator: Any, context: Any) -> Any:
+        return self.current.Recover(request_iterator, context)
+
+    def Seed(self, request_iterator: Any, context: Any) -> Any:
+        return self.current.Seed(request_iterator, context)

@@ -1,0 +1,165 @@
+"""Θ₀ from the first learner (syncer/seeding.py): a syncer without a checkpoint runs no model
+code; the first learner seeds it, later learners must start from the same Θ₀, and a bad seed
+changes nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import yaml
+
+from diloco.core.fragments import plan_fragments, specs_from_shapes
+from diloco.core.seed import InitialModel, seed_hash
+from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.metrics import SyncerMetrics
+from diloco.syncer.seeding import Switch, Unseeded, parse_unseeded, seed_chunks, seeded_model, unseeded_message
+from diloco.syncer.service import SyncerCore
+from diloco.syncer.servicer import SyncerServicer
+from diloco.syncer.state import GlobalModel
+from diloco.trainer.client import JoinRefused, SyncerClient
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+from tests import syncer_harness as sh
+
+SPEC = SyncerSpec(fragments=2)
+
+
+def initial(seed: int = 0, spec: SyncerSpec = SPEC) -> InitialModel:
+    plan = plan_fragments(specs_from_shapes(sh.SHAPES), spec.fragments, spec.fragmentation)
+    return InitialModel(sh.params(seed), plan.fragments)
+
+
+@pytest.fixture
+def unseeded(tmp_path: Path) -> Iterator[tuple[str, Unseeded, Switch]]:
+    """An unseeded syncer on loopback, switched to the syncer proper when seeded (as serve does)."""
+    store = CheckpointStore(tmp_path / "ckpt")
+
+    def start(model: GlobalModel) -> SyncerCore:
+        core = SyncerCore(SPEC, model, store, SyncerMetrics())
+        core.checkpoint()
+        switch.current = SyncerServicer(core, sh.TOKEN)
+        return core
+
+    gate = Unseeded(SPEC, 0, sh.TOKEN, on_seed=start)
+    switch = Switch(gate)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
+    rpc.add_SyncerServicer_to_server(switch, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", gate, switch
+    server.stop(0)
+
+
+def test_the_first_learner_seeds_and_the_next_must_start_from_the_same_model(unseeded, tmp_path: Path) -> None:
+    address, gate, switch = unseeded
+    first = SyncerClient(address, sh.TOKEN, "a-0", "r")
+    state = first.join_with_retry(dict(sh.SHAPES), initial(0))
+    assert gate.seeded.is_set() and isinstance(switch.current, SyncerServicer)
+    assert all(np.array_equal(state.params[n], sh.params(0)[n]) for n in sh.SHAPES)  # Θ₀ as the learner had it
+    assert gate.model is not None and gate.model.init_hash == seed_hash(sh.params(0))
+    second = SyncerClient(address, sh.TOKEN, "a-1", "r")
+    second.join_with_retry(dict(sh.SHAPES), initial(0))  # the same Θ₀: admitted, and seeds nothing
+    other = SyncerClient(address, sh.TOKEN, "a-2", "r")
+    with pytest.raises(JoinRefused, match="initial model Θ₀ differs"):
+        other.join_with_retry(dict(sh.SHAPES), initial(1))  # another spec.data.seed
+    # The hash is in the first checkpoint: a restored syncer holds learners to the same Θ₀.
+    loaded, _ = CheckpointStore(tmp_path / "ckpt").load_latest()
+    assert loaded is not None
+    restored = GlobalModel.from_state(SPEC, loaded.arrays, loaded.meta)  # shapes from the checkpoint itself
+    assert restored.init_hash == gate.model.init_hash and restored.shapes() == gate.model.shapes()
+    for c in (first, second, other):
+        c.close()
+
+
+def test_a_client_without_an_initial_model_is_told_the_syncer_needs_one(unseeded) -> None:
+    address, gate, _ = unseeded
+    client = SyncerClient(address, sh.TOKEN, "a-0", "r")
+    with pytest.raises(JoinRefused, match="unseeded shard 0 of 1"):
+        client.join_with_retry(dict(sh.SHAPES))
+    assert not gate.seeded.is_set()
+    client.close()
+
+
+def _seed(address: str, chunks: list[pb.SeedChunk]) -> grpc.RpcError:
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+        rpc.SyncerStub(channel).Seed(iter(chunks), metadata=auth_metadata(sh.TOKEN), timeout=10)
+    return info.value
+
+
+def test_bad_seeds_are_refused_and_leave_the_syncer_unseeded(unseeded) -> None:
+    address, gate, _ = unseeded
+    good = sh.params(0)
+
+    def chunks(tensors: dict[str, np.ndarray], shapes: dict | None = None, **header: object) -> list[pb.SeedChunk]:
+        out = list(seed_chunks("a-0", dict(sh.SHAPES) if shapes is None else shapes, tensors))
+        for k, v in header.items():
+            setattr(out[0].header, k, v)
+        return out
+
+    nan = dict(good, **{"head/kernel": np.full(sh.SHAPES["head/kernel"], np.nan, np.float32)})
+    cases = {
+        "non-finite": (chunks(nan), "non-finite"),
+        "hash": (chunks(good, init_hash=b"\0" * 32), "init_hash does not match"),
+        "missing tensor": (chunks({k: v for k, v in good.items() if k != "head/kernel"}), "does not hold this shard's"),
+        "no shapes": (chunks(good, shapes={}), "0 tensors"),
+        "zero size": (chunks(good, shapes=dict(sh.SHAPES, extra=(0, 3))), "positive sizes"),
+        "truncated": (chunks(good)[:1] + [pb.SeedChunk(data=b"")], None),
+        "oversized": (chunks(good, total_bytes=1 << 50), "more than one syncer holds"),
+        "learner id": (chunks(good, learner=""), "learner id"),
+    }
+    cases["truncated"][0][0].header.total_bytes += 7
+    for name, (msgs, why) in cases.items():
+        err = _seed(address, msgs)
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, err.details())
+        if why:
+            assert why in err.details(), (name, err.details())
+    assert not gate.seeded.is_set() and gate.model is None
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+        rpc.SyncerStub(channel).Seed(iter(chunks(good)), metadata=auth_metadata("wrong-token-000000000"), timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and not gate.seeded.is_set()
+
+
+def test_a_shard_is_seeded_with_its_own_fragments_only() -> None:
+    spec = SyncerSpec(fragments=4, shards=2)
+    init = initial(0, spec)
+    msgs = list(seed_chunks("a-0", dict(sh.SHAPES), init.held_by(1, 2)))
+    model = seeded_model(spec, 1, msgs[0].header, b"".join(c.data for c in msgs))
+    assert model.held() == set(init.held_by(1, 2)) and model.owned == (1, 3)
+    assert model.init_hash == init.hash_for(1, 2) != init.hash_for(0, 2)
+    assert parse_unseeded(unseeded_message(1, 2)) == (1, 2) and parse_unseeded("something else") is None
+
+
+NO_JAX = ("import sys\nfor m in ('jax', 'jaxlib', 'flax', 'optax'): sys.modules[m] = None  # as in an image without them\n"
+          "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n")
+
+
+def test_a_syncer_process_without_jax_is_seeded_and_serves(tmp_path: Path) -> None:
+    job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "nojax"},
+           "spec": {"learnerGroups": [{"name": "a", "replicas": 2}], "syncer": {"fragments": 2}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    proc = subprocess.Popen([sys.executable, "-P", "-c", NO_JAX, "syncer", "--config", str(tmp_path / "job.yaml"),
+                             "--port", "0", "--checkpoint-dir", str(tmp_path / "ckpt")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, DILOCO_TOKEN=sh.TOKEN))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("SYNCER_READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        address = "127.0.0.1:" + line.split("port=")[1].split()[0]
+        client = SyncerClient(address, sh.TOKEN, "a-0", "r")
+        state = client.join_with_retry(dict(sh.SHAPES), initial(0))  # the model is the learner's, not the syncer's
+        assert set(state.params) == set(sh.SHAPES) and state.versions == [0, 0]
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert proc.returncode == 0
+    assert CheckpointStore(tmp_path / "ckpt").load_latest()[0] is not None  # the seeded Θ₀ is durable
