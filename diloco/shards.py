@@ -30,6 +30,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
     if len(replies) == 1:
         return replies[0]
     n = len(replies)
+    unseeded = any(r.unseeded for r in replies)
     versions = [replies[owner(p, n)].versions[p] for p in range(len(replies[0].versions))]
     learners: dict[str, pb.LearnerStatus] = {}
     for r in replies:
@@ -64,7 +65,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
         contributions_refused=sum(r.contributions_refused for r in replies),
         bytes_received=sum(r.bytes_received for r in replies), bytes_sent=sum(r.bytes_sent for r in replies),
         regions=[regions[k] for k in sorted(regions)], max_norm_ratio=max(r.max_norm_ratio for r in replies),
-        shard=0, shards=n,
+        shard=0, shards=n, unseeded=unseeded,
     )
 
 

@@ -98,7 +98,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
                  shard, job.spec.syncer.shards, core.incarnation, list(core.owned), core.model.plan.num_fragments)
         return core
 
-    unseeded = Unseeded(job.spec.syncer, shard, token, on_seed=start)
+    unseeded = Unseeded(job.spec.syncer, shard, token, on_seed=start, incarnation=incarnation)
     switch = Switch(unseeded)
     rpc.add_SyncerServicer_to_server(switch, server)  # forwards every RPC to the current servicer
     if tls is not None:

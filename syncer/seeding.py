@@ -99,8 +99,10 @@ class Unseeded:
     which starts the syncer proper and switches the RPCs to it before the seed is answered (so
     the seeding learner's next Join finds it); Join says the model is missing; the rest wait."""
 
-    def __init__(self, spec: SyncerSpec, shard: int, token: str, on_seed: Callable[[GlobalModel], Any]) -> None:
+    def __init__(self, spec: SyncerSpec, shard: int, token: str, on_seed: Callable[[GlobalModel], Any],
+                 incarnation: str = "") -> None:
         self.spec, self.shard, self.token, self.on_seed = spec, shard, token, on_seed
+        self.incarnation = incarnation
         self.lock = threading.Lock()
         self.model: GlobalModel | None = None
         self.started: Any = None  # what on_seed returned
@@ -160,7 +162,10 @@ class Unseeded:
         return self._waiting(context)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
-        return self._waiting(context)
+        """Up, and saying what it waits for: dashboards and the operator show it, nothing is merged."""
+        self._auth(context)
+        return pb.StatusReply(incarnation=self.incarnation, versions=[0] * self.spec.fragments, shard=self.shard,
+                              shards=self.spec.shards, unseeded=True)
 
 
 class Switch:

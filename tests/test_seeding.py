@@ -86,6 +86,9 @@ def test_a_client_without_an_initial_model_is_told_the_syncer_needs_one(unseeded
         client.join_with_retry(dict(sh.SHAPES))
     assert not gate.seeded.is_set()
     client.close()
+    with grpc.insecure_channel(address) as channel:  # it answers Status, saying what it waits for
+        reply = rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(sh.TOKEN), timeout=10)
+    assert reply.unseeded and list(reply.versions) == [0, 0]
 
 
 def _seed(address: str, chunks: list[pb.SeedChunk]) -> grpc.RpcError:
