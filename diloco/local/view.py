@@ -60,7 +60,11 @@ class View:
             self.console.print("  ".join(f"{k}={v}" for k, v in row.items()), highlight=False)
 
     def final(self, summary: dict[str, Any], out: Path) -> None:
-        self.console.print(json.dumps(summary, indent=2), highlight=False)
+        shown = {k: v for k, v in summary.items() if k != "sample"}
+        self.console.print(json.dumps(shown, indent=2), highlight=False)
+        if "sample" in summary:  # what the model learned, as text rather than an escaped JSON string
+            self.console.print("sample of the final model (greedy):", highlight=False)
+            self.console.print(summary["sample"], highlight=False, markup=False)
         self.console.print(f"wrote {out}/summary.json, events.jsonl, eval_loss.png, timeline.png")
 
 
