@@ -159,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     opt_state = recipe.init_state(params)
     tokens_per_step = tr.batch_size * spec.model.context
     next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
+    # The learning rate follows our own steps from the slot we joined at: a learner that skips
+    # slots (behind the schedule) must not decay faster than the training it has done.
+    lr_step = schedule.slot
     pull_seconds = time.monotonic() - t_join
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
@@ -214,7 +217,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         batch = batches.batch(next_batch)
         next_batch += 1
-        params, opt_state, loss = recipe.step(params, opt_state, batch, schedule.slot)
+        params, opt_state, loss = recipe.step(params, opt_state, batch, lr_step)
+        lr_step += 1
         loss_value = scalar(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:

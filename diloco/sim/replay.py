@@ -39,7 +39,8 @@ class Trainer(Protocol):
     def fresh_state(self, m: int, params: Tensors) -> Any: ...
 
     def step(self, m: int, params: Tensors, state: Any, slot: int) -> tuple[Tensors, Any, int]:
-        """One inner step at schedule slot `slot`: (new params, new state, tokens trained)."""
+        """One inner step with the learning rate of schedule position `slot`: (new params, new
+        state, tokens trained)."""
         ...
 
 
@@ -70,6 +71,7 @@ class _Learner:
     trained_tokens: int = 0  # this life's (the push header's cumulative counter)
     earlier_tokens: int = 0  # earlier lives'
     steps: int = 0
+    lr_step: int = 0  # where the learning-rate schedule stands: the join slot plus steps since (as the learner's)
     refused: list[tuple[int, int]] = field(default_factory=list)
     accepted: list[tuple[int, int, int, bool]] = field(default_factory=list)
     inbox: dict[int, Arrival] = field(default_factory=dict)
@@ -157,6 +159,7 @@ class Replay:
         lr.params = {n: v.copy() for n, v in self.model.params.items()}
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
+        lr.lr_step = lr.schedule.slot
         lr.state = self.trainer.fresh_state(m, lr.params)
         lr.session, lr.push_seq = lr.life, 0
         lr.earlier_tokens += lr.trained_tokens  # a new process counts its tokens from zero
@@ -181,7 +184,8 @@ class Replay:
         if lr.schedule.slot >= self.steps:
             self._flush(lr)
             return
-        lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.schedule.slot)
+        lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.lr_step)
+        lr.lr_step += 1
         lr.ledger.stepped(tokens)
         lr.trained_tokens += tokens
         lr.steps += 1
