@@ -2,9 +2,10 @@
 held-out eval, as the learner, every benchmark and the run report use them.
 
 AdamW with global-norm clipping; the learning rate follows linear warmup then cosine decay
-over the *shared schedule's* slots and is passed in each step, so a learner that (re)joins
-mid-job resumes the job's schedule instead of warming up again (AdamW's own bias correction
-restarts with its moments, as it must). With a `Layout` (trainer/sharding.py) the step runs
+and is passed in each step at a schedule position the caller keeps (the learner: the shared
+schedule's slot it joined at plus its own steps since), so a learner that (re)joins mid-job
+resumes the job's schedule instead of warming up again (AdamW's own bias correction restarts
+with its moments, as it must). With a `Layout` (trainer/sharding.py) the step runs
 as one SPMD program over the learner's mesh; without one, on the default device.
 """
 
