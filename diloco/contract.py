@@ -185,7 +185,7 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
     p.add_argument("--restart", type=int, default=None,
-                   help="restart count, for a reproducible data order (default: random per start)")
+                   help="restart count from the local runner: 0 joins as a new process, more takes the id over (default: a pod, which always takes over)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")
     p.add_argument("--inject-nan-at-step", type=int, default=-1, help=argparse.SUPPRESS)  # fault-injection tests
     add_client_tls_flags(p)

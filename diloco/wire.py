@@ -16,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+import grpc
+
 CHUNK_BYTES = 1 << 20  # 1 MiB: per-message overhead is negligible, and far below gRPC's message caps
 MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
 TOKEN_HEADER = "authorization"
@@ -96,6 +98,12 @@ def token_matches(metadata: object, token: str) -> bool:
         if key == TOKEN_HEADER and isinstance(value, str):
             presented = value.removeprefix("Bearer ")
     return hmac.compare_digest(presented.encode(), token.encode())
+
+
+def authenticate(context: grpc.ServicerContext, token: str) -> None:
+    """Abort the RPC unless it carries the job token (every syncer RPC starts with this)."""
+    if not token_matches(context.invocation_metadata(), token):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
 
 
 if __name__ == "__main__":

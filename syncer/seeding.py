@@ -24,7 +24,7 @@ from diloco.core.seed import seed_hash
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.state import GlobalModel
-from diloco.wire import chunks, pb, token_matches
+from diloco.wire import authenticate, chunks, pb
 
 UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
 ANOTHER_SEED = "seed: the syncer was seeded with another Θ₀ (different spec.model or spec.data.seed)"
@@ -109,8 +109,7 @@ class Unseeded:
         self.seeded = threading.Event()
 
     def _auth(self, context: grpc.ServicerContext) -> None:
-        if not token_matches(context.invocation_metadata(), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+        authenticate(context, self.token)
 
     def Seed(self, request_iterator: Iterator[pb.SeedChunk], context: grpc.ServicerContext) -> pb.SeedReply:
         self._auth(context)

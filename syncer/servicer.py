@@ -13,7 +13,7 @@ import grpc
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
-from diloco.wire import chunks, pb, token_matches
+from diloco.wire import authenticate, chunks, pb
 
 log = logging.getLogger("diloco.syncer")
 
@@ -40,8 +40,7 @@ class SyncerServicer:
         self.core, self.token = core, token
 
     def _auth(self, context: grpc.ServicerContext) -> None:
-        if not token_matches(context.invocation_metadata(), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+        authenticate(context, self.token)
 
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[pb.JoinChunk]:
         self._auth(context)
