@@ -191,7 +191,9 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
             seconds_after_join: float | None = None) -> JobResult:
     """Run the manifest with the product's local runner; stop once the learners have trained
     `total_steps` steps in total (or after max_seconds). `late`: {"group": name, "after_seconds": s}
-    holds that group's learners back until s seconds after the first join (compute scavenging).
+    holds that group's learners back until s seconds after the first join (compute scavenging);
+    with "min_seconds_joined": t the run also waits until each of them has been joined t seconds,
+    so a slow machine's late start still leaves an after-phase to measure.
     `proxies`: route every learner's connection through a byte-counting relay.
     `seconds_after_join`: stop that long after the first learner joined."""
     from diloco.local.runner import LocalRun
@@ -220,6 +222,7 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
             self.steps = 0
             self.joined_at: float | None = None
             self.late_start: float | None = None
+            self.late_joins: dict[str, float] = {}
             self.proxies: dict[str, FaultProxy] = {}
             if proxies:
                 for name, child in list(self.sup.children.items()) + list(self.held.items()):
@@ -233,12 +236,15 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
             self.seen.append(event)
             if event.get("event") == "joined" and self.joined_at is None:
                 self.joined_at = float(event["t"])
+            if late and event.get("event") == "joined" and str(event.get("source", "")).startswith(f"{late['group']}-"):
+                self.late_joins.setdefault(str(event["source"]), float(event["t"]))
             if event.get("event") in ("progress", "exit", "eval"):
                 self.steps, _ = trained_steps(self.seen)
                 if total_steps and self.steps >= total_steps:
                     self.stopping = True
             if (seconds_after_join and self.joined_at is not None
-                    and float(event.get("t", 0)) - self.joined_at >= seconds_after_join):
+                    and float(event.get("t", 0)) - self.joined_at >= seconds_after_join
+                    and self.late_phase_done(float(event.get("t", 0)))):
                 self.stopping = True
             if (self.held and late and self.joined_at is not None
                     and float(event.get("t", 0)) - self.joined_at >= late["after_seconds"]):
@@ -248,6 +254,15 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
                     self.sup.children[name] = child
                     self.sup.start(name)
                     self.runner_event("late_start", target=name, trained_steps=self.steps)
+
+        def late_phase_done(self, t: float) -> bool:
+            """Every held-back learner has been joined for late["min_seconds_joined"] seconds."""
+            need = late.get("min_seconds_joined") if late else None
+            if not need:
+                return True
+            expected = sum(1 for c in self.sup.children if c.startswith(f"{late['group']}-")) if late else 0
+            return (not self.held and len(self.late_joins) >= expected
+                    and all(t - j >= need for j in self.late_joins.values()))
 
     run = BudgetRun()
     try:

@@ -95,7 +95,9 @@ def main() -> None:
     ], training={"evalIntervalSteps": args.eval_interval, "evalBatches": 8})
     tps = common.tokens_per_step(m)
     r = common.run_job(m, args.out_dir, total_steps=None, max_seconds=args.seconds + 120,
-                       late={"group": "extra", "after_seconds": args.seconds / 2},
+                       late={"group": "extra", "after_seconds": args.seconds / 2,
+                             # a newcomer that starts slowly still gets its measured half
+                             "min_seconds_joined": args.seconds / 2},
                        seconds_after_join=args.seconds)
     ev = r.events
     joins: dict[str, float] = {}
