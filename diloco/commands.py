@@ -69,6 +69,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a))
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
+    p.add_argument("--no-cel", action="store_true",
+                   help="without the CEL rules on immutable fields (API servers before 1.23 reject them in kubectl's validation)")
+    p.add_argument("--apply", action="store_true",
+                   help="apply it to the cluster instead of printing it (server-side; in-cluster credentials, then "
+                        "$KUBECONFIG; without the CEL rules on API servers before 1.23): the chart's crds.upgrade hook")
     p.set_defaults(func=lambda a: _call("diloco.operator.crd", "main", a))
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")

@@ -125,11 +125,12 @@ def parse_shard(arg: str, hostname: str) -> int:
 class LearnerArgs:
     config: str
     group: str
-    index: int | str  # a string where the pod fills it in, e.g. "$(POD_INDEX)"
+    index: int | str  # a string where the pod fills it in, e.g. "$(POD_NAME)" (its ordinal)
     syncer: str
     metrics_port: int | None = None
     cpus: str | None = None
     restart: int | None = None
+    token_file: str | None = None  # None: the token is in $DILOCO_TOKEN (the local runner's way)
     tls_ca: str | None = None
     tls_server_name: str | None = None
     coordinator: str | None = None  # host:port of the learner's host 0 (hostsPerLearner > 1)
@@ -139,7 +140,7 @@ class LearnerArgs:
     def argv(self) -> list[str]:
         out = ["--config", self.config, "--group", self.group, "--index", str(self.index), "--syncer", self.syncer]
         out += _optional(("--metrics-port", self.metrics_port), ("--cpus", self.cpus), ("--restart", self.restart),
-                         ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name),
+                         ("--token-file", self.token_file), ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name),
                          ("--coordinator", self.coordinator), ("--process-id", self.process_id),
                          ("--num-processes", self.num_processes))
         return out
@@ -151,6 +152,7 @@ class SyncerArgs:
     port: int = SYNCER_GRPC_PORT
     metrics_port: int | None = None
     checkpoint_dir: str | None = None
+    token_file: str | None = None  # None: the token is in $DILOCO_TOKEN (the local runner's way)
     tls_cert: str | None = None
     tls_key: str | None = None
     shard: int | str | None = None  # a string where the pod fills it in; None: unsharded (shard 0)
@@ -158,7 +160,7 @@ class SyncerArgs:
     def argv(self) -> list[str]:
         out = ["--config", self.config, "--port", str(self.port)]
         out += _optional(("--metrics-port", self.metrics_port), ("--checkpoint-dir", self.checkpoint_dir),
-                         ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key), ("--shard", self.shard))
+                         ("--token-file", self.token_file), ("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key), ("--shard", self.shard))
         return out
 
 
@@ -175,10 +177,20 @@ def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
 
 
+def ordinal(text: str) -> int:
+    """An index given as a number or as a StatefulSet pod's name (`job-us-3` is 3): pods fill it in
+    from `metadata.name`, which every Kubernetes version has (the pod-index label needs 1.28)."""
+    raw = text.rsplit("-", 1)[-1]
+    if not raw.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number or a StatefulSet pod name ending in -N")
+    return int(raw)
+
+
 def add_learner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
     p.add_argument("--group", required=True, help="learner group name")
-    p.add_argument("--index", type=int, required=True, help="replica index within the group")
+    p.add_argument("--index", type=ordinal, required=True,
+                   help="replica index within the group, or the StatefulSet pod's name (its ordinal)")
     p.add_argument("--syncer", required=True,
                    help="syncer address host:port; for a sharded syncer every shard's, in shard order, comma-separated")
     add_token_flag(p)
@@ -191,7 +203,8 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     add_client_tls_flags(p)
     p.add_argument("--coordinator", default=None,
                    help=f"multi-host learner: host 0's host:port for jax.distributed (else ${COORDINATOR_ENV})")
-    p.add_argument("--process-id", type=int, default=None, help=f"multi-host learner: this host's id (else ${PROCESS_ID_ENV})")
+    p.add_argument("--process-id", type=ordinal, default=None,
+                   help=f"multi-host learner: this host's id, or its pod's name (else ${PROCESS_ID_ENV})")
     p.add_argument("--num-processes", type=int, default=None,
                    help=f"multi-host learner: its host count (else ${NUM_PROCESSES_ENV})")
 

@@ -194,14 +194,31 @@ class Chaos(Model):
     targets: list[ChaosTarget] = Field(default_factory=lambda: list[ChaosTarget](["learners"]))
 
 
+# What happens to the checkpoint volume(s) when the job is deleted. Retain: they stay (no owner
+# reference), so deleting a job never deletes the trained model; Delete: they go with the job.
+CheckpointRetention = Literal["Retain", "Delete"]
+# Which pods go when the job finishes, after Kubeflow's training operator. All: every pod. Running:
+# those still running fine: the learners always (they hold the accelerators), the syncer when the job
+# succeeded; a failed job keeps its syncer so its logs say why. None: every pod stays, still running.
+CleanPodPolicy = Literal["None", "Running", "All"]
+
+
 class RunPolicy(Model):
     active_deadline_seconds: int | None = Field(None, ge=1)  # unset: a job runs until its budget or steps
     ttl_seconds_after_finished: int | None = Field(None, ge=0)  # unset: finished jobs stay for inspection
     backoff_limit: int = Field(6, ge=0)  # Kubernetes Job's default
+    # Retain: the checkpoint is the trained model, and a deleted job (kubectl delete, the TTL above)
+    # must not take it along; read when the volume is created.
+    checkpoint_retention: CheckpointRetention = "Retain"
+    # Running, as Kubeflow's default: accelerators are freed the moment the job ends, and a failed
+    # job's syncer (CPU only) stays for `kubectl logs` until the job is deleted.
+    clean_pod_policy: CleanPodPolicy = "Running"
 
 
 class JobSpec(Model):
-    suspend: bool = False  # Kueue and users pause a job by setting it; the syncer keeps its state
+    # Kueue and users pause a job by setting it: every pod goes (the syncer too, so a suspended job
+    # holds no compute); checkpoint, config and token stay, and a resume continues from the checkpoint.
+    suspend: bool = False
     # Which controller runs this job; another one's name (e.g. kueue.x-k8s.io/multikueue, whose
     # workers run the copies) makes this operator leave the job alone. Set it only at creation.
     managed_by: str | None = Field(None, pattern=r"^[a-z0-9.-]+/[a-z0-9._-]+$", max_length=63)

@@ -1,9 +1,11 @@
 """Make the live children match the rendered ones, touching only what differs.
 
 Each rendered child carries a hash of itself in an annotation; a live child whose hash
-matches is left alone, so a re-run or an operator restart issues no writes at all. Changes
+matches, and still holds every field it was rendered with, is left alone, so a re-run or an
+operator restart issues no writes at all, while a hand edit is put back on the next pass. Changes
 go out as server-side apply (fields we stop setting are removed). Children this job owns
-that are no longer rendered (a removed group, learners of a suspended job) are deleted.
+that are no longer rendered (a removed group, pods of a suspended job) are deleted (PRUNABLE
+kinds only); what it does not own (a retained checkpoint volume) never is.
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from diloco.operator import drift
 from diloco.operator import naming as n
 from diloco.operator.kube import Kube
 
-MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "StatefulSet", "Deployment")
+MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "StatefulSet", "Deployment",
+                 "NetworkPolicy", "PodDisruptionBudget")
 # Listed only where the operator may (the chart's syncerExposure.gatewayAPI): the CRD is optional.
 GATEWAY_KINDS = ("GRPCRoute",)
 # A claim's spec is immutable once bound (and resizing needs a cooperative storage class).
 CREATE_ONLY = {"PersistentVolumeClaim"}
+# What may stop being rendered while its job exists (suspended, finished, a group removed, an
+# exposure dropped), so what the operator deletes. The rest (config, token, checkpoint claim,
+# network policy) lives as long as the job and goes with it through the garbage collector (a
+# retained claim outlives it), so the operator needs no right to delete Secrets or claims.
+PRUNABLE = {"StatefulSet", "Deployment", "Service", "PodDisruptionBudget", "GRPCRoute"}
 
 Key = tuple[str, str]  # (kind, name)
 
@@ -62,9 +71,10 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
             out.apply.append(obj)
         elif obj["kind"] not in CREATE_ONLY:
             have = (current["metadata"].get("annotations") or {}).get(n.APPLIED_HASH)
-            if have != obj["metadata"]["annotations"][n.APPLIED_HASH]:
-                out.apply.append(obj)
-    out.delete = [obj for k, obj in sorted(live_by_key.items()) if k not in wanted and owned_by(obj, owner_uid)]
+            if have != obj["metadata"]["annotations"][n.APPLIED_HASH] or drift.drifted(current, obj):
+                out.apply.append(obj)  # changed by us, or edited by hand since (drift.py)
+    out.delete = [obj for k, obj in sorted(live_by_key.items())
+                  if k not in wanted and k[0] in PRUNABLE and owned_by(obj, owner_uid)]
     return out
 
 
@@ -73,6 +83,14 @@ def observe(kube: Kube, namespace: str, job: str,
     """Every managed child of the job, as the API server has it."""
     out: dict[Key, dict[str, Any]] = {}
     for kind in kinds:
+        if kind == "Secret":
+            # Read by name, never listed: RBAC cannot narrow a list by label, so `list secrets`
+            # would let the operator read every Secret in the namespace. The job's token is the
+            # only Secret it creates.
+            obj = kube.get(kind, namespace, n.token_secret(job))
+            if obj is not None and n.selector(job).items() <= (obj["metadata"].get("labels") or {}).items():
+                out[key(obj)] = obj
+            continue
         for obj in kube.list(kind, namespace, n.selector(job)):
             out[key(obj)] = obj
     return out

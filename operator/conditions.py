@@ -10,7 +10,9 @@ from typing import Any
 
 CREATED, RUNNING, DEGRADED, SUSPENDED, SUCCEEDED, FAILED = (
     "Created", "Running", "Degraded", "Suspended", "Succeeded", "Failed")
-ORDER = (CREATED, RUNNING, DEGRADED, SUSPENDED, SUCCEEDED, FAILED)
+# Set only once they first apply: a pod failing permanently (failures.py), a refused edit (immutable.py).
+PODS_FAILING, SPEC_REJECTED = "PodsFailing", "SpecRejected"
+ORDER = (CREATED, RUNNING, DEGRADED, SUSPENDED, PODS_FAILING, SPEC_REJECTED, SUCCEEDED, FAILED)
 
 Condition = dict[str, Any]
 

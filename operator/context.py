@@ -20,6 +20,7 @@ from diloco.operator import naming
 from diloco.operator.children import GATEWAY_KINDS, MANAGED_KINDS
 from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
+from diloco.operator.policies import OPERATOR_LABELS, Peers
 from diloco.operator.syncer_client import SyncerClients
 
 
@@ -36,6 +37,18 @@ def _env_annotations(name: str) -> dict[str, str]:
     return value
 
 
+def _env_peers() -> Peers:
+    """Who may reach job syncers besides their learners: the chart names the operator's own
+    namespace and pod labels, and the metrics scrapers (a JSON list of NetworkPolicyPeers)."""
+    raw = os.environ.get("DILOCO_METRICS_FROM")
+    metrics = json.loads(raw) if raw else list(Peers.metrics_from)
+    if not isinstance(metrics, list) or not all(isinstance(p, dict) for p in metrics):
+        raise ValueError(f"$DILOCO_METRICS_FROM: expected a JSON list of NetworkPolicyPeers, got {raw!r}")
+    return Peers(operator_namespace=os.environ.get("DILOCO_OPERATOR_NAMESPACE") or None,
+                 operator_labels=_env_annotations("DILOCO_OPERATOR_LABELS") or dict(OPERATOR_LABELS),
+                 metrics_from=tuple(metrics))
+
+
 @dataclass(frozen=True)
 class Config:
     """Operator settings; the environment overrides the defaults (the Helm chart sets them)."""
@@ -43,20 +56,26 @@ class Config:
     status_interval: float = 10.0  # seconds between status refreshes (and the Status RPC)
     chaos_interval: float = 2.0  # how finely chaos follows its schedule
     stuck_timeout: float = 120.0  # seconds past a pod's grace period before it is force-deleted
+    # Seconds a pod may stay unschedulable before that counts as a permanent failure (failures.py).
+    unschedulable_grace: float = 300.0
     # Where the operator dials a job's syncer; tests map Service names to local ports.
     syncer_address: Callable[[str, str], str] = naming.syncer_address
     # The chart's syncerExposure: may the operator manage GRPCRoutes (Gateway API CRDs and RBAC
     # present), and annotations every exposed syncer gets (a job's own override them).
     gateway_api: bool = False
     expose_annotations: dict[str, str] = field(default_factory=dict)
+    # Who besides a job's learners may reach its syncer (its NetworkPolicy); the chart's values.
+    peers: Peers = field(default_factory=Peers)
 
     @classmethod
     def from_env(cls) -> Config:
         return cls(status_interval=_env_float("DILOCO_STATUS_INTERVAL_SECONDS", cls.status_interval),
                    chaos_interval=_env_float("DILOCO_CHAOS_INTERVAL_SECONDS", cls.chaos_interval),
                    stuck_timeout=_env_float("DILOCO_STUCK_POD_TIMEOUT_SECONDS", cls.stuck_timeout),
+                   unschedulable_grace=_env_float("DILOCO_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace),
                    gateway_api=os.environ.get("DILOCO_GATEWAY_API", "false").lower() == "true",
-                   expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"))
+                   expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"),
+                   peers=_env_peers())
 
     @property
     def managed_kinds(self) -> tuple[str, ...]:

@@ -5,18 +5,28 @@ what `JobSpec` accepts. Pydantic emits JSON Schema 2020-12; Kubernetes wants a *
 OpenAPI v3.0 schema, so `structural()` inlines `$ref`s, turns `X | None` into `nullable`,
 `str | int` into `x-kubernetes-int-or-string`, and drops what structural schemas forbid.
 Defaults move into descriptions: the operator applies them, and stored objects stay as written.
+CEL transition rules (`x-kubernetes-validations`, Kubernetes 1.25+; alpha behind a feature gate
+in 1.23-1.24) refuse edits of the fields a running job cannot change (immutable.py). Older API
+servers drop the field, but `kubectl apply`'s client-side validation against them rejects the
+CRD: render it with `cel=False` (`diloco crd --no-cel`) for those; the operator's own check
+(status.startedSpec) holds either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from diloco.operator.immutable import FIELDS as IMMUTABLE
 from diloco.spec import API_VERSION, KIND, JobSpec
+
+if TYPE_CHECKING:
+    from diloco.operator.kube import Kube
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "decoupleddilocojobs"
@@ -81,16 +91,37 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
     return {k: out[k] for k in first + [k for k in out if k not in first]}
 
 
-def spec_schema() -> dict[str, Any]:
+def _present(obj: str, path: str) -> str:
+    parts = path.split(".")
+    return " && ".join(f"has({obj}.{'.'.join(parts[:i + 1])})" for i in range(len(parts)))
+
+
+def immutable_rules() -> list[dict[str, str]]:
+    """One CEL transition rule per immutable field, on `spec`: set, unset or changed, it is refused
+    unless the job was suspended (a queued job that never ran may still be edited; the operator
+    refuses it then if the job had started before: immutable.py)."""
+    rules = []
+    for path, why in IMMUTABLE.items():
+        new, old = _present("self", path), _present("oldSelf", path)
+        rule = (f"(has(oldSelf.suspend) && oldSelf.suspend) || (({new}) == ({old}) && "
+                f"(!({new}) || self.{path} == oldSelf.{path}))")
+        rules.append({"rule": rule, "message": f"spec.{path} cannot change while the job runs ({why}); "
+                                               "create a new job, or revert the change"})
+    return rules
+
+
+def spec_schema(cel: bool = True) -> dict[str, Any]:
     """`spec` of the custom resource; learner groups are a map keyed by name (unique, SSA-mergeable)."""
     schema = structural(JobSpec.model_json_schema(by_alias=True, mode="validation"))
     groups = schema["properties"]["learnerGroups"]
     groups["x-kubernetes-list-type"] = "map"
     groups["x-kubernetes-list-map-keys"] = ["name"]
+    if cel:
+        schema["x-kubernetes-validations"] = immutable_rules()
     return schema
 
 
-def crd() -> dict[str, Any]:
+def crd(cel: bool = True) -> dict[str, Any]:
     """The whole CustomResourceDefinition as plain data."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -115,7 +146,7 @@ def crd() -> dict[str, Any]:
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
-                        "spec": spec_schema(),
+                        "spec": spec_schema(cel),
                         # Written by the operator (and kopf); kept open so neither is pruned.
                         "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
                     },
@@ -125,10 +156,44 @@ def crd() -> dict[str, Any]:
     }
 
 
-def render_yaml() -> str:
-    return yaml.safe_dump(crd(), sort_keys=False, allow_unicode=True, width=100)
+def render_yaml(cel: bool = True) -> str:
+    return yaml.safe_dump(crd(cel), sort_keys=False, allow_unicode=True, width=100)
+
+
+# `diloco crd --apply`: the chart's opt-in CRD-upgrade hook Job (values `crds.upgrade`) runs it.
+FIELD_MANAGER = "diloco-crd"
+CEL_SINCE = (1, 23)  # x-kubernetes-validations is in the CRD API from 1.23; older servers refuse to apply it
+
+
+def server_version(kube: Kube) -> tuple[int, int]:
+    """(major, minor) of the API server; managed clusters write minors like "28+"."""
+    info = kube.request("GET", "version")
+    return int(info["major"]), int(re.sub(r"\D.*", "", info["minor"]))
+
+
+def apply(kube: Kube, cel: bool = True) -> tuple[dict[str, Any], bool]:
+    """Server-side apply the CRD (creates or updates it, taking over fields Helm or kubectl set);
+    returns the server's object and whether the CEL rules went with it."""
+    cel = cel and server_version(kube) >= CEL_SINCE
+    from diloco.operator.kube import APPLY_PATCH
+
+    obj = kube.request("PATCH", f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{CRD_NAME}", crd(cel),
+                       params={"fieldManager": FIELD_MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+    return obj, cel
 
 
 def main(args: argparse.Namespace) -> int:
-    sys.stdout.write(render_yaml())
+    cel = not getattr(args, "no_cel", False)
+    if not getattr(args, "apply", False):
+        sys.stdout.write(render_yaml(cel=cel))
+        return 0
+    from diloco.operator.kube import ApiError, Kube
+
+    try:
+        obj, cel = apply(Kube.connect(), cel)
+    except ApiError as exc:
+        print(f"diloco crd --apply: {exc}", file=sys.stderr)
+        return 1
+    print(f"customresourcedefinition {CRD_NAME} applied (resourceVersion {obj['metadata'].get('resourceVersion')}, "
+          f"CEL rules {'on' if cel else 'off'})")
     return 0

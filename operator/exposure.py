@@ -31,7 +31,7 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
     if expose.type == "LoadBalancer":
         spec: dict[str, Any] = {
             "type": "LoadBalancer", "selector": n.selector(job_name, n.SYNCER),
-            "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "appProtocol": "grpc"}]}
+            "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]}
         if expose.load_balancer_source_ranges:
             spec["loadBalancerSourceRanges"] = list(expose.load_balancer_source_ranges)
         return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}

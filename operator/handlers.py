@@ -15,8 +15,8 @@ from typing import Any
 
 import kopf
 
+from diloco.operator import immutable, reconcile
 from diloco.operator import naming as n
-from diloco.operator import reconcile
 from diloco.operator.context import Config, Context
 from diloco.operator.crd import GROUP, PLURAL, VERSION
 from diloco.spec import MANAGED_BY
@@ -62,6 +62,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.event_name_prefix = "diloco-"
     settings.posting.loggers = False
     settings.watching.server_timeout = 300  # re-list now and then; cheap, and heals missed events
+    # The API server sends only our learner pods: a cluster's other pods never reach the operator
+    # (the handler's own `labels=` filter alone would stream every pod and drop most of them here).
+    settings.watching.label_selectors["pods"] = ",".join(f"{k}={v}" for k, v in sorted(LEARNER_PODS.items()))
     # A job deleted while its (sync, uncancellable) timer runs keeps kopf's finalizer until the
     # timer is seen to have exited; look again after 2 s, not kopf's default minute.
     settings.background.cancellation_polling = 2.0
@@ -79,13 +82,19 @@ def chaos(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     reconcile.chaos_tick(_ctx(memo), _namespaced(namespace), name)
 
 
-def ours(spec: Any, **_: Any) -> bool:
-    """Whether this operator runs the job: spec.managedBy absent or naming it (as in JobSet)."""
-    return spec.get("managedBy") in (None, MANAGED_BY)
+def ours(spec: Any, status: Any = None, meta: Any = None, **_: Any) -> bool:
+    """Whether this operator runs the job: spec.managedBy absent or naming it (as in JobSet), or
+    a job it started itself whatever managedBy says now, so that the change is refused and shown
+    (immutable.py) instead of leaving the job's children running with nobody watching them."""
+    if spec.get("managedBy") in (None, MANAGED_BY):
+        return True
+    record = (status or {}).get(immutable.FIELD) or {}
+    return bool(record) and record.get("uid") == (meta or {}).get("uid") and \
+        (record.get("fields") or {}).get("managedBy") in (None, MANAGED_BY)
 
 
-def chaos_enabled(spec: Any, **_: Any) -> bool:
-    return ours(spec) and bool((spec.get("chaos") or {}).get("enabled"))
+def chaos_enabled(spec: Any, **kwargs: Any) -> bool:
+    return ours(spec, **kwargs) and bool((spec.get("chaos") or {}).get("enabled"))
 
 
 def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:

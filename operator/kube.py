@@ -1,7 +1,7 @@
 """A small synchronous Kubernetes REST client for the operator's children.
 
 kopf watches and patches the job itself; everything else goes through here. Why not the
-generated `kubernetes` API classes: we need server-side apply and JSON merge patches on six
+generated `kubernetes` API classes: we need server-side apply and JSON merge patches on a few
 kinds, which are three lines each as REST calls and version-specific keyword soup otherwise.
 Credentials still come from the `kubernetes` package (in-cluster, then kubeconfig), the same
 way kopf logs in, and bearer tokens are re-read per request so rotated tokens keep working.
@@ -28,9 +28,14 @@ KINDS: dict[str, tuple[str, str]] = {
     "Pod": ("api/v1", "pods"),
     "StatefulSet": ("apis/apps/v1", "statefulsets"),
     "Deployment": ("apis/apps/v1", "deployments"),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),  # who may reach a syncer
+    "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),  # a drain waits for a syncer
     "GRPCRoute": ("apis/gateway.networking.k8s.io/v1", "grpcroutes"),  # an exposed syncer (Gateway API)
     "DecoupledDiLoCoJob": ("apis/diloco.dev/v1alpha1", "decoupleddilocojobs"),
 }
+# Kinds an older server serves under an older version, newest first: policy/v1 PodDisruptionBudgets
+# arrived in 1.21 (v1beta1, same fields for what we set, until 1.25). Chosen once per client.
+OLDER_VERSIONS: dict[str, tuple[str, ...]] = {"PodDisruptionBudget": ("apis/policy/v1beta1",)}
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML
@@ -71,6 +76,7 @@ class Kube:
         self._token = token
         self.user_agent = user_agent
         self.ca_file, self.cert_file, self.key_file, self.verify = ca_file, cert_file, key_file, verify
+        self._served: dict[str, str] = {}  # kind -> prefix, for OLDER_VERSIONS
         self.pool = urllib3.PoolManager(
             num_pools=4, maxsize=8, cert_reqs="CERT_REQUIRED" if verify else "CERT_NONE",
             ca_certs=ca_file, cert_file=cert_file, key_file=key_file,
@@ -109,9 +115,27 @@ class Kube:
             raise ApiError(response.status, f"{method} {path}: {message}")
         return json.loads(text) if text else {}
 
-    @staticmethod
-    def path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        prefix, plural = KINDS[kind]
+    def prefix(self, kind: str) -> str:
+        """The API path prefix this server serves `kind` under (discovery, asked once)."""
+        prefix, _ = KINDS[kind]
+        if kind not in OLDER_VERSIONS:
+            return prefix
+        if kind not in self._served:
+            for candidate in (prefix, *OLDER_VERSIONS[kind]):
+                try:
+                    self.request("GET", candidate)
+                except ApiError as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                self._served[kind] = candidate
+                break
+            else:
+                raise ApiError(404, f"the server serves no version of {kind} (tried {prefix}, {OLDER_VERSIONS[kind]})")
+        return self._served[kind]
+
+    def path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        prefix, plural = self.prefix(kind), KINDS[kind][1]
         out = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
         if name:
             out += f"/{quote(name)}"
@@ -132,8 +156,8 @@ class Kube:
     def list(self, kind: str, namespace: str | None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         params = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))} if labels else None
         items = self.request("GET", self.path(kind, namespace), params=params).get("items") or []
+        prefix = self.prefix(kind)
         for item in items:  # list items omit these; callers compare whole objects
-            prefix, _ = KINDS[kind]
             item.setdefault("apiVersion", prefix.removeprefix("apis/").removeprefix("api/"))
             item.setdefault("kind", kind)
         return items
@@ -144,6 +168,8 @@ class Kube:
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates or updates, and drops fields we stopped setting."""
         meta = obj["metadata"]
+        if obj["kind"] in OLDER_VERSIONS:  # rendered for the newest version; sent as the served one
+            obj = {**obj, "apiVersion": self.prefix(obj["kind"]).removeprefix("apis/")}
         return self.request("PATCH", self.path(obj["kind"], meta["namespace"], meta["name"]), obj,
                             params={"fieldManager": MANAGER, "force": "true"}, content_type=APPLY_PATCH)
 

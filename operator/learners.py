@@ -2,9 +2,10 @@
 learner spans several hosts.
 
 A group of one-host learners (`hostsPerLearner: 1`) is one StatefulSet whose pods are its
-learners (`--index $(POD_INDEX)`). A learner of H > 1 hosts is one SPMD JAX program over H
-processes, so it is rendered as a gang: its own StatefulSet `<job>-<group>-<i>` of H pods,
-`--index i` fixed in the template and the process id from the pod-index label. Why not one
+learners (`--index $(POD_NAME)`: the ordinal from the pod's name). A learner of H > 1 hosts is
+one SPMD JAX program over H processes, so it is rendered as a gang: its own StatefulSet
+`<job>-<group>-<i>` of H pods, `--index i` fixed in the template and the process id from the
+pod's name. Why not one
 StatefulSet of H x replicas pods: the learner's hosts then keep names of their own (host 0 is
 always `<gang>-0`, the coordinator), scaling a group adds or removes whole learners without
 touching any other learner's pods, and one learner's hosts can be replaced together
@@ -145,13 +146,14 @@ def _field(path: str) -> dict[str, Any]:
 def _gang_env(owner: Owner, group: LearnerGroup, index: int) -> list[dict[str, Any]]:
     """jax.distributed's coordinator, process id and count; a TPU slice's libtpu variables."""
     hosts = group.hosts_per_learner
-    host = f"metadata.labels['{n.INDEX}']"
-    env: list[dict[str, Any]] = [{"name": PROCESS_ID_ENV, "valueFrom": _field(host)},
+    # The process id is the gang pod's ordinal, read from its name (every Kubernetes version;
+    # the pod-index label needs 1.28). libtpu wants a bare number: TPU slices run on GKE 1.28+.
+    env: list[dict[str, Any]] = [{"name": PROCESS_ID_ENV, "valueFrom": _field("metadata.name")},
            {"name": NUM_PROCESSES_ENV, "value": str(hosts)},
            {"name": COORDINATOR_ENV, "value": n.coordinator_address(owner.name, group.name, index, owner.namespace)}]
     if tpu_chips(group):
         names = [n.host_address(owner.name, group.name, index, h, owner.namespace) for h in range(hosts)]
-        env += [{"name": TPU_WORKER_ID, "valueFrom": _field(host)},
+        env += [{"name": TPU_WORKER_ID, "valueFrom": _field(f"metadata.labels['{n.INDEX}']")},
                 {"name": TPU_WORKER_HOSTNAMES, "value": ",".join(names)}]
     return env
 
@@ -161,25 +163,27 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
     """A learner's pod template; `index` None: the group's StatefulSet (the index from the pod),
     else learner `index`'s gang (the host from the pod)."""
     pod_security, container_security = parts.security()
-    volumes, mounts = parts.common_volumes(owner)
+    volumes, mounts = parts.common_volumes(owner, link.token_secret)
     tls_ca, tls_server_name = None, None
     if link.ca_secret is not None:
         volume, mount = parts.tls_volume(link.ca_secret, (n.CA_KEY,))
         volumes.append(volume)
         mounts.append(mount)
         tls_ca, tls_server_name = f"{n.TLS_DIR}/{n.CA_KEY}", link.server_name or None
-    args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_INDEX)" if index is None else index,
-                       link.address, metrics_port=LEARNER_METRICS_PORT, tls_ca=tls_ca, tls_server_name=tls_server_name)
-    common = [parts.token_env(link.token_secret), {"name": "HOME", "value": "/tmp"}]
-    ports: list[dict[str, Any]] = [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT}]
+    args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_NAME)" if index is None else index,
+                       link.address, metrics_port=LEARNER_METRICS_PORT, token_file=n.TOKEN_FILE, tls_ca=tls_ca,
+                       tls_server_name=tls_server_name)
+    common = [{"name": "HOME", "value": "/tmp"}]
+    ports: list[dict[str, Any]] = [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT, "protocol": "TCP"}]
     labels = n.labels(owner.name, n.LEARNER, group.name)
     gang = None
     if index is None:
-        env = [{"name": "POD_INDEX", "valueFrom": _field(f"metadata.labels['{n.INDEX}']")}, *common]
+        # `--index $(POD_NAME)`: the learner takes the StatefulSet ordinal from its pod's name.
+        env = [{"name": "POD_NAME", "valueFrom": _field("metadata.name")}, *common]
     else:
         gang = n.gang(owner.name, group.name, index)
         env = [*common, *_gang_env(owner, group, index)]
-        ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT})
+        ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
         labels = {**labels, n.GANG: gang, n.LEARNER_INDEX: str(index)}
     container = {
         "name": n.LEARNER,
@@ -197,7 +201,7 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
         "containers": [container],
         "securityContext": pod_security,
         "terminationGracePeriodSeconds": 30,  # the learner flushes its last push in under 10 s
-        "enableServiceLinks": False,
+        **parts.pod_basics(),
         "volumes": volumes,
         "affinity": _affinity(owner, group, gang),
     }
@@ -243,9 +247,9 @@ def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
     """Headless: stable per-pod DNS names for the StatefulSets, metrics scraping and, for
     multi-host learners, the coordinator (published before ready: host 0 is never ready alone)."""
     name = n.statefulset(owner.name, group.name)
-    ports = [{"name": "metrics", "port": LEARNER_METRICS_PORT, "targetPort": "metrics"}]
+    ports = [{"name": "metrics", "port": LEARNER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]
     if is_gang(group):
-        ports.append({"name": "coordinator", "port": COORDINATOR_PORT, "targetPort": "coordinator"})
+        ports.append({"name": "coordinator", "port": COORDINATOR_PORT, "targetPort": "coordinator", "protocol": "TCP"})
     return {"apiVersion": "v1", "kind": "Service", "metadata": parts.meta(owner, name, n.LEARNER, group.name),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
                      "selector": n.selector(owner.name, n.LEARNER, group.name), "ports": ports}}

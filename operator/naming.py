@@ -32,6 +32,9 @@ CA_KEY = "ca.crt"  # the CA that signed the syncer's certificate (cert-manager's
 TLS_CERT_KEY, TLS_KEY_KEY = "tls.crt", "tls.key"  # a kubernetes.io/tls Secret's keys
 CONFIG_DIR = "/etc/diloco"
 TLS_DIR = "/etc/diloco-tls"  # beside, not inside, the read-only config mount
+TOKEN_DIR = "/etc/diloco-token"  # the job token as a file (--token-file), never in the environment
+TOKEN_FILE = f"{TOKEN_DIR}/{TOKEN_KEY}"
+CHECKPOINT_VOLUME = "checkpoints"  # the syncer's volume, and a sharded syncer's claim template name
 CHECKPOINT_DIR = "/var/lib/diloco/checkpoints"
 # A StatefulSet's pods carry `controller-revision-hash: <name>-<10 chars>`, a 63-character label.
 MAX_STATEFULSET_NAME = 52
@@ -79,6 +82,17 @@ def config_map(job: str) -> str:
 
 def checkpoints(job: str) -> str:
     return f"{job}-checkpoints"
+
+
+def shard_checkpoints(job: str, shard: int) -> str:
+    """Shard `shard`'s claim: the name the StatefulSet controller gives its claim template's
+    volume for that pod (`<template>-<statefulset>-<ordinal>`), so it adopts one made beforehand."""
+    return f"{CHECKPOINT_VOLUME}-{syncer(job)}-{shard}"
+
+
+def syncer_policy(job: str) -> str:
+    """The NetworkPolicy and the PodDisruptionBudget of the job's syncer pods."""
+    return syncer(job)
 
 
 def syncer_address(job: str, namespace: str) -> str:

@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from diloco.contract import TOKEN_ENV
 from diloco.operator import naming as n
 from diloco.spec import Resources
 
@@ -55,8 +54,13 @@ def security() -> tuple[dict[str, Any], dict[str, Any]]:
     return pod, container
 
 
-def token_env(secret: str) -> dict[str, Any]:
-    return {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": secret, "key": n.TOKEN_KEY}}}
+def token_volume(secret: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job token as a file (`--token-file`), not $DILOCO_TOKEN: an environment variable shows in
+    `kubectl describe`-style dumps, crash reports and every child process; a file readable by the
+    pod's group alone does not. Only the `token` key: an external syncer's Secret also holds its CA."""
+    volume = {"name": "token", "secret": {"secretName": secret, "defaultMode": 0o440,
+                                          "items": [{"key": n.TOKEN_KEY, "path": n.TOKEN_KEY}]}}
+    return volume, {"name": "token", "mountPath": n.TOKEN_DIR, "readOnly": True}
 
 
 def tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -66,9 +70,17 @@ def tls_volume(secret: str, keys: tuple[str, ...]) -> tuple[dict[str, Any], dict
     return volume, {"name": "tls", "mountPath": n.TLS_DIR, "readOnly": True}
 
 
-def common_volumes(owner: Owner) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def common_volumes(owner: Owner, token_secret: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Config, scratch space and the token file (from `token_secret`) every job pod mounts."""
+    token, token_mount = token_volume(token_secret)
     volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": n.config_map(owner.name)}},
-                                     {"name": "tmp", "emptyDir": {}}]
+                                     {"name": "tmp", "emptyDir": {}}, token]
     mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
-                                    {"name": "tmp", "mountPath": "/tmp"}]
+                                    {"name": "tmp", "mountPath": "/tmp"}, token_mount]
     return volumes, mounts
+
+
+def pod_basics() -> dict[str, Any]:
+    """Pod fields every job pod shares. No service-account token: learners and syncer never call
+    the Kubernetes API, so a compromised pod gets no credentials for it."""
+    return {"automountServiceAccountToken": False, "enableServiceLinks": False}

@@ -2,7 +2,7 @@
 
 Every pass re-reads the job under its lock, so create, update, resume and the timers all
 call the same code and converge on the same state; the pure modules (render, children,
-status, pods, chaos) decide, this module only reads, writes and posts Events.
+status, pods, chaos, failures, immutable) decide, this module only reads, writes and posts Events.
 """
 
 from __future__ import annotations
@@ -13,7 +13,19 @@ from secrets import token_urlsafe
 from typing import Any
 
 from diloco.contract import LearnerId
-from diloco.operator import access, children, exposure, gangs, learners, pods, render, restarts
+from diloco.operator import (
+    access,
+    children,
+    exposure,
+    failures,
+    gangs,
+    immutable,
+    learners,
+    pods,
+    policies,
+    render,
+    restarts,
+)
 from diloco.operator import chaos as chaos_mod
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
@@ -36,6 +48,19 @@ def load(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str]]:
         return None, exc.problems
     problems = render.name_problems(job)
     return (None, problems) if problems else (job, [])
+
+
+def _effective(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str], list[str]]:
+    """(the job to run, its problems, the refused changes): a started job whose edit changes an
+    immutable field runs on with the values it started with (immutable.py)."""
+    job, problems = load(body)
+    was = immutable.started(body)
+    if job is None or was is None:
+        return job, problems, []
+    # Compared as this operator reads the record: a field added since it was written has its default.
+    kept, kept_problems = load(immutable.restore(body, was))
+    refused = immutable.refused(immutable.values(kept.spec) if kept else was, job.spec)
+    return (kept, refused + kept_problems if kept_problems else [], refused) if refused else (job, problems, [])
 
 
 def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: access.Secrets) -> str:
@@ -94,7 +119,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     meta, status = body["metadata"], body.get("status") or {}
     namespace, name, generation = meta["namespace"], meta["name"], int(meta.get("generation") or 0)
     ref = n.job_reference(name, namespace, meta["uid"])
-    job, problems = load(body)
+    job, problems, refused = _effective(body)
     live: dict[children.Key, Any] | None = None  # observed once, for the shard check and the sync
     if job is not None:
         problems = exposure.problems(job, ctx.config.gateway_api)
@@ -123,19 +148,27 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         blocker = access.refused(job, link, probe[1])
     was_finished = st.finished(status)
     desired = render.children(job, owner, token, started=st.started(status), finished=was_finished,
-                              blocked=blocker is not None, link=link,
-                              expose_annotations=ctx.config.expose_annotations)
+                              blocked=blocker is not None, link=link, outcome=policies.outcome(status),
+                              expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers)
     live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds, live)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
     obs = _observe(ctx, job, owner, live, job_pods, target, probe, blocker, now)
-    ended = None if was_finished else st.ending(job.spec, status, obs)
-    new = st.compute(job.spec, status, obs, generation, ended)
+    counted, fresh = ({}, []) if was_finished else failures.fold(status, job_pods, now, ctx.config.unschedulable_grace)
+    for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
+        post(ref, reason, message, warning=True)
+    ended = None if was_finished else st.ending(job.spec, {**status, **counted}, obs)
+    new = st.compute(job.spec, {**status, **counted}, obs, generation, ended)
+    new = immutable.condition(immutable.record(status, new, owner.uid, job.spec), status, refused,
+                              st.rfc3339(now), generation)
+    if immutable.newly_refused(status, refused):
+        post(ref, "SpecImmutable", "; ".join(refused), warning=True)
     if ended is not None:
-        # Learners and syncer go; the checkpoint volume, config and token stay.
-        desired = render.children(job, owner, token, started=True, finished=True, link=link)
+        # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
+        desired = render.children(job, owner, token, started=True, finished=True, link=link,
+                                  outcome=policies.outcome(new), peers=ctx.config.peers)
         children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
     for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
@@ -280,7 +313,7 @@ def _job(ctx: Context, namespace: str, name: str) -> tuple[DecoupledDiLoCoJob | 
     body = ctx.api.get(KIND, namespace, name)
     if body is None:
         return None
-    job, _ = load(body)
+    job, _, _ = _effective(body)
     return job, body.get("status") or {}, n.job_reference(name, namespace, body["metadata"]["uid"])
 
 

@@ -2,9 +2,10 @@
 
 No I/O and no clock, so every rule here is tested without a cluster. `children()` decides
 which parts exist in each state (running, suspended, finished, blocked on a Secret); the
-builders below (and learners.py, for the learners) say how each part looks. Learner pods
+builders below (learners.py for the learners, policies.py for the NetworkPolicy, the
+disruption budget and what a finished or deleted job keeps) say how each part looks. Learner pods
 find the syncer through the `access.Link` (its Service, or another cluster's endpoint);
-learners and syncer read the job token from a Secret, never from args.
+learners and syncer read the job token from a file of a Secret volume, never from args or env.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from diloco.contract import (
     SyncerArgs,
     container_command,
 )
-from diloco.operator import access, exposure, learners, parts
+from diloco.operator import access, exposure, learners, parts, policies
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner, meta
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
@@ -48,34 +49,46 @@ def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] 
 
 def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool, finished: bool,
              blocked: bool = False, link: access.Link | None = None,
-             expose_annotations: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+             expose_annotations: Mapping[str, str] | None = None, outcome: policies.Outcome | None = None,
+             peers: policies.Peers | None = None) -> list[dict[str, Any]]:
     """The children that should exist now.
 
     Suspended before it ever ran: nothing (Kueue admits jobs by un-suspending them). Suspended
-    later: the syncer and its checkpoint stay so training resumes where it stopped. Finished,
-    or blocked (a Secret it names is missing, the syncer refuses its token): only the
-    checkpoint volume, config and token remain. A cluster whose syncer is external runs
-    learners only: no syncer, checkpoint volume or token of its own.
+    later: no pods at all, the syncer's included (a suspended job holds no compute); its state
+    stays (checkpoint volume, config, token, Services, so addresses survive) and a resume
+    restores the syncer from its last checkpoint. Blocked (a Secret it names is missing, the
+    syncer refuses its token): the state only. Finished (`outcome`: how, when known): the
+    state, plus the pods spec.runPolicy.cleanPodPolicy keeps. A cluster whose syncer is
+    external runs learners only: no syncer, checkpoint volume or token of its own.
     """
     spec = job.spec
     if spec.suspend and not started:
         return []
     link = link or access.link(job, owner.namespace, {})
+    peers = peers or policies.Peers()
     external = spec.syncer.external is not None
     out = [config_map(job, owner)]
     if not external:
-        out.append(token_secret(owner, token))
-        if spec.syncer.shards == 1:  # a sharded syncer's volumes come from its StatefulSet
-            out.append(checkpoint_claim(spec, owner))
-    if finished or blocked:
+        out += [token_secret(owner, token), policies.network_policy(job, owner, peers)]
+        out += [policies.retained(spec, claim) for claim in checkpoint_claims(spec, owner)]
+    if blocked:
+        return out
+    if finished:
+        keep_syncer = not external and policies.keeps_syncer(spec, outcome)
+        out += [syncer_workload(job, owner), syncer_service(owner, spec.syncer.shards)] if keep_syncer else []
+        if spec.run_policy.clean_pod_policy == "None":
+            out += [x for group in spec.learner_groups for x in learners.learner_children(job, owner, group, link)]
         return out
     if not external:
-        out += [syncer_workload(job, owner), syncer_service(owner, spec.syncer.shards)]
+        out.append(syncer_service(owner, spec.syncer.shards))
         if spec.syncer.expose is not None:
             out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
-    if not spec.suspend:
-        for group in spec.learner_groups:
-            out += learners.learner_children(job, owner, group, link)
+    if spec.suspend:
+        return out
+    if not external:
+        out += [syncer_workload(job, owner), policies.disruption_budget(owner)]
+    for group in spec.learner_groups:
+        out += learners.learner_children(job, owner, group, link)
     return out
 
 
@@ -107,11 +120,19 @@ def checkpoint_gib(spec: JobSpec) -> int:
     return max(1, math.ceil(2 * checkpoint_bytes(spec) / 2**30))  # twice the estimate: head-room
 
 
-def checkpoint_claim(spec: JobSpec, owner: Owner) -> dict[str, Any]:
+def checkpoint_claim(owner: Owner, name: str, gib: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": meta(owner, n.checkpoints(owner.name), n.SYNCER),
-            "spec": {"accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": f"{checkpoint_gib(spec)}Gi"}}}}
+            "metadata": meta(owner, name, n.SYNCER),
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}}
+
+
+def checkpoint_claims(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
+    """The syncer's volume, or one per shard under the names the StatefulSet's claim template
+    would give them: made first by the operator, they carry the job's retention policy."""
+    gib = checkpoint_gib(spec)
+    if spec.syncer.shards == 1:
+        return [checkpoint_claim(owner, n.checkpoints(owner.name), gib)]
+    return [checkpoint_claim(owner, n.shard_checkpoints(owner.name, i), gib) for i in range(spec.syncer.shards)]
 
 
 def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
@@ -125,10 +146,11 @@ def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
 def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -> dict[str, Any]:
     """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
     pod_security, container_security = parts.security()
-    volumes, mounts = parts.common_volumes(owner)
+    volumes, mounts = parts.common_volumes(owner, n.token_secret(owner.name))
     if shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
-    mounts.append({"name": "checkpoints", "mountPath": n.CHECKPOINT_DIR})
+        volumes.append({"name": n.CHECKPOINT_VOLUME,
+                        "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
+    mounts.append({"name": n.CHECKPOINT_VOLUME, "mountPath": n.CHECKPOINT_DIR})
     expose = job.spec.syncer.expose
     tls: dict[str, str] = {}
     if expose is not None and expose.tls.enabled and expose.tls.secret_name:
@@ -137,15 +159,15 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         mounts.append(mount)
         tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
     args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", SYNCER_GRPC_PORT, SYNCER_METRICS_PORT, n.CHECKPOINT_DIR,
-                      shard=shard, **tls)
+                      token_file=n.TOKEN_FILE, shard=shard, **tls)
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,
         "command": container_command("syncer"),
         "args": args.argv(),
-        "env": [parts.token_env(n.token_secret(owner.name)), {"name": "HOME", "value": "/tmp"}],
-        "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT},
-                  {"name": "metrics", "containerPort": SYNCER_METRICS_PORT}],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": SYNCER_METRICS_PORT, "protocol": "TCP"}],
         # Restoring a large checkpoint takes a while; only then does the port open.
         "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
         "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
@@ -158,7 +180,7 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
         "spec": {"containers": [container], "securityContext": pod_security,
                  "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
-                 "enableServiceLinks": False, "volumes": volumes},
+                 **parts.pod_basics(), "volumes": volumes},
     }
 
 
@@ -184,7 +206,8 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
 def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
     """Shard i is pod <job>-syncer-i (its ordinal, read from the pod's hostname: every version
     has it), with its own checkpoint volume; a StatefulSet never runs two pods of one ordinal,
-    so each volume has one writer. The volumes outlive the job (no owner): they hold the model."""
+    so each volume has one writer. The operator makes the volumes beforehand (checkpoint_claims),
+    under the names the claim template gives them, so they follow spec.runPolicy.checkpointRetention."""
     name = n.syncer(owner.name)
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -196,7 +219,7 @@ def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
             "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
             "template": _syncer_template(job, owner, SHARD_FROM_HOSTNAME),
             "volumeClaimTemplates": [{
-                "metadata": {"name": "checkpoints", "labels": n.labels(owner.name, n.SYNCER)},
+                "metadata": {"name": n.CHECKPOINT_VOLUME, "labels": n.labels(owner.name, n.SYNCER)},
                 "spec": {"accessModes": ["ReadWriteOnce"],
                          "resources": {"requests": {"storage": f"{checkpoint_gib(job.spec)}Gi"}}},
             }],
@@ -209,6 +232,6 @@ def syncer_service(owner: Owner, shards: int = 1) -> dict[str, Any]:
     headless = {"clusterIP": "None"} if shards > 1 else {}
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
             "spec": {**headless, "selector": n.selector(owner.name, n.SYNCER),
-                     "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc",
+                     "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
                                 "appProtocol": "grpc"},
-                               {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics"}]}}
+                               {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]}}

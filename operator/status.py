@@ -16,6 +16,7 @@ from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator import conditions as c
+from diloco.operator import failures
 from diloco.operator.access import Blocker
 from diloco.spec import JobSpec
 
@@ -124,6 +125,9 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
         return Ending(False, "BackoffLimitExceeded",
                       f"the syncer restarted {obs.syncer_restarts} times, over spec.runPolicy.backoffLimit="
                       f"{spec.run_policy.backoff_limit}")
+    permanent = failures.exceeded(status, spec.run_policy.backoff_limit)
+    if permanent is not None:  # pods that fail the same way on every retry (failures.py)
+        return Ending(False, "BackoffLimitExceeded", permanent)
     return None
 
 
@@ -173,6 +177,9 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation:
         out.update(outerVersion=status.get("outerVersion", 0), tokensMerged=status.get("tokensMerged", 0),
                    regions=status.get("regions") or [])
     out["syncer"] = syncer
+    for kept in (failures.FIELD, "startedSpec"):  # the failure count, the immutable fields' values
+        if kept in status:
+            out[kept] = status[kept]
 
     if running and not status.get("startTime"):
         out["startTime"] = now
@@ -233,6 +240,7 @@ def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any
         conds = c.set_condition(conds, c.FAILED, False, "SpecValid", "", now, gen)
     up, reason, message = _running(obs, running, out["syncer"]["ready"], ready, desired)
     conds = c.set_condition(conds, c.RUNNING, up, reason, message, now, gen)
+    conds = failures.condition(conds, status, spec.run_policy.backoff_limit, now, gen)
     degraded = up and ready < desired
     message = ""
     if degraded:

@@ -100,10 +100,21 @@ def test_rbac_grants_what_the_operator_uses_and_no_wildcards() -> None:
     needed = {("diloco.dev", "decoupleddilocojobs", v) for v in ("get", "list", "watch", "patch", "delete")}
     needed |= {("diloco.dev", "decoupleddilocojobs/status", "patch"), ("", "events", "create"),
                ("", "pods", "watch"), ("", "pods", "delete"), ("", "pods", "patch")}
-    for group, plural in (("apps", "statefulsets"), ("apps", "deployments"), ("", "services"), ("", "configmaps"),
-                          ("", "secrets"), ("", "persistentvolumeclaims")):
-        needed |= {(group, plural, v) for v in ("get", "list", "create", "patch", "delete")}
+    for group, plural in (("apps", "statefulsets"), ("apps", "deployments"), ("", "services"),
+                          ("policy", "poddisruptionbudgets")):
+        needed |= {(group, plural, v) for v in ("list", "create", "patch", "delete")}
+    for group, plural in (("", "configmaps"), ("", "persistentvolumeclaims"), ("networking.k8s.io", "networkpolicies")):
+        needed |= {(group, plural, v) for v in ("list", "create", "patch")}
+    needed |= {("", "secrets", v) for v in ("get", "create", "patch")}
     assert needed <= granted, needed - granted
+    # Secrets are read by name only: a list would hand the operator every Secret in the namespace.
+    assert not {v for g, r, v in granted if r == "secrets"} & {"list", "watch"}
+    # Every kind the operator manages is granted (children.sync lists, applies and deletes them).
+    from diloco.operator.children import GATEWAY_KINDS, MANAGED_KINDS
+    from diloco.operator.kube import KINDS
+
+    plurals = {r for _, r, _ in granted}
+    assert {KINDS[k][1] for k in MANAGED_KINDS} <= plurals and not {KINDS[k][1] for k in GATEWAY_KINDS} & plurals
     assert not {x for x in granted if x[1] in {"namespaces", "customresourcedefinitions", "nodes"}}
 
 
@@ -160,3 +171,23 @@ def test_syncer_exposure_values_reach_the_operator(monkeypatch: pytest.MonkeyPat
             if gateway else config.expose_annotations == {}
         (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
         assert any("grpcroutes" in rule["resources"] for rule in role["rules"]) is gateway
+
+
+def test_the_operators_whereabouts_reach_each_jobs_network_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The syncer's NetworkPolicy admits the operator's pod as the chart labels it, in its namespace."""
+    from diloco.operator.context import Config
+    from diloco.operator.policies import operator_peer
+
+    for values in (None, ALL_ON):
+        docs = rendered(values)
+        (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+        for item in deploy["spec"]["template"]["spec"]["containers"][0]["env"]:
+            monkeypatch.setenv(item["name"], item["value"])
+        peers = Config.from_env().peers
+        peer = operator_peer(peers)
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "diloco-system"}}
+        assert peer["podSelector"]["matchLabels"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+        assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "diloco"
+        expected = (yaml.safe_load(ALL_ON.read_text())["jobNetworkPolicy"]["metricsFrom"] if values
+                    else [{"namespaceSelector": {}}])
+        assert list(peers.metrics_from) == expected

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from diloco.operator import crd
+from diloco.operator import crd, immutable
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = [ROOT / "crds" / "decoupleddilocojobs.diloco.dev.yaml",
@@ -71,7 +71,8 @@ def test_committed_crd_equals_generated() -> None:
 
 def test_schema_is_structural() -> None:
     for path, node in walk(schema()):
-        if path.endswith(".properties") or path.endswith(".additionalPrinterColumns"):
+        if path.endswith(".properties") or path.endswith(".additionalPrinterColumns") or \
+                ".x-kubernetes-validations" in path:  # CEL rules, not schema nodes
             continue
         assert not FORBIDDEN & set(node), (path, FORBIDDEN & set(node))
         if "properties" in node:
@@ -82,6 +83,15 @@ def test_schema_is_structural() -> None:
     groups = schema()["properties"]["spec"]["properties"]["learnerGroups"]
     assert groups["x-kubernetes-list-type"] == "map" and groups["x-kubernetes-list-map-keys"] == ["name"]
     assert schema()["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_cel_rules_guard_the_immutable_fields_and_can_be_left_out() -> None:
+    rules = schema()["properties"]["spec"]["x-kubernetes-validations"]
+    assert [r["message"].split(" ", 1)[0] for r in rules] == [f"spec.{p}" for p in immutable.FIELDS]
+    assert all("oldSelf" in r["rule"] and "create a new job" in r["message"] for r in rules)
+    assert "x-kubernetes-validations" not in crd.crd(cel=False)["spec"]["versions"][0]["schema"][
+        "openAPIV3Schema"]["properties"]["spec"]
+    assert "x-kubernetes-validations" not in crd.render_yaml(cel=False)
 
 
 def test_crd_metadata_and_printer_columns() -> None:

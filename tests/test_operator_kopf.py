@@ -79,15 +79,17 @@ def test_create_gives_exactly_the_expected_children(api: Kube, controllers: Cont
     assert set(live) == {
         ("ConfigMap", "demo-config"), ("Secret", "demo-token"), ("PersistentVolumeClaim", "demo-checkpoints"),
         ("Deployment", "demo-syncer"), ("Service", "demo-syncer"),
-        ("StatefulSet", "demo-us"), ("Service", "demo-us"), ("StatefulSet", "demo-eu"), ("Service", "demo-eu")}
-    # Each child is exactly what the pure renderer says, owned by the job.
+        ("StatefulSet", "demo-us"), ("Service", "demo-us"), ("StatefulSet", "demo-eu"), ("Service", "demo-eu"),
+        ("NetworkPolicy", "demo-syncer"), ("PodDisruptionBudget", "demo-syncer")}
+    # Each child is exactly what the pure renderer says, owned by the job (the checkpoint: retained).
     token = base64.b64decode(live[("Secret", "demo-token")]["data"]["token"]).decode()
     assert len(token) >= 32
     owner = render.Owner("demo", NAMESPACE, created["metadata"]["uid"])
     for want in map(stamped, render.children(parse_job(manifest()), owner, token, started=True, finished=False)):
         got = live[(want["kind"], want["metadata"]["name"])]
         assert {k: got[k] for k in want if k != "metadata"} == {k: v for k, v in want.items() if k != "metadata"}
-        assert got["metadata"]["ownerReferences"] == [n.owner_reference("demo", owner.uid)]
+        owners = [] if want["kind"] == "PersistentVolumeClaim" else [n.owner_reference("demo", owner.uid)]
+        assert got["metadata"].get("ownerReferences", []) == owners
         assert got["metadata"]["labels"][n.JOB] == "demo"
     # Running needs the syncer; the learners' ready count follows within a status tick or two.
     s = wait_for(lambda: (x := status(api)).get("learners") == "3/3" and x, what="3/3 learners ready")
@@ -139,16 +141,17 @@ def test_scaling_adding_and_removing_groups(api: Kube, controllers: Controllers,
     assert all(g["lost"] == 0 for g in status(api)["learnerGroups"])
 
 
-def test_suspend_keeps_syncer_and_checkpoint_and_resume_restores(api: Kube, controllers: Controllers,
-                                                                 operator: OperatorThread) -> None:
+def test_suspend_releases_every_pod_keeps_the_state_and_resume_restores(api: Kube, controllers: Controllers,
+                                                                        operator: OperatorThread) -> None:
     api.create(manifest())
     wait_for(lambda: status(api).get("phase") == "Running", what="Running")
     token = api.get("Secret", NAMESPACE, "demo-token")["data"]
     api.patch(JOB, NAMESPACE, "demo", {"spec": {"suspend": True}})
-    wait_for(lambda: status(api).get("phase") == "Suspended" and not learner_pods(api), what="suspended")
+    wait_for(lambda: status(api).get("phase") == "Suspended" and not api.list("Pod", NAMESPACE, n.selector("demo")),
+             what="suspended, every pod gone")
     assert set(children_of(api)) == {("ConfigMap", "demo-config"), ("Secret", "demo-token"),
-                                     ("PersistentVolumeClaim", "demo-checkpoints"), ("Deployment", "demo-syncer"),
-                                     ("Service", "demo-syncer")}
+                                     ("PersistentVolumeClaim", "demo-checkpoints"), ("Service", "demo-syncer"),
+                                     ("NetworkPolicy", "demo-syncer")}
     assert condition(api, "Suspended")["status"] == "True"
     assert all(g["lost"] == 0 for g in status(api)["learnerGroups"])  # removed on purpose
     api.patch(JOB, NAMESPACE, "demo", {"spec": {"suspend": False}})
@@ -169,12 +172,14 @@ def test_delete_cleans_up(cluster: ClusterThread, api: Kube, controllers: Contro
     api.create(manifest())
     wait_for(lambda: status(api).get("phase") == "Running", what="Running")
     api.delete(JOB, NAMESPACE, "demo")
-    # Owner references let the garbage collector remove everything, pods included.
-    wait_for(lambda: not children_of(api) and not api.list("Pod", NAMESPACE), what="children collected")
+    # Owner references let the garbage collector remove everything, pods included, but for the
+    # trained model: the checkpoint claim has none (checkpointRetention: Retain, the default).
+    model = {("PersistentVolumeClaim", "demo-checkpoints")}
+    wait_for(lambda: set(children_of(api)) == model and not api.list("Pod", NAMESPACE), what="children collected")
     writes = len(cluster.writes(n.MANAGER, CHILD_PLURALS))
     api.create(manifest("witness", suspend=True))  # its reconciles show the timers keep running
     operator.ticks(3)
-    assert not children_of(api) and len(cluster.writes(n.MANAGER, CHILD_PLURALS)) == writes
+    assert set(children_of(api)) == model and len(cluster.writes(n.MANAGER, CHILD_PLURALS)) == writes
 
 
 def test_invalid_spec_names_the_field_and_creates_nothing(api: Kube, operator: OperatorThread) -> None:
@@ -264,9 +269,14 @@ def test_deadline_fails_the_job_and_ttl_deletes_it(api: Kube, controllers: Contr
     api.create(manifest(runPolicy={"activeDeadlineSeconds": 1, "ttlSecondsAfterFinished": 2}))
     wait_for(lambda: condition(api, "Failed").get("reason") == "DeadlineExceeded", what="DeadlineExceeded")
     assert status(api)["phase"] == "Failed" and status(api).get("completionTime")
+    # cleanPodPolicy Running: the learners go, a failed job's syncer stays for its logs.
     wait_for(lambda: set(children_of(api)) == {("ConfigMap", "demo-config"), ("Secret", "demo-token"),
-                                               ("PersistentVolumeClaim", "demo-checkpoints")}, what="learners gone")
+                                               ("PersistentVolumeClaim", "demo-checkpoints"),
+                                               ("NetworkPolicy", "demo-syncer"), ("Deployment", "demo-syncer"),
+                                               ("Service", "demo-syncer")}, what="learners gone")
     wait_for(lambda: api.get(JOB, NAMESPACE, "demo") is None, what="TTL deletion")
+    # The job's children go with it, but for the trained model (checkpointRetention: Retain).
+    wait_for(lambda: set(children_of(api)) == {("PersistentVolumeClaim", "demo-checkpoints")}, what="only the model")
 
 
 def test_operator_process_serves_liveness_and_metrics(api: Kube, tmp_path: Path) -> None:
@@ -292,3 +302,67 @@ def test_operator_process_serves_liveness_and_metrics(api: Kube, tmp_path: Path)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+
+
+def crash(api: Kube, name: str, restarts: int, code: int) -> None:
+    """What the kubelet reports after a learner container exited with `code` (and restarts)."""
+    pod = api.get("Pod", NAMESPACE, name)
+    container = pod["spec"]["containers"][0]["name"]
+    api.patch("Pod", NAMESPACE, name, {"status": {"containerStatuses": [{
+        "name": container, "ready": False, "restartCount": restarts, "image": "learner:1",
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": code, "reason": "Error", "containerID": f"containerd://{restarts}"}}}],
+        "conditions": [{"type": "Ready", "status": "False"}]}}, sub="status")
+
+
+def test_permanent_learner_failures_end_the_job_after_backoff_limit(api: Kube, controllers: Controllers,
+                                                                    operator: OperatorThread) -> None:
+    api.create(manifest(runPolicy={"backoffLimit": 1}))
+    wait_for(lambda: status(api).get("learners") == "3/3", what="3 learners")
+    crash(api, "demo-us-0", 1, 2)  # Exit.CONFIG: a restart cannot help
+    wait_for(lambda: (status(api).get("failures") or {}).get("permanent") == 1, what="one permanent failure")
+    operator.ticks(2)  # seen again on every pass: still counted once
+    assert status(api)["failures"]["permanent"] == 1 and status(api)["phase"] == "Running"
+    failing = condition(api, "PodsFailing")
+    assert failing["reason"] == "ConfigError" and "pod demo-us-0" in failing["message"]
+    [event] = events(api, "ConfigError")
+    assert "pod demo-us-0 (learner us-0)" in event["message"] and "fix:" in event["message"]
+    crash(api, "demo-us-0", 2, 2)  # its next run fails the same way: 2 > backoffLimit=1
+    wait_for(lambda: condition(api, "Failed").get("reason") == "BackoffLimitExceeded", what="BackoffLimitExceeded")
+    assert status(api)["phase"] == "Failed" and "ConfigError" in condition(api, "Failed")["message"]
+    wait_for(lambda: not [k for k in children_of(api) if k[0] == "StatefulSet"], what="learners gone")
+
+
+def test_an_edit_of_the_model_on_a_running_job_is_refused_and_changes_nothing(
+        api: Kube, controllers: Controllers, operator: OperatorThread) -> None:
+    api.create(manifest())
+    wait_for(lambda: status(api).get("learners") == "3/3" and status(api).get("startedSpec"), what="started")
+    operator.ticks(2)
+
+    def shape() -> dict[tuple[str, str], Any]:
+        return {k: (o["metadata"].get("generation"), o.get("data"), o.get("spec")) for k, o in children_of(api).items()}
+
+    before = shape()
+    api.patch(JOB, NAMESPACE, "demo", {"spec": {"model": {"dModel": 256}, "syncer": {"fragments": 8}}})
+    wait_for(lambda: condition(api, "SpecRejected").get("reason") == "SpecImmutable", what="SpecImmutable")
+    message = condition(api, "SpecRejected")["message"]
+    assert "spec.model.dModel is 256, started with 128" in message and "spec.syncer.fragments" in message
+    operator.ticks(3)
+    assert shape() == before and status(api)["phase"] == "Running"  # every child exactly as it was
+    assert len(events(api, "SpecImmutable")) == 1 and status(api)["observedGeneration"] == 2
+    api.patch(JOB, NAMESPACE, "demo", {"spec": {"model": None, "syncer": None}})  # reverted
+    wait_for(lambda: condition(api, "SpecRejected").get("status") == "False", what="refusal cleared")
+    operator.ticks(2)
+    assert shape() == before
+
+
+def test_managed_by_changed_away_on_a_running_job_is_refused_and_still_handled(
+        api: Kube, controllers: Controllers, operator: OperatorThread) -> None:
+    api.create(manifest())
+    wait_for(lambda: status(api).get("learners") == "3/3" and status(api).get("startedSpec"), what="started")
+    generations = {k: o["metadata"].get("generation") for k, o in children_of(api).items()}
+    api.patch(JOB, NAMESPACE, "demo", {"spec": {"managedBy": "kueue.x-k8s.io/multikueue"}})
+    wait_for(lambda: "spec.managedBy" in condition(api, "SpecRejected").get("message", ""), what="managedBy refused")
+    operator.ticks(2)  # the timers keep running: the job is still this operator's
+    assert {k: o["metadata"].get("generation") for k, o in children_of(api).items()} == generations
+    assert status(api)["phase"] == "Running"

@@ -112,7 +112,9 @@ def test_remote_cluster_waits_for_its_secret_and_token_then_runs_learners_only()
                                                ("Service", "mc-eu")}  # no syncer, checkpoint volume or token
             (c,) = remote.api.get("StatefulSet", NAMESPACE, "mc-eu")["spec"]["template"]["spec"]["containers"]
             assert c["args"][c["args"].index("--syncer") + 1] == address
-            assert {"name": "mc-home", "key": "token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]]
+            pod = remote.api.get("StatefulSet", NAMESPACE, "mc-eu")["spec"]["template"]["spec"]
+            assert {"secretName": "mc-home", "items": [{"key": "token", "path": "token"}]}.items() <= \
+                next(v["secret"] for v in pod["volumes"] if v["name"] == "token").items()  # the copy, as a file
             assert status(remote.api)["syncer"] == {"endpoint": address, "ready": True, "restarts": 0, "external": True,
                                                     "incarnation": status(home.api)["syncer"]["incarnation"],
                                                     "activeLearners": 0, "readmissions": 0}

@@ -36,10 +36,14 @@ def test_running_job_has_every_child_labelled_and_owned() -> None:
     assert kinds(objs) == {("ConfigMap", "demo-config"), ("Secret", "demo-token"),
                            ("PersistentVolumeClaim", "demo-checkpoints"), ("Deployment", "demo-syncer"),
                            ("Service", "demo-syncer"), ("StatefulSet", "demo-us"), ("Service", "demo-us"),
-                           ("StatefulSet", "demo-eu"), ("Service", "demo-eu")}
+                           ("StatefulSet", "demo-eu"), ("Service", "demo-eu"), ("NetworkPolicy", "demo-syncer"),
+                           ("PodDisruptionBudget", "demo-syncer")}
     for obj in objs:
         meta = obj["metadata"]
         assert meta["namespace"] == "research" and meta["labels"][n.JOB] == "demo"
+        if obj["kind"] == "PersistentVolumeClaim":  # the trained model outlives the job (checkpointRetention)
+            assert "ownerReferences" not in meta
+            continue
         assert meta["ownerReferences"] == [{"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
                                             "name": "demo", "uid": "uid-1", "controller": True,
                                             "blockOwnerDeletion": True}]
@@ -49,8 +53,9 @@ def test_states_suspended_before_start_after_start_and_finished() -> None:
     suspended = job(suspend=True)
     assert render.children(suspended, OWNER, TOKEN, started=False, finished=False) == []
     kept = kinds(render.children(suspended, OWNER, TOKEN, started=True, finished=False))
-    always = {("ConfigMap", "demo-config"), ("Secret", "demo-token"), ("PersistentVolumeClaim", "demo-checkpoints")}
-    assert kept == always | {("Deployment", "demo-syncer"), ("Service", "demo-syncer")}
+    always = {("ConfigMap", "demo-config"), ("Secret", "demo-token"), ("PersistentVolumeClaim", "demo-checkpoints"),
+              ("NetworkPolicy", "demo-syncer")}
+    assert kept == always | {("Service", "demo-syncer")}  # no pods, the syncer's neither
     assert kinds(render.children(job(), OWNER, TOKEN, started=True, finished=True)) == always
 
 
@@ -68,11 +73,12 @@ def test_learner_statefulset() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["command"] == ["diloco", "learner"]
-    assert c["args"] == ["--config", "/etc/diloco/job.yaml", "--group", "us", "--index", "$(POD_INDEX)",
-                         "--syncer", "demo-syncer.research.svc:50051", "--metrics-port", "9100"]
+    assert c["args"] == ["--config", "/etc/diloco/job.yaml", "--group", "us", "--index", "$(POD_NAME)",
+                         "--syncer", "demo-syncer.research.svc:50051", "--metrics-port", "9100",
+                         "--token-file", "/etc/diloco-token/token"]
     env = {e["name"]: e for e in c["env"]}
-    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
-    assert env["DILOCO_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "demo-token", "key": "token"}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # every version has it
+    assert "DILOCO_TOKEN" not in env  # a file of the Secret's volume instead (test_operator_policies.py)
     assert TOKEN not in str(sts)  # the token travels only in the Secret
     assert c["resources"] == {"requests": {"google.com/tpu": "4", "cpu": "8"}, "limits": {"google.com/tpu": "4"}}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -103,6 +109,8 @@ def test_a_sharded_syncer_is_a_statefulset_with_a_volume_per_shard() -> None:
     sharded = job(syncer={"fragments": 6, "shards": 3})
     objs = by_key(render.children(sharded, OWNER, TOKEN, started=True, finished=False))
     assert ("Deployment", "demo-syncer") not in objs and ("PersistentVolumeClaim", "demo-checkpoints") not in objs
+    shard_claims = {("PersistentVolumeClaim", f"checkpoints-demo-syncer-{i}") for i in range(3)}
+    assert shard_claims <= set(objs)  # made first, under the names the claim template gives them
     sts = objs[("StatefulSet", "demo-syncer")]["spec"]
     assert (sts["replicas"], sts["serviceName"], sts["podManagementPolicy"]) == (3, "demo-syncer", "Parallel")
     (c,) = sts["template"]["spec"]["containers"]
@@ -115,9 +123,10 @@ def test_a_sharded_syncer_is_a_statefulset_with_a_volume_per_shard() -> None:
     (learner,) = objs[("StatefulSet", "demo-us")]["spec"]["template"]["spec"]["containers"]
     assert learner["args"][learner["args"].index("--syncer") + 1] == ",".join(
         f"demo-syncer-{i}.demo-syncer.research.svc:50051" for i in range(3))
-    # Finished: the shards go, their volumes (not the operator's to delete) stay.
+    # Finished: the shards go, their volumes (retained: not the operator's to delete) stay.
     after = kinds(render.children(sharded, OWNER, TOKEN, started=True, finished=True))
-    assert after == {("ConfigMap", "demo-config"), ("Secret", "demo-token")}
+    assert after == {("ConfigMap", "demo-config"), ("Secret", "demo-token"), ("NetworkPolicy", "demo-syncer")} | \
+        shard_claims
 
 
 def test_the_shard_count_of_a_running_syncer_cannot_change() -> None:
@@ -162,7 +171,9 @@ def test_external_syncer_means_learners_only() -> None:
                            ("StatefulSet", "demo-asia"), ("Service", "demo-asia")}  # no syncer, PVC or token
     c = learner_container(objs, "eu")
     assert c["args"][c["args"].index("--syncer") + 1] == "syncer.example.com:50051" and "--tls-ca" not in c["args"]
-    assert {"name": "shared", "key": "token"} in [e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]]
+    pod = by_key(objs)[("StatefulSet", "demo-eu")]["spec"]["template"]["spec"]
+    assert {"name": "token", "secret": {"secretName": "shared", "defaultMode": 0o440,
+                                        "items": [{"key": "token", "path": "token"}]}} in pod["volumes"]
     # A CA in the copied Secret turns TLS on, checked for the certificate's name.
     tls = access.link(remote_job(), "research", {"shared": {"data": {"token": "dA==", "ca.crt": "Y2E="}}})
     objs = render.children(remote_job(), OWNER, TOKEN, started=True, finished=False, link=tls)
@@ -266,7 +277,8 @@ def test_plan_applies_only_what_changed_and_deletes_orphans() -> None:
     todo = plan(fewer, live, "uid-1")
     assert [(o["kind"], o["metadata"]["name"]) for o in todo.apply] == [("ConfigMap", "demo-config")]  # suspend: true
     assert {(o["kind"], o["metadata"]["name"]) for o in todo.delete} == {
-        ("StatefulSet", "demo-us"), ("Service", "demo-us"), ("StatefulSet", "demo-eu"), ("Service", "demo-eu")}
+        ("StatefulSet", "demo-us"), ("Service", "demo-us"), ("StatefulSet", "demo-eu"), ("Service", "demo-eu"),
+        ("Deployment", "demo-syncer"), ("PodDisruptionBudget", "demo-syncer")}  # every pod goes
     assert plan(fewer, live, "someone-else").delete == []  # never touch what another job owns
     resized = render.children(job(model={"dModel": 4096, "heads": 32}), OWNER, TOKEN, started=True, finished=False)
     assert ("PersistentVolumeClaim", "demo-checkpoints") not in {
@@ -305,13 +317,14 @@ def test_a_multi_host_learner_is_a_gang_of_pods_with_the_coordinator_in_its_envi
     assert c["args"][c["args"].index("--index") + 1] == "1"  # fixed: the pod index is the host
     host = {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
     env = env_of(c)
-    assert (env["DILOCO_PROCESS_ID"], env["DILOCO_NUM_PROCESSES"]) == (host, "4")
+    # The process id from the pod's name (its ordinal; every Kubernetes version has the name).
+    assert (env["DILOCO_PROCESS_ID"], env["DILOCO_NUM_PROCESSES"]) == ({"fieldRef": {"fieldPath": "metadata.name"}}, "4")
     assert env["DILOCO_COORDINATOR"] == "demo-tpu-1-0.demo-tpu.research.svc:8476"  # host 0, by its stable name
-    assert "POD_INDEX" not in env
+    assert "POD_NAME" not in env
     # What libtpu needs to join the slice's hosts (GKE's webhook sets it for Indexed Jobs only).
     assert env["TPU_WORKER_ID"] == host
     assert env["TPU_WORKER_HOSTNAMES"] == ",".join(f"demo-tpu-1-{h}.demo-tpu.research.svc" for h in range(4))
-    assert {"name": "coordinator", "containerPort": 8476} in c["ports"]
+    assert {"name": "coordinator", "containerPort": 8476, "protocol": "TCP"} in c["ports"]
     assert c["resources"] == {"requests": {"google.com/tpu": "4"}, "limits": {"google.com/tpu": "4"}}
     pod = spec["template"]["spec"]
     assert pod["nodeSelector"] == SLICE["nodeSelector"] and pod["tolerations"] == SLICE["tolerations"]
@@ -327,12 +340,12 @@ def test_a_multi_host_learner_is_a_gang_of_pods_with_the_coordinator_in_its_envi
     svc = objs[("Service", "demo-tpu")]["spec"]
     assert (svc["clusterIP"], svc["publishNotReadyAddresses"]) == ("None", True)
     assert svc["selector"] == {n.JOB: "demo", n.COMPONENT: "learner", n.GROUP: "tpu"}
-    assert {"name": "coordinator", "port": 8476, "targetPort": "coordinator"} in svc["ports"]
+    assert {"name": "coordinator", "port": 8476, "targetPort": "coordinator", "protocol": "TCP"} in svc["ports"]
     # The one-host group beside it renders as ever.
     eu = objs[("StatefulSet", "demo-eu")]["spec"]
     assert eu["replicas"] == 1 and n.GANG not in eu["template"]["metadata"]["labels"]
     assert objs[("Service", "demo-eu")]["spec"]["ports"] == [{"name": "metrics", "port": 9100,
-                                                              "targetPort": "metrics"}]
+                                                              "targetPort": "metrics", "protocol": "TCP"}]
 
 
 def test_a_multi_node_gpu_learner_gets_the_gang_environment_but_no_tpu_rules() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.contract import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
+from diloco.contract import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV, ordinal
 
 
 class Hosts:
@@ -40,7 +40,7 @@ class Hosts:
         if count != expected:
             raise ValueError(f"--num-processes / ${NUM_PROCESSES_ENV} is {count} but the group's hostsPerLearner is "
                              f"{expected}; every host of a learner must be started with the same count")
-        pid = args.process_id if args.process_id is not None else int(os.environ.get(PROCESS_ID_ENV, "0"))
+        pid = args.process_id if args.process_id is not None else ordinal(os.environ.get(PROCESS_ID_ENV, "0"))
         hosts = cls(pid, count)
         if count > 1:
             coordinator = args.coordinator or os.environ.get(COORDINATOR_ENV)

@@ -20,7 +20,8 @@ from diloco.operator import naming as n
 from diloco.operator.kube import ApiError, Kube
 
 REVISION = "controller-revision-hash"
-GC_KINDS = ("StatefulSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim", "Pod")
+GC_KINDS = ("StatefulSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim", "Pod",
+            "NetworkPolicy", "PodDisruptionBudget")
 OWNER_KINDS = ("DecoupledDiLoCoJob", "StatefulSet", "Deployment")
 
 
@@ -63,6 +64,10 @@ class Runtime:
     def stop(self, pod: dict[str, Any]) -> bool:
         """Stop the pod's containers (SIGTERM first); True once they are gone."""
         return True
+
+    def exited(self, pod: dict[str, Any]) -> int | None:
+        """The container's exit code once it has exited by itself; None while it runs."""
+        return None
 
     def close(self) -> None:
         pass

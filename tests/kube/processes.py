@@ -81,9 +81,10 @@ class ProcessRuntime(Runtime):
             if "value" in item:
                 env[item["name"]] = item["value"]
             elif "fieldRef" in source:
-                key = re.fullmatch(r"metadata\.labels\['(.+)'\]", source["fieldRef"]["fieldPath"])
-                assert key, source
-                env[item["name"]] = pod["metadata"]["labels"][key.group(1)]
+                path = source["fieldRef"]["fieldPath"]
+                key = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+                assert key or path in ("metadata.name", "metadata.namespace"), source
+                env[item["name"]] = pod["metadata"]["labels"][key.group(1)] if key else pod["metadata"][path[9:]]
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
                 secret = self.api.get("Secret", self.namespace, ref["name"])
@@ -154,6 +155,10 @@ class ProcessRuntime(Runtime):
         mark = READY_MARKS[pod["spec"]["containers"][0]["name"]]
         proc = self.procs.get(uid)
         return proc is not None and proc.poll() is None and mark in self.logs[uid].read_text(errors="replace")
+
+    def exited(self, pod: dict[str, Any]) -> int | None:
+        proc = self.procs.get(pod["metadata"]["uid"])
+        return None if proc is None else proc.poll()
 
     def stop(self, pod: dict[str, Any]) -> bool:
         uid = pod["metadata"]["uid"]

@@ -1,0 +1,136 @@
+"""Pure immutability rules: spec fields a started job must keep, because changing them would
+corrupt what is already trained.
+
+The model's shapes and the fragment plan are baked into the syncer's checkpoint and every
+learner's state, the data into each learner's position in its shard, the shard count into
+which shard checkpoints which fragment, and `managedBy` into which controller owns the
+children. When a job first starts (condition Created), the operator records these fields'
+values in `status.startedSpec` (with the job's uid: a copy of the status on another cluster is
+not this job's record). A later spec that changes one is *refused*, not failed: the job keeps
+running with the started values (other changes of the same edit still apply), condition
+SpecRejected/SpecImmutable names each field, and reverting the edit clears it. Before the
+job starts, anything may change. The CRD's CEL rules (crd.py) refuse most such edits at the
+API server already; this is the check that holds on servers without CEL and after suspensions.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from diloco.operator import conditions as c
+from diloco.spec import JobSpec
+
+FIELD = "startedSpec"  # status.startedSpec: {"uid": ..., "fields": {path: value}}
+# spec paths (camelCase, as written in manifests) -> why they cannot change.
+FIELDS: dict[str, str] = {
+    "managedBy": "another controller would run children this operator still owns",
+    "model": "the checkpoint and every learner hold parameters of the started shapes",
+    "data": "each learner's place in its shard and the held-out split would change under it",
+    "syncer.fragments": "the checkpoint and the learners hold the started fragment plan",
+    "syncer.fragmentation": "the checkpoint and the learners hold the started fragment plan",
+    "syncer.shards": "each shard's checkpoint holds only the fragments it owns",
+    "syncer.external": "a learners-only cluster and one with its own syncer own different children",
+}
+
+
+def _get(tree: dict[str, Any], path: str) -> Any:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _prune(value: Any) -> Any:
+    """Without nulls: the status is written with merge patches, where null deletes a key."""
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def values(spec: JobSpec) -> dict[str, Any]:
+    """The immutable fields' effective values (defaults filled in), by path; unset ones absent."""
+    dumped = spec.model_dump(mode="json", by_alias=True)
+    return {path: _prune(v) for path in FIELDS if (v := _get(dumped, path)) is not None}
+
+
+def started(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The values this job started with, or None (not started yet, or a record of another object)."""
+    record = (body.get("status") or {}).get(FIELD) or {}
+    if not record or record.get("uid") != body.get("metadata", {}).get("uid"):
+        return None
+    fields: dict[str, Any] = record.get("fields") or {}
+    return fields
+
+
+def record(status: dict[str, Any], new: dict[str, Any], uid: str, spec: JobSpec) -> dict[str, Any]:
+    """`new` with the started values added the first time the job counts as started."""
+    mine = (status.get(FIELD) or {}).get("uid") == uid
+    if mine or not c.is_true(new.get("conditions") or [], c.CREATED):
+        return new
+    return {**new, FIELD: {"uid": uid, "fields": values(spec)}}
+
+
+def _leaves(path: str, was: Any, now: Any) -> list[str]:
+    """`spec.<path>.<leaf>: <now>, started with <was>` for each differing leaf."""
+    if isinstance(was, dict) and isinstance(now, dict):
+        return [x for k in sorted(set(was) | set(now)) for x in _leaves(f"{path}.{k}", was.get(k), now.get(k))]
+    if was == now:
+        return []
+    return [f"spec.{path} is {_show(now)}, started with {_show(was)}"]
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else repr(value)
+
+
+def refused(started_values: dict[str, Any], spec: JobSpec) -> list[str]:
+    """One problem per changed immutable field: what changed, why it may not, what to do."""
+    now = values(spec)
+    out = []
+    for path, why in FIELDS.items():
+        diff = _leaves(path, started_values.get(path), now.get(path))
+        if diff:
+            out.append(f"{'; '.join(diff)}: spec.{path} cannot change once the job has started ({why}); "
+                       "set it back, or create a new job")
+    return out
+
+
+def restore(body: dict[str, Any], started_values: dict[str, Any]) -> dict[str, Any]:
+    """The body with every immutable field set back to its started value (unset if it was)."""
+    out = copy.deepcopy(body)
+    spec = out.setdefault("spec", {})
+    for path in FIELDS:
+        *parents, leaf = path.split(".")
+        node = spec
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        if path in started_values:
+            node[leaf] = copy.deepcopy(started_values[path])
+        else:
+            node.pop(leaf, None)
+    return out
+
+
+def condition(new: dict[str, Any], status: dict[str, Any], problems: list[str], now: str,
+              generation: int) -> dict[str, Any]:
+    """`new` with SpecRejected: True naming each refused field; False once reverted (absent on
+    jobs that never had a refusal)."""
+    conds = list(new.get("conditions") or status.get("conditions") or [])
+    if problems:
+        conds = c.set_condition(conds, c.SPEC_REJECTED, True, "SpecImmutable", "; ".join(problems), now, generation)
+    elif c.find(conds, c.SPEC_REJECTED) is not None:
+        conds = c.set_condition(conds, c.SPEC_REJECTED, False, "SpecAccepted", "", now, generation)
+    else:
+        return new
+    return {**new, "conditions": conds}
+
+
+def newly_refused(status: dict[str, Any], problems: list[str]) -> bool:
+    """Whether these refusals are news (post an Event), not the same ones as the last pass."""
+    old = c.find(status.get("conditions") or [], c.SPEC_REJECTED) or {}
+    return bool(problems) and (old.get("status") != "True" or old.get("message") != "; ".join(problems))

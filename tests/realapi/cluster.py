@@ -1,0 +1,108 @@
+"""The whole real-control-plane fixture: API server and controllers, a kubelet, the chart
+installed with helm, and the operator running with exactly the chart's ServiceAccount.
+
+The chart's own operator Deployment is installed too (the server validates it), but pinned by
+a nodeSelector to no node: the operator instead runs in this process (tests/kube/running.py),
+logged in through a kubeconfig that holds the ServiceAccount's token, so every request it makes
+is authorised by the chart's RBAC and nothing else, while the test can map Service names to
+local ports for it (pods run as local processes).
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from diloco.operator import naming as n
+from diloco.operator.context import Config
+from diloco.operator.kube import Kube
+from tests.helpers import wait_for
+from tests.kube.processes import ProcessRuntime
+from tests.kube.running import OperatorThread
+from tests.kube.tools import tool
+from tests.realapi.controlplane import ROOT, ControlPlane
+from tests.realapi.kubelet import Kubelet
+
+RELEASE, SYSTEM, JOBS = "diloco", "diloco-system", "jobs"
+SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:{RELEASE}-decoupled-diloco"
+
+
+@dataclass
+class Cluster:
+    plane: ControlPlane
+    admin: Kube
+    admin_config: Path
+    runtime: ProcessRuntime
+    kubelet: Kubelet
+    operator: OperatorThread
+
+    def kubectl(self, *args: str, check: bool = True) -> str:
+        done = subprocess.run([str(tool("kubectl")), f"--kubeconfig={self.admin_config}", *args],
+                              capture_output=True, text=True, timeout=60)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stderr}")
+        return done.stdout
+
+    def job(self, name: str, namespace: str = JOBS) -> dict[str, Any]:
+        return self.admin.get("DecoupledDiLoCoJob", namespace, name) or {}
+
+    def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
+        items = self.admin.request("GET", f"api/v1/namespaces/{namespace}/events").get("items") or []
+        return [e for e in items if e.get("reason") == reason]
+
+
+def helm(cp: ControlPlane, kubeconfig: Path, *args: str) -> str:
+    done = subprocess.run([str(tool("helm")), f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)}: {done.stderr}")
+    return done.stdout
+
+
+def service_account_token(admin: Kube) -> str:
+    """The token the controller-manager's token controller minted for the chart's ServiceAccount."""
+    name = SERVICE_ACCOUNT.rsplit(":", 1)[-1]
+
+    def minted() -> str | None:
+        secrets = admin.request("GET", f"api/v1/namespaces/{SYSTEM}/secrets").get("items") or []
+        for s in secrets:
+            if (s.get("type") == "kubernetes.io/service-account-token" and s.get("data", {}).get("token")
+                    and (s["metadata"].get("annotations") or {}).get("kubernetes.io/service-account.name") == name):
+                return base64.b64decode(s["data"]["token"]).decode()
+        return None
+
+    return wait_for(minted, timeout=30, what=f"a token for ServiceAccount {name}")
+
+
+@contextmanager
+def real_cluster(folder: Path) -> Iterator[Cluster]:
+    with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
+        plane = stack.enter_context(ControlPlane(folder / "control-plane"))
+        admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
+        admin_config = plane.kubeconfig(folder / "admin.kubeconfig", plane.admin_token)
+        admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                    "metadata": {"name": JOBS}})
+        values = folder / "values.yaml"
+        values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"}}))
+        helm(plane, admin_config, "install", RELEASE, str(ROOT / "charts" / "decoupled-diloco"),
+             "--namespace", SYSTEM, "--create-namespace", "-f", str(values))
+        token = service_account_token(admin)
+        mp.setenv("KUBECONFIG", str(plane.kubeconfig(folder / "operator.kubeconfig", token, "operator")))
+        mp.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        runtime = ProcessRuntime(admin, JOBS, folder / "node")
+        kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
+                                                   namespaces=frozenset({JOBS})))
+        config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
+                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)))
+        operator = stack.enter_context(OperatorThread(config))
+        yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
+        dead = plane.alive()
+        assert not dead, f"control-plane components exited during the tests: {dead}"

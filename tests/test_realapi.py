@@ -1,0 +1,223 @@
+"""The operator against a real Kubernetes 1.20 control plane (tests/realapi/, docs/KUBERNETES.md).
+
+One control plane for the module: etcd, kube-apiserver (TLS, tokens, RBAC, audit log),
+kube-controller-manager and kube-scheduler built from Debian's sources; the chart installed
+with helm; the operator logged in as the chart's ServiceAccount; pods run by a test-side kubelet
+as local processes. What kmock cannot show is shown here: server-side apply, defaulting and
+pruning by the real server, the real StatefulSet, Deployment and garbage-collection controllers,
+the scheduler, and RBAC (any 403 fails the RBAC test, which runs last and reads the audit log).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from diloco.core.chaos import ChaosSchedule
+from diloco.operator import naming as n
+from diloco.spec import Chaos
+from tests.helpers import TINY_MODEL, wait_for
+from tests.kube.tools import tool
+from tests.realapi.cluster import JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
+from tests.realapi.controlplane import ROOT
+
+pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
+# A chaos seed whose schedule kills once within 5 s of the job running, then not for 500 s.
+CHAOS_MEAN = 120.0
+CHAOS_SEED = next(s for s in range(10_000) if (c := ChaosSchedule(Chaos(enabled=True, mean_seconds_between_kills=CHAOS_MEAN,
+                                                                        seed=s))).due_at(0) <= 5.0 < 500.0 < c.due_at(1))
+CLUSTER_EXAMPLES = ["k8s-cpu-kind.yaml", "k8s-gpu.yaml", "k8s-tpu.yaml", "sharded.yaml", "multicluster-home.yaml",
+                    "multicluster-remote-eu.yaml", "multicluster-remote-asia.yaml"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with real_cluster(tmp_path_factory.mktemp("realapi")) as c:
+        yield c
+
+
+def tiny_job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+            "metadata": {"name": name, "namespace": JOBS},
+            "spec": {"learnerGroups": [{"name": "local", "replicas": replicas}],
+                     "syncer": {"fragments": 2, "checkpointIntervalSeconds": 5},
+                     "model": dict(TINY_MODEL),
+                     "training": {"batchSize": 8, "warmupSteps": 10, "decaySteps": 5000, "evalIntervalSteps": 100000},
+                     **spec}}
+
+
+def status(cluster: Cluster, name: str, namespace: str = JOBS) -> dict[str, Any]:
+    return cluster.job(name, namespace).get("status") or {}
+
+
+def test_helm_installed_the_chart_and_the_crd_serves(cluster: Cluster) -> None:
+    crd = cluster.kubectl("get", "crd", "decoupleddilocojobs.diloco.dev", "-o", "json")
+    assert json.loads(crd)["status"]["acceptedNames"]["shortNames"] == ["ddj"]
+    # 1.20 publishes OpenAPI v2 only (kubectl's default is v3), a few seconds after the CRD is established.
+    wait_for(lambda: "learnerGroups" in cluster.kubectl("explain", "ddj.spec", "--output=plaintext-openapiv2",
+                                                       check=False), timeout=30, what="kubectl explain ddj.spec")
+
+
+def test_every_cluster_example_applies_and_is_rendered(cluster: Cluster) -> None:
+    """`kubectl apply` each example as a user would (each in a namespace of its own: the home and
+    remote multi-cluster examples share a name); the operator renders each one against the real
+    server (server-side apply of every child kind) or says in its status why it cannot yet."""
+    applied = []
+    for i, example in enumerate(CLUSTER_EXAMPLES):
+        namespace = f"example-{i}"
+        cluster.kubectl("create", "namespace", namespace)
+        cluster.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / example))
+        name = yaml.safe_load((ROOT / "examples" / example).read_text())["metadata"]["name"]
+        applied.append((example, namespace, name))
+    for example, namespace, name in applied:
+        got = wait_for(lambda: status(cluster, name, namespace).get("phase"), timeout=60,
+                       what=f"{example} reconciled")
+        assert got != "Failed", (example, status(cluster, name, namespace))
+        spec = yaml.safe_load((ROOT / "examples" / example).read_text())["spec"]
+        if spec.get("suspend"):  # waiting for Kueue: nothing may run before admission
+            assert got == "Suspended" and not cluster.admin.list("StatefulSet", namespace), example
+        elif "external" not in (spec.get("syncer") or {}):  # a learners-only cluster waits for its token
+            wait_for(lambda: cluster.admin.get("ConfigMap", namespace, n.config_map(name)), timeout=30,
+                     what=f"{example}: its ConfigMap")
+    listing = cluster.kubectl("get", "ddj", "-A")
+    assert all(name in listing for _, _, name in applied)
+    for example, namespace, _ in applied:
+        cluster.kubectl("delete", "-n", namespace, "-f", str(ROOT / "examples" / example))
+
+
+def test_a_tiny_job_trains_a_killed_learner_is_readmitted(cluster: Cluster) -> None:
+    """The operator's own chaos kills a learner pod (so the pod patch and delete go through the
+    chart's RBAC); the real StatefulSet controller replaces it and the operator re-admits it."""
+    chaos = {"enabled": True, "meanSecondsBetweenKills": CHAOS_MEAN, "seed": CHAOS_SEED, "maxConcurrent": 1}
+    cluster.admin.create(tiny_job("tiny", chaos=chaos))
+    running = wait_for(lambda: (s := status(cluster, "tiny")).get("phase") == "Running" and s.get("learners") == "2/2"
+                       and s, timeout=120, what="both learners joined through the real control plane")
+    assert running["syncer"]["ready"]
+    wait_for(lambda: cluster.events(JOBS, "ChaosKill"), timeout=30, what="chaos killing a learner pod")
+    wait_for(lambda: status(cluster, "tiny")["learnerGroups"][0]["lost"] >= 1, timeout=30, what="the loss counted")
+    after = wait_for(lambda: (s := status(cluster, "tiny"))["learnerGroups"][0]["readmitted"] >= 1 and s,
+                     timeout=120, what="the StatefulSet's replacement pod re-admitted")
+    assert cluster.events(JOBS, "LearnerLost") and cluster.events(JOBS, "LearnerReadmitted")
+    final = wait_for(lambda: (s := status(cluster, "tiny")).get("outerVersion", 0) > after.get("outerVersion", 0) + 3
+                     and s, timeout=60, what="training after the re-admission")
+    assert final["tokensMerged"] > 0
+    table = cluster.kubectl("get", "ddj", "-n", JOBS, "tiny")
+    assert "tiny" in table and "Running" in table
+
+
+def test_hand_edits_to_children_are_put_back(cluster: Cluster) -> None:
+    config, learners = n.config_map("tiny"), n.statefulset("tiny", "local")
+    original = cluster.admin.get("ConfigMap", JOBS, config)
+    assert original is not None
+    cluster.kubectl("patch", "configmap", "-n", JOBS, config, "--type=merge", "-p",
+                    json.dumps({"data": {n.CONFIG_KEY: "edited: by hand\n"}}))
+    cluster.kubectl("scale", "statefulset", "-n", JOBS, learners, "--replicas=5")
+    wait_for(lambda: (cluster.admin.get("ConfigMap", JOBS, config) or {}).get("data") == original["data"],
+             timeout=30, what="the ConfigMap put back")
+    wait_for(lambda: (cluster.admin.get("StatefulSet", JOBS, learners) or {})["spec"]["replicas"] == 2,
+             timeout=30, what="the StatefulSet's replicas put back")
+    wait_for(lambda: status(cluster, "tiny").get("learners") == "2/2", timeout=60, what="two learners again")
+
+
+def test_an_idle_pass_writes_nothing(cluster: Cluster) -> None:
+    """With nothing changed, the real server's defaulting and normalisation are not seen as drift:
+    a few passes later, no child has a new resourceVersion."""
+    def versions() -> dict[str, str]:
+        out = {}
+        for kind in ("ConfigMap", "Secret", "Service", "StatefulSet", "Deployment", "PersistentVolumeClaim"):
+            for obj in cluster.admin.list(kind, JOBS, n.selector("tiny")):
+                out[f"{kind}/{obj['metadata']['name']}"] = obj["metadata"].get("annotations", {}).get(n.APPLIED_HASH)
+                out[f"{kind}/{obj['metadata']['name']}@gen"] = str(obj["metadata"].get("generation"))
+        return out
+
+    before = versions()
+    cluster.operator.ticks(3)
+    assert versions() == before
+
+
+def test_suspend_releases_every_pod_and_resume_continues(cluster: Cluster) -> None:
+    before = status(cluster, "tiny")
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "tiny", {"spec": {"suspend": True}})
+    try:
+        wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("tiny")), timeout=60,
+                 what="every pod of the suspended job gone, the syncer's too")
+    except AssertionError:
+        left = [(p["metadata"]["name"], p["metadata"].get("deletionTimestamp"), p.get("status", {}).get("phase"))
+                for p in cluster.admin.list("Pod", JOBS, n.selector("tiny"))]
+        raise AssertionError(f"pods left: {left}; job status {status(cluster, 'tiny')}") from None
+    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny")) is not None
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "tiny", {"spec": {"suspend": False}})
+    resumed = wait_for(lambda: (s := status(cluster, "tiny")).get("learners") == "2/2"
+                       and s.get("outerVersion", 0) > before.get("outerVersion", 0) and s,
+                       timeout=120, what="the job resumed from its checkpoint")
+    assert resumed["phase"] == "Running"
+
+
+def test_deleting_a_job_keeps_its_checkpoint_volume(cluster: Cluster) -> None:
+    claim = cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny"))
+    assert claim is not None and not claim["metadata"].get("ownerReferences")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "tiny")
+    wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("tiny")), timeout=60, what="the job's pods gone")
+    wait_for(lambda: not cluster.admin.list("StatefulSet", JOBS, n.selector("tiny")), timeout=30,
+             what="the StatefulSets garbage-collected")
+    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny")) is not None
+
+
+def test_a_learner_that_cannot_start_ends_the_job_with_its_reason(cluster: Cluster) -> None:
+    job = tiny_job("broken", replicas=1, runPolicy={"backoffLimit": 0, "ttlSecondsAfterFinished": 5})
+    job["spec"]["learnerGroups"][0]["image"] = "registry.invalid/no-such-learner:0"
+    cluster.kubelet.pullable = lambda image: "no-such" not in image
+    cluster.admin.create(job)
+    try:
+        failed = wait_for(lambda: (s := status(cluster, "broken")).get("phase") == "Failed" and s, timeout=90,
+                          what="the job failed for its permanent error")
+    except AssertionError:
+        pods = [(p["metadata"]["name"], p.get("status")) for p in cluster.admin.list("Pod", JOBS, n.selector("broken"))]
+        raise AssertionError(f"status {status(cluster, 'broken')}; pods {pods}") from None
+    ended = [c for c in failed["conditions"] if c.get("status") == "True" and c["type"] == "Failed"]
+    assert ended and "ErrImagePull" in json.dumps(failed), failed
+    assert cluster.events(JOBS, "ImagePullFailed")
+    # ttlSecondsAfterFinished: 5, so the operator deletes the finished job itself.
+    wait_for(lambda: not cluster.job("broken"), timeout=30, what="the finished job deleted by its TTL")
+
+
+def granted() -> set[tuple[str, str]]:
+    """(resource, verb) pairs the chart's ClusterRole grants, with the default values."""
+    docs = yaml.safe_load_all(subprocess.run([str(tool("helm")), "template", "diloco", str(ROOT / "charts" / "decoupled-diloco")],
+                                             capture_output=True, text=True, check=True).stdout)
+    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    return {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+# Granted, and needed, but never a request of its own: the API server's owner-reference
+# enforcement (on here) checks it while authorising a create whose owner reference sets
+# blockOwnerDeletion, so any child created without a 403 has used it.
+IMPLICIT = {("decoupleddilocojobs/finalizers", "update")}
+
+
+def test_rbac_every_granted_verb_used_and_none_refused(cluster: Cluster) -> None:
+    """Runs last: the audit log of every test above. No request of the chart's ServiceAccount was
+    refused, and every verb the ClusterRole grants was used (a server-side apply that created
+    an object is a create)."""
+    log = Path(cluster.plane.audit_log)
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+    assert ours, "the operator made no requests as the chart's ServiceAccount"
+    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
+    assert not refused, f"the chart's RBAC refused the operator: {refused}"
+    used = set()
+    for e in ours:
+        ref = e.get("objectRef") or {}
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((resource, e["verb"]))
+        if e["verb"] == "patch" and e.get("responseStatus", {}).get("code") == 201:
+            used.add((resource, "create"))  # a server-side apply that created: authorised as both
+    unused = granted() - used - IMPLICIT
+    assert not unused, f"granted but never used by the operator in this lane: {sorted(unused)}"
+    assert granted() >= IMPLICIT
