@@ -23,6 +23,15 @@ from diloco.spec_base import Model
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
 from diloco.spec_learner import Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
+from diloco.spec_pod import PodOverlay
+from diloco.spec_status import (  # noqa: F401
+    Condition,
+    JobStatus,
+    LearnerGroupStatus,
+    LostLearner,
+    Phase,
+    SyncerStatus,
+)
 
 API_VERSION: Final = "diloco.dev/v1alpha1"
 KIND: Final = "DecoupledDiLoCoJob"
@@ -60,6 +69,7 @@ class LearnerGroup(Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
+    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
     # >1 stretches each step by this factor: a stand-in for older or slower chips.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
     # First data shard of this group's learners (learner i reads shard shardOffset + i). Unset:
@@ -175,6 +185,7 @@ class Syncer(Model):
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
     resources: Resources = Field(default_factory=Resources)
+    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
     external: ExternalSyncer | None = None
     expose: Expose | None = None
     # Regions of learner groups in other clusters that use this syncer: its status and metrics

@@ -23,13 +23,15 @@ MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Sta
                  "NetworkPolicy", "PodDisruptionBudget")
 # Listed only where the operator may (the chart's syncerExposure.gatewayAPI): the CRD is optional.
 GATEWAY_KINDS = ("GRPCRoute",)
+# Likewise only with the chart's kueue.enabled: a queued job's Kueue Workload (kueue.py).
+KUEUE_KINDS = ("Workload",)
 # A claim's spec is immutable once bound (and resizing needs a cooperative storage class).
 CREATE_ONLY = {"PersistentVolumeClaim"}
 # What may stop being rendered while its job exists (suspended, finished, a group removed, an
 # exposure dropped), so what the operator deletes. The rest (config, token, checkpoint claim,
 # network policy) lives as long as the job and goes with it through the garbage collector (a
 # retained claim outlives it), so the operator needs no right to delete Secrets or claims.
-PRUNABLE = {"StatefulSet", "Deployment", "Service", "PodDisruptionBudget", "GRPCRoute"}
+PRUNABLE = {"StatefulSet", "Deployment", "Service", "PodDisruptionBudget", "GRPCRoute", "Workload"}
 
 Key = tuple[str, str]  # (kind, name)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from diloco.spec_status import MAX_MESSAGE
+
 CREATED, RUNNING, DEGRADED, SUSPENDED, SUCCEEDED, FAILED = (
     "Created", "Running", "Degraded", "Suspended", "Succeeded", "Failed")
 # Set only once they first apply: a pod failing permanently (failures.py), a refused edit (immutable.py).
@@ -19,11 +21,12 @@ Condition = dict[str, Any]
 
 def set_condition(conditions: list[Condition], type_: str, status: bool, reason: str, message: str,
                   now: str, generation: int) -> list[Condition]:
-    """A new list with `type_` set; the others are kept, in a stable order."""
+    """A new list with `type_` set; the others are kept, in a stable order. A message past
+    metav1.Condition's limit is cut: the API server would refuse the whole status otherwise."""
     value = "True" if status else "False"
     old = find(conditions, type_)
     changed = old is None or old.get("status") != value
-    new = {"type": type_, "status": value, "reason": reason, "message": message,
+    new = {"type": type_, "status": value, "reason": reason, "message": message[:MAX_MESSAGE],
            "observedGeneration": generation,
            "lastTransitionTime": now if changed else old.get("lastTransitionTime", now)}  # type: ignore[union-attr]
     rest = [c for c in conditions if c.get("type") != type_]

@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from diloco.operator import naming
-from diloco.operator.children import GATEWAY_KINDS, MANAGED_KINDS
+from diloco.operator.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
 from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
 from diloco.operator.policies import OPERATOR_LABELS, Peers
@@ -66,6 +66,9 @@ class Config:
     expose_annotations: dict[str, str] = field(default_factory=dict)
     # Who besides a job's learners may reach its syncer (its NetworkPolicy); the chart's values.
     peers: Peers = field(default_factory=Peers)
+    # The chart's kueue.enabled: the operator is the Kueue integration of queue-labelled jobs
+    # (their Workloads: kueue.py); the Workload CRD and RBAC for it must be there.
+    kueue: bool = False
 
     @classmethod
     def from_env(cls) -> Config:
@@ -75,11 +78,12 @@ class Config:
                    unschedulable_grace=_env_float("DILOCO_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace),
                    gateway_api=os.environ.get("DILOCO_GATEWAY_API", "false").lower() == "true",
                    expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"),
+                   kueue=os.environ.get("DILOCO_KUEUE", "false").lower() == "true",
                    peers=_env_peers())
 
     @property
     def managed_kinds(self) -> tuple[str, ...]:
-        return MANAGED_KINDS + GATEWAY_KINDS if self.gateway_api else MANAGED_KINDS
+        return MANAGED_KINDS + (GATEWAY_KINDS if self.gateway_api else ()) + (KUEUE_KINDS if self.kueue else ())
 
 
 @dataclass

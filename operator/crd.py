@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from diloco.operator.immutable import FIELDS as IMMUTABLE
-from diloco.spec import API_VERSION, KIND, JobSpec
+from diloco.spec import API_VERSION, KIND, JobSpec, JobStatus
 
 if TYPE_CHECKING:
     from diloco.operator.kube import Kube
@@ -121,6 +121,25 @@ def spec_schema(cel: bool = True) -> dict[str, Any]:
     return schema
 
 
+def _empty_strings_allowed(node: dict[str, Any]) -> dict[str, Any]:
+    """Plain strings marked nullable: Kubernetes 1.20's validator (go-openapi's) takes an empty
+    string for null and refuses it unless the field is nullable, and the status has empty ones (a
+    condition's message, an endpoint not known yet). The operator never writes null (JobStatus
+    refuses it); newer servers read `nullable` as just that."""
+    plain = node.get("type") == "string" and not {"enum", "pattern", "format", "minLength"} & set(node)
+    out = {k: _empty_strings_allowed(v) if k in ("items", "additionalProperties") and isinstance(v, dict) else v
+           for k, v in node.items()}
+    if "properties" in node:
+        out["properties"] = {name: _empty_strings_allowed(sub) for name, sub in node["properties"].items()}
+    return {**out, "nullable": True} if plain else out
+
+
+def status_schema() -> dict[str, Any]:
+    """`status`, from JobStatus: structural, so the API server prunes what it lacks (and `kubectl
+    explain ddj.status` documents it); only startedSpec.fields, spec values, stays free-form."""
+    return _empty_strings_allowed(structural(JobStatus.model_json_schema(by_alias=True, mode="validation")))
+
+
 def crd(cel: bool = True) -> dict[str, Any]:
     """The whole CustomResourceDefinition as plain data."""
     return {
@@ -147,8 +166,8 @@ def crd(cel: bool = True) -> dict[str, Any]:
                         "kind": {"type": "string"},
                         "metadata": {"type": "object"},
                         "spec": spec_schema(cel),
-                        # Written by the operator (and kopf); kept open so neither is pruned.
-                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        # Written by the operator alone: kopf keeps its state in annotations.
+                        "status": status_schema(),
                     },
                 }},
             }],

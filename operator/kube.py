@@ -31,6 +31,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),  # who may reach a syncer
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),  # a drain waits for a syncer
     "GRPCRoute": ("apis/gateway.networking.k8s.io/v1", "grpcroutes"),  # an exposed syncer (Gateway API)
+    "Workload": ("apis/kueue.x-k8s.io/v1beta1", "workloads"),  # a queued job's admission (Kueue: kueue.py)
     "DecoupledDiLoCoJob": ("apis/diloco.dev/v1alpha1", "decoupleddilocojobs"),
 }
 # Kinds an older server serves under an older version, newest first: policy/v1 PodDisruptionBudgets

@@ -28,7 +28,7 @@ from diloco.contract import (
     LearnerArgs,
     container_command,
 )
-from diloco.operator import access, parts
+from diloco.operator import access, overlay, parts, pods
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner
 from diloco.spec import DecoupledDiLoCoJob, LearnerGroup
@@ -192,7 +192,8 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
         "args": args.argv(),
         "env": env,
         "ports": ports,
-        "readinessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 5},
+        # Ready once joined to the syncer (the learner's /readyz), not merely started.
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}, "periodSeconds": 5},
         "resources": parts.resources(group.resources),
         "securityContext": container_security,
         "volumeMounts": mounts,
@@ -209,8 +210,8 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
         pod_spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in group.tolerations]
-    return {"metadata": {"labels": labels, "annotations": {n.CONFIG_HASH: config_hash(job, group)}},
-            "spec": pod_spec}
+    return overlay.apply({"metadata": {"labels": labels, "annotations": {n.CONFIG_HASH: config_hash(job, group)}},
+                          "spec": pod_spec}, group.pod)
 
 
 def _statefulset(owner: Owner, name: str, group: LearnerGroup, replicas: int, match: Mapping[str, str],
@@ -255,12 +256,13 @@ def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:
                      "selector": n.selector(owner.name, n.LEARNER, group.name), "ports": ports}}
 
 
-def ready_learners(owner_name: str, group: LearnerGroup, live: Mapping[tuple[str, str], Any]) -> int:
-    """Ready learners of the group, from its StatefulSets' status: a multi-host learner is ready
-    when all of its hosts are."""
-    def ready(name: str) -> int:
-        return int(((live.get(("StatefulSet", name)) or {}).get("status") or {}).get("readyReplicas") or 0)
-
-    if not is_gang(group):
-        return ready(n.statefulset(owner_name, group.name))
-    return sum(ready(n.gang(owner_name, group.name, i)) >= group.hosts_per_learner for i in range(group.replicas))
+def ready_learners(group: LearnerGroup, job_pods: list[dict[str, Any]]) -> int:
+    """Ready learners of the group, from its pods: Ready (joined to the syncer: the learner's
+    readiness probe, /readyz) and not terminating, which a StatefulSet's readyReplicas does not
+    promise. A multi-host learner is ready when all of its hosts are."""
+    hosts: dict[int, int] = {}
+    for pod in job_pods:
+        found = n.learner_of(pod)
+        if found is not None and found[1].group == group.name and pods.ready(pod):
+            hosts[found[1].index] = hosts.get(found[1].index, 0) + 1
+    return sum(1 for i, up in hosts.items() if i < group.replicas and up >= group.hosts_per_learner)

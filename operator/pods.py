@@ -1,7 +1,7 @@
 """Pure pod bookkeeping: when a learner is lost (and why), when it is back, when a pod is stuck.
 
 A learner *slot* (`group-index`) is either up or lost. The first sign of trouble for a slot
-that is up counts one loss; further signs for the same slot (the Terminating update, then
+that is up counts one loss (or one planned restart, when chaos or a rollout caused it); further signs for the same slot (the Terminating update, then
 the DELETED event, a replacement that crashes before it is ready) do not, until a ready pod
 re-admits the slot. The open losses live in `status.lostLearners`, so counting survives
 operator restarts and duplicate or re-ordered watch events.
@@ -14,23 +14,32 @@ from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator import status as st
+from diloco.operator.naming import CHAOS as CHAOS_ANNOTATION
 
-# Pod disruption reasons (the DisruptionTarget condition, Kubernetes 1.26+) -> our reasons.
+# Pod disruption reasons (the DisruptionTarget condition, Kubernetes 1.26+) -> our reasons. A
+# preemption is the capacity taken back: the scheduler's, a spot or preemptible node reclaimed
+# (the node goes: its pods are deleted by the taint manager) or shut down gracefully (the kubelet
+# terminates them; node-pressure evictions, by the same kubelet, say Evicted in the pod's reason).
 DISRUPTIONS = {
     "PreemptionByScheduler": "Preempted",
     "PreemptionByKubeScheduler": "Preempted",
     "EvictionByEvictionAPI": "Evicted",
-    "TerminationByKubelet": "Evicted",  # node-pressure eviction or node shutdown
-    "DeletionByTaintManager": "Evicted",
+    "TerminationByKubelet": "Preempted",
+    "DeletionByTaintManager": "Preempted",
     "DeletionByPodGC": "Deleted",
 }
+# A pod's status.reason when the kubelet ended it for a node shutdown (before DisruptionTarget).
+NODE_SHUTDOWN = {"Terminated", "Shutdown", "NodeShutdown"}
 PREEMPTED = "Preempted"
+CHAOS, ROLLOUT = "Chaos", "Rollout"  # planned restarts: ours, not the cluster's
+REVISION = "controller-revision-hash"  # a StatefulSet pod's template revision
 
 
 @dataclass(frozen=True)
 class Loss:
-    reason: str  # Deleted, Evicted, Preempted or Failed
+    reason: str  # Deleted, Evicted, Preempted, Failed; Chaos or Rollout when planned
     detail: str
+    planned: bool = False  # a restart we caused (chaos, a template rollout): not a learner loss
 
 
 def _condition(pod: dict[str, Any], type_: str) -> dict[str, Any] | None:
@@ -56,17 +65,31 @@ def loss(event_type: str | None, pod: dict[str, Any]) -> Loss | None:
         disruption = _condition(pod, "DisruptionTarget")
         if disruption and disruption.get("status") == "True":
             why = disruption.get("reason", "")
-            return Loss(DISRUPTIONS.get(why, "Deleted"), f"pod {name}: {why or 'disrupted'}")
+            reason = "Evicted" if s.get("reason") == "Evicted" else DISRUPTIONS.get(why, "Deleted")
+            return Loss(reason, f"pod {name}: {why or 'disrupted'}")
         return Loss("Deleted", f"pod {name} deleted")
     if s.get("phase") == "Failed":
         why = s.get("reason") or "Failed"
-        return Loss("Evicted" if why == "Evicted" else "Failed", f"pod {name} failed: {why}")
+        reason = "Evicted" if why == "Evicted" else PREEMPTED if why in NODE_SHUTDOWN else "Failed"
+        return Loss(reason, f"pod {name} failed: {why}")
     for cs in s.get("containerStatuses") or []:
         last = (cs.get("lastState") or {}).get("terminated")
         if cs.get("restartCount", 0) > 0 and not cs.get("ready") and last:
             return Loss("Failed", f"pod {name}: container {cs.get('name')} exited with code "
                                   f"{last.get('exitCode')} ({last.get('reason', 'Error')})")
     return None
+
+
+def planned(lost: Loss, pod: dict[str, Any], update_revision: str | None) -> Loss:
+    """The loss as a planned restart when we caused it: chaos killed the pod, or its StatefulSet
+    replaced it for a newer template (`update_revision`: the StatefulSet's status.updateRevision)."""
+    meta = pod.get("metadata") or {}
+    if (meta.get("annotations") or {}).get(CHAOS_ANNOTATION):
+        return Loss(CHAOS, f"{lost.detail} by chaos", planned=True)
+    revision = (meta.get("labels") or {}).get(REVISION)
+    if lost.reason == "Deleted" and update_revision and revision and revision != update_revision:
+        return Loss(ROLLOUT, f"{lost.detail} for the new template ({update_revision})", planned=True)
+    return lost
 
 
 def open_losses(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -85,7 +108,7 @@ def record_loss(status: dict[str, Any], learner: LearnerId, lost: Loss, pod_uid:
     if entry is None:
         entry = st.group_entry(status, group)
         groups.append(entry)
-    counter = "preempted" if lost.reason == PREEMPTED else "lost"
+    counter = "planned" if lost.planned else "preempted" if lost.reason == PREEMPTED else "lost"
     entry[counter] = entry.get(counter, 0) + 1
     losses.append({"slot": slot, "reason": lost.reason, "pod": pod_uid, "since": st.rfc3339(now)})
     return {"learnerGroups": groups, "lostLearners": losses}  # lists: a merge patch replaces them whole

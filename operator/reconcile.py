@@ -20,6 +20,7 @@ from diloco.operator import (
     failures,
     gangs,
     immutable,
+    kueue,
     learners,
     pods,
     policies,
@@ -89,7 +90,7 @@ def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: ac
 def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: dict[children.Key, Any],
              job_pods: list[dict[str, Any]], target: Target, probe: tuple[st.SyncerView | None, str] | None,
              blocker: access.Blocker | None, now: float) -> st.Observation:
-    ready = {g.name: learners.ready_learners(owner.name, g, live) for g in job.spec.learner_groups}
+    ready = {g.name: learners.ready_learners(g, job_pods) for g in job.spec.learner_groups}
     if probe is not None:  # an external syncer: asked before the learners were rendered
         view, error = probe
         syncer_ready = view is not None
@@ -121,8 +122,9 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     ref = n.job_reference(name, namespace, meta["uid"])
     job, problems, refused = _effective(body)
     live: dict[children.Key, Any] | None = None  # observed once, for the shard check and the sync
+    queue = kueue.queue(ctx.config.kueue, meta.get("labels"))  # queued in Kueue: kueue.py
     if job is not None:
-        problems = exposure.problems(job, ctx.config.gateway_api)
+        problems = exposure.problems(job, ctx.config.gateway_api) + (kueue.problems(job) if queue else [])
         if not problems and job.spec.syncer.external is None:
             live = children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
             changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
@@ -147,9 +149,14 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         probe = ctx.syncers.status(namespace, name, target)
         blocker = access.refused(job, link, probe[1])
     was_finished = st.finished(status)
+    gate: kueue.Gate | None = None
+    queued: list[dict[str, Any]] = []  # the job's Workload, when queued
+    if queue is not None:
+        live = live if live is not None else children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
+        job, gate, queued = _queue(ctx, ref, job, owner, link, queue, live, was_finished)
     desired = render.children(job, owner, token, started=st.started(status), finished=was_finished,
                               blocked=blocker is not None, link=link, outcome=policies.outcome(status),
-                              expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers)
+                              expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers) + queued
     live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds, live)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
@@ -163,12 +170,13 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     new = st.compute(job.spec, {**status, **counted}, obs, generation, ended)
     new = immutable.condition(immutable.record(status, new, owner.uid, job.spec), status, refused,
                               st.rfc3339(now), generation)
+    new["conditions"] = kueue.condition(new["conditions"], gate, st.rfc3339(now), generation)
     if immutable.newly_refused(status, refused):
         post(ref, "SpecImmutable", "; ".join(refused), warning=True)
     if ended is not None:
         # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
         desired = render.children(job, owner, token, started=True, finished=True, link=link,
-                                  outcome=policies.outcome(new), peers=ctx.config.peers)
+                                  outcome=policies.outcome(new), peers=ctx.config.peers) + queued
         children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
     for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
@@ -182,6 +190,9 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         new = _settle_gangs(ctx, ref, job, new, job_pods, now)
     if blocker is not None and _running_reason(status) != blocker.reason:
         post(ref, blocker.reason, blocker.message, warning=True)
+    if queued and st.finished(new) and (held := live.get(children.key(queued[0]))) is not None:
+        # Kueue frees a finished job's quota.
+        kueue.finish(ctx.api, held, c.is_true(new["conditions"], c.SUCCEEDED), "the job finished", st.rfc3339(now))
     diff = st.changed(status, new)
     if diff:
         ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
@@ -192,6 +203,28 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     if ttl is not None and done_at is not None and now - done_at >= ttl:
         post(ref, "TTLExpired", f"finished {now - done_at:.0f} s ago; deleting (ttlSecondsAfterFinished={ttl})")
         ctx.api.delete(KIND, namespace, name, uid=owner.uid)
+
+
+def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link,
+           queue: str, live: dict[children.Key, Any], finished: bool,
+           ) -> tuple[DecoupledDiLoCoJob, kueue.Gate | None, list[dict[str, Any]]]:
+    """A queued job's Workload, replaced if it holds quota for an older shape of the job, and
+    spec.suspend set from its admission (kueue.py); the job as this pass then runs it."""
+    desired = kueue.workload(job, owner, queue, link)
+    key = children.key(desired)
+    held, rendered = live.get(key), [desired]
+    if held is not None and (kueue.deleting(held) or kueue.stale(held, desired)):
+        if not kueue.deleting(held):
+            ctx.api.delete(key[0], owner.namespace, key[1], uid=held["metadata"].get("uid"))
+            post(ref, "WorkloadReplaced", f"the learner groups changed: Workload {key[1]} is queued again")
+        live.pop(key)  # the new one once the old one is gone (Kueue's finalizer frees its quota first)
+        held, rendered = None, []
+    gate = kueue.gate(held, key[1], queue)
+    if not finished and gate.suspend != job.spec.suspend:
+        ctx.api.patch(KIND, owner.namespace, owner.name, {"spec": {"suspend": gate.suspend}})
+        post(ref, gate.reason, gate.message, warning=gate.reason == "Evicted")
+        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": gate.suspend})})
+    return job, gate, rendered
 
 
 def _running_reason(status: dict[str, Any]) -> str:
@@ -287,24 +320,39 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
                 _readmitted(ctx, ref, learner, f"all {group.hosts_per_learner} hosts are ready" if gang
                             else f"pod {pod['metadata']['name']} is ready")
         if patch:
-            ctx.api.patch(KIND, namespace, job_name, {"status": patch}, sub="status")
+            ctx.api.patch(KIND, namespace, job_name, {"status": st.validated(patch)}, sub="status")
 
 
 def _lose(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, lost: pods.Loss,
           pod: dict[str, Any], now: float) -> dict[str, Any]:
     """The status patch counting the learner lost (empty if it already is), with its Event."""
-    if (pod["metadata"].get("annotations") or {}).get(n.CHAOS):
-        lost = pods.Loss(lost.reason, f"{lost.detail} by chaos")
+    lost = pods.planned(lost, pod, _update_revision(ctx, pod, learner))
     patch = pods.record_loss(status, learner, lost, pod["metadata"].get("uid", ""), now)
     if patch is None:
         return {}
     meta = ref["metadata"]
     log.info("%s/%s: learner %s lost (%s)", meta["namespace"], meta["name"], learner, lost.detail)
     ctx.metrics.losses.labels(meta["namespace"], meta["name"], learner.group, lost.reason).inc()
+    if lost.planned:
+        post(ref, "LearnerRestarted", f"learner {learner} restarted ({lost.reason}): {lost.detail}")
+        return patch
     reason = "LearnerPreempted" if lost.reason == pods.PREEMPTED else "LearnerLost"
     post(ref, reason, f"learner {learner} lost ({lost.reason}): {lost.detail}; the others keep training",
          warning=True)
     return patch
+
+
+def _update_revision(ctx: Context, pod: dict[str, Any], learner: LearnerId) -> str | None:
+    """The template revision the pod's StatefulSet now rolls out (None for a gang's pods: a gang
+    restarts as a whole, restarts.py)."""
+    meta = pod["metadata"]
+    if (meta.get("labels") or {}).get(n.GANG):
+        return None
+    job = (meta.get("labels") or {}).get(n.JOB, "")
+    for sts in ctx.api.list("StatefulSet", meta["namespace"], n.selector(job, n.LEARNER, learner.group)):
+        if sts["metadata"]["name"] == n.statefulset(job, learner.group):
+            return (sts.get("status") or {}).get("updateRevision")
+    return None
 
 
 def _job(ctx: Context, namespace: str, name: str) -> tuple[DecoupledDiLoCoJob | None, dict[str, Any],
@@ -338,4 +386,4 @@ def chaos_tick(ctx: Context, namespace: str, name: str) -> None:
             post(ref, "ChaosKill", f"chaos kill #{kill.number + 1}: deleted pod {pod_name}", warning=True)
         state["kills"] += len(kills)
         if state != status.get("chaos"):
-            ctx.api.patch(KIND, namespace, name, {"status": {"chaos": state}}, sub="status")
+            ctx.api.patch(KIND, namespace, name, {"status": st.validated({"chaos": state})}, sub="status")

@@ -24,7 +24,7 @@ from diloco.contract import (
     SyncerArgs,
     container_command,
 )
-from diloco.operator import access, exposure, learners, parts, policies
+from diloco.operator import access, exposure, learners, overlay, parts, policies
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner, meta
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
@@ -33,7 +33,7 @@ from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     """Names that Kubernetes would refuse later, and TPU slices the learners cannot fill;
     reported like spec errors, with the field path."""
-    return learners.problems(job)
+    return learners.problems(job) + overlay.job_problems(job)
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
@@ -176,12 +176,17 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "securityContext": container_security,
         "volumeMounts": mounts,
     }
-    return {
+    return overlay.apply({
         "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
         "spec": {"containers": [container], "securityContext": pod_security,
                  "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
                  **parts.pod_basics(), "volumes": volumes},
-    }
+    }, job.spec.syncer.pod)
+
+
+def syncer_pod_template(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """The syncer's pod template as its Deployment or StatefulSet runs it (Kueue's PodSet: kueue.py)."""
+    return _syncer_template(job, owner, None if job.spec.syncer.shards == 1 else SHARD_FROM_HOSTNAME)
 
 
 def syncer_workload(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:

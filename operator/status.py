@@ -6,6 +6,8 @@ global picture (every region, every cluster); the group counts are this cluster'
 Counters written by the pod handlers (lost, preempted, readmitted, restarts), multi-host
 learners' runs (gangRuns) and accumulators (goodput) are carried over, so the status is the
 operator's only memory and a restarted operator continues where the last one stopped.
+Every status written must fit `JobStatus` (diloco/spec_status.py), the CRD's status schema:
+`changed` and `validated` check it before anything is patched.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from diloco.contract import LearnerId
 from diloco.operator import conditions as c
 from diloco.operator import failures
 from diloco.operator.access import Blocker
-from diloco.spec import JobSpec
+from diloco.spec import JobSpec, JobStatus, Phase
 
 # Longer gaps between samples mean the operator was down: do not guess what happened then.
 MAX_SAMPLE_GAP = 120.0
@@ -250,7 +252,7 @@ def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any
                            message, now, gen)
 
 
-def phase(conds: list[dict[str, Any]], suspended: bool) -> str:
+def phase(conds: list[dict[str, Any]], suspended: bool) -> Phase:
     if c.is_true(conds, c.SUCCEEDED):
         return "Succeeded"
     if c.is_true(conds, c.FAILED):
@@ -267,8 +269,18 @@ def invalid(status: dict[str, Any], problems: list[str], generation: int, now: f
     return {"observedGeneration": generation, "phase": "Failed", "conditions": conds}
 
 
+def validated(status: dict[str, Any]) -> dict[str, Any]:
+    """`status` (a whole one, or a merge patch of whole top-level fields), once JobStatus accepts it.
+    The API server prunes a field the CRD's schema lacks without a word; a misspelt key, or a new
+    one not added to diloco/spec_status.py, fails here (and so in tests) instead."""
+    JobStatus.model_validate(status)
+    return status
+
+
 def changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """The keys of `new` that differ from `old`, ignoring the goodput sampling clock alone."""
+    """The keys of `new` that differ from `old`, ignoring the goodput sampling clock alone; `new`
+    is validated first, as every status the operator writes passes through here or `validated`."""
+    validated(new)
     out = {k: v for k, v in new.items() if old.get(k) != v}
     if set(out) == {"accounting"} and {k: v for k, v in new["accounting"].items() if k != "sampledAt"} == \
             {k: v for k, v in (old.get("accounting") or {}).items() if k != "sampledAt"}:

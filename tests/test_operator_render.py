@@ -407,10 +407,21 @@ def test_gang_problems_slice_hosts_name_lengths_and_collisions() -> None:
     assert problem.startswith(f"spec.learnerGroups[0].name: StatefulSet name '{'a' * 20}-{'b' * 29}-11' has 53")
 
 
-def test_ready_learners_of_a_gang_need_every_host() -> None:
+def learner_pod(name: str, group: str, ready: bool = True, index: int | None = None,
+                terminating: bool = False) -> dict[str, Any]:
+    labels = {n.JOB: "demo", n.GROUP: group, n.COMPONENT: n.LEARNER}
+    labels |= {n.LEARNER_INDEX: str(index), n.GANG: f"demo-{group}-{index}"} if index is not None else {}
+    meta: dict[str, Any] = {"name": name, "labels": labels}
+    meta |= {"deletionTimestamp": "2027-01-01T00:00:00Z"} if terminating else {}
+    return {"metadata": meta, "status": {"phase": "Running",
+                                         "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def test_ready_learners_come_from_ready_pods_not_terminating_ones_and_a_gang_needs_every_host() -> None:
     group = gang_job().spec.learner_groups[0]
-    live = {("StatefulSet", "demo-tpu-0"): {"status": {"readyReplicas": 4}},
-            ("StatefulSet", "demo-tpu-1"): {"status": {"readyReplicas": 3}}}
-    assert learners.ready_learners("demo", group, live) == 1
+    pods = [learner_pod(f"demo-tpu-0-{h}", "tpu", index=0) for h in range(4)]
+    pods += [learner_pod(f"demo-tpu-1-{h}", "tpu", index=1, ready=h != 2) for h in range(4)]
+    assert learners.ready_learners(group, pods) == 1  # learner 1's host 2 is not ready
     one_host = job().spec.learner_groups[0]
-    assert learners.ready_learners("demo", one_host, {("StatefulSet", "demo-us"): {"status": {"readyReplicas": 2}}}) == 2
+    us = [learner_pod("demo-us-0", "us"), learner_pod("demo-us-1", "us", terminating=True), learner_pod("x-eu-0", "eu")]
+    assert learners.ready_learners(one_host, us) == 1  # Ready but terminating is leaving: not counted

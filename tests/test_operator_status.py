@@ -9,6 +9,7 @@ import pytest
 
 from diloco.contract import LearnerId
 from diloco.operator import access, chaos, conditions, pods
+from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.spec import JobSpec, parse_job
 
@@ -108,6 +109,35 @@ def test_loss_reasons() -> None:
     assert pods.loss("MODIFIED", crashed).reason == "Failed"
     assert pods.loss("MODIFIED", pod(phase="Running")) is None
     assert pods.ready(pod(phase="Running", conditions=[{"type": "Ready", "status": "True"}]))
+
+
+def test_spot_reclaims_and_node_shutdowns_are_preemptions_node_pressure_an_eviction() -> None:
+    def disrupted(why: str, **status: Any) -> dict[str, Any]:
+        p = pod(conditions=[{"type": "DisruptionTarget", "status": "True", "reason": why}], **status)
+        p["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:00Z"
+        return p
+
+    assert pods.loss("MODIFIED", disrupted("DeletionByTaintManager")).reason == "Preempted"  # the node went
+    assert pods.loss("MODIFIED", disrupted("TerminationByKubelet")).reason == "Preempted"  # graceful shutdown
+    assert pods.loss("MODIFIED", disrupted("TerminationByKubelet", reason="Evicted")).reason == "Evicted"
+    assert pods.loss("MODIFIED", pod(phase="Failed", reason="Terminated")).reason == "Preempted"  # before 1.26
+
+
+def test_chaos_kills_and_rollouts_are_planned_restarts_not_losses() -> None:
+    deleted = pods.loss("DELETED", pod())
+    killed = pod()
+    killed["metadata"]["annotations"] = {n.CHAOS: "true"}
+    assert pods.planned(deleted, killed, None) == pods.Loss("Chaos", "pod j-us-1 deleted by chaos", planned=True)
+    rolled = pod()
+    rolled["metadata"]["labels"][pods.REVISION] = "j-us-aaa"
+    assert pods.planned(deleted, rolled, "j-us-bbb").reason == "Rollout"  # replaced for the new template
+    assert pods.planned(deleted, rolled, "j-us-aaa") == deleted  # current revision: a real loss
+    preempted = pods.Loss("Preempted", "x")
+    assert pods.planned(preempted, rolled, "j-us-bbb") == preempted  # the cluster's doing, whatever the revision
+    status: dict[str, Any] = {"learnerGroups": [{"name": "us", "lost": 0, "preempted": 0, "readmitted": 0}]}
+    status.update(pods.record_loss(status, US1, pods.planned(deleted, killed, None), "u1", T0))
+    assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["planned"]) == (0, 1)
+    assert [x["slot"] for x in status["lostLearners"]] == [str(US1)]  # down until it is back
 
 
 def test_a_slot_is_lost_once_until_readmitted() -> None:

@@ -163,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
     # slots (behind the schedule) must not decay faster than the training it has done.
     lr_step = schedule.slot
     pull_seconds = time.monotonic() - t_join
+    metrics.mark_joined()
     metrics.badput("startup", t_join - t_process)
     metrics.badput("state_pull", pull_seconds)
     first_eval = recipe.eval_loss(params, evals)  # the global model as pulled: a late joiner starts from it

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -32,11 +36,18 @@ class LearnerMetrics:
                                           "Training time whose outer gradients the syncer accepted")
         self.badput_seconds = Counter("diloco_learner_badput_seconds_total", "Time not spent on acknowledged training",
                                       names + ["reason"], registry=r)
+        self.joined = gauge("diloco_learner_joined", "1 once this learner has joined the syncer")
         self._labels = values
         self._sent = self._received = 0
         self._productive = 0.0
+        self._joined = False
         if port is not None:
-            start_http_server(port, addr="0.0.0.0", registry=r)
+            serve(port, r, lambda: self._joined)
+
+    def mark_joined(self) -> None:
+        """From now on /readyz answers 200: the pod is Ready only once it trains with the job."""
+        self._joined = True
+        self.joined.set(1)
 
     def step(self, seconds: float, tokens: int, loss: float) -> None:
         self.steps.inc()
@@ -57,3 +68,31 @@ class LearnerMetrics:
     def badput(self, reason: str, seconds: float) -> None:
         """reason: startup (interpreter, data, compilation) or state_pull (joining)."""
         self.badput_seconds.labels(*self._labels, reason).inc(max(0.0, seconds))
+
+
+def serve(port: int, registry: CollectorRegistry, ready: Callable[[], bool]) -> ThreadingHTTPServer:
+    """/metrics (any path) for Prometheus, and /readyz for the pod's readiness probe: 503 until
+    the learner has joined, so a learner that starts but cannot reach or is refused by the syncer
+    never counts as ready."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] == "/readyz":
+                ok = ready()
+                body, code, kind = (b"joined\n" if ok else b"not joined to the syncer yet\n"), 200 if ok else 503, \
+                    "text/plain; charset=utf-8"
+            else:
+                body, code, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds: not worth a log line
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

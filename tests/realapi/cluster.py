@@ -32,6 +32,7 @@ from tests.realapi.controlplane import ROOT, ControlPlane
 from tests.realapi.kubelet import Kubelet
 
 RELEASE, SYSTEM, JOBS = "diloco", "diloco-system", "jobs"
+KUEUE_CRD = Path(__file__).parent / "kueue-workload-crd.yaml"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:{RELEASE}-decoupled-diloco"
 
 
@@ -82,16 +83,33 @@ def service_account_token(admin: Kube) -> str:
     return wait_for(minted, timeout=30, what=f"a token for ServiceAccount {name}")
 
 
+def install_crd(admin: Kube, path: Path) -> None:
+    """A CRD from a file, served before anything uses it."""
+    crd = yaml.safe_load(path.read_text())
+    admin.request("POST", "apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+
+    def established() -> bool:
+        got = admin.request("GET", f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
+        return any(c.get("type") == "Established" and c.get("status") == "True"
+                   for c in (got.get("status") or {}).get("conditions") or [])
+
+    wait_for(established, timeout=30, what=f"CRD {crd['metadata']['name']} established")
+
+
 @contextmanager
-def real_cluster(folder: Path) -> Iterator[Cluster]:
+def real_cluster(folder: Path, kueue: bool = False) -> Iterator[Cluster]:
+    """`kueue`: with a stand-in for Kueue's Workload CRD, the chart's kueue.enabled and Config.kueue."""
     with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         plane = stack.enter_context(ControlPlane(folder / "control-plane"))
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
         admin_config = plane.kubeconfig(folder / "admin.kubeconfig", plane.admin_token)
         admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                     "metadata": {"name": JOBS}})
+        if kueue:
+            install_crd(admin, KUEUE_CRD)
         values = folder / "values.yaml"
-        values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"}}))
+        values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"},
+                                          **({"kueue": {"enabled": True}} if kueue else {})}))
         helm(plane, admin_config, "install", RELEASE, str(ROOT / "charts" / "decoupled-diloco"),
              "--namespace", SYSTEM, "--create-namespace", "-f", str(values))
         token = service_account_token(admin)
@@ -101,7 +119,7 @@ def real_cluster(folder: Path) -> Iterator[Cluster]:
         kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
                                                    namespaces=frozenset({JOBS})))
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
-                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)))
+                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=kueue)
         operator = stack.enter_context(OperatorThread(config))
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
         dead = plane.alive()

@@ -1,0 +1,53 @@
+"""What a user adds to the pods the operator renders: `learnerGroups[].pod` and `syncer.pod`.
+
+JobSet and KubeRay take a whole pod template; ours is an overlay of the fields users need in
+the first week (a cloud identity for the data bucket, a private registry, a priority, extra
+environment and volumes, labels for cost allocation), merged into what the operator renders
+(operator/overlay.py). The rest of the pod stays the operator's: the command line, ports,
+probes, security context, config and token mounts are what the learner-syncer contract needs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field, WithJsonSchema, field_validator
+
+from diloco.spec_base import Model
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# The variables the operator sets itself (learner index, multi-host and TPU settings, HOME).
+RESERVED_PREFIXES, RESERVED_NAMES = ("DILOCO_", "TPU_WORKER_"), ("POD_NAME", "HOME")
+# A Kubernetes Volume or VolumeMount, validated by the API server when the pod is created.
+KubeObject = Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True})]
+
+
+class EnvVar(Model):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=253)
+    value: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES:
+            raise ValueError(f"{name} is set by the operator; choose another name")
+        return name
+
+
+class LocalObjectReference(Model):
+    name: str = Field(pattern=DNS_SUBDOMAIN)
+
+
+class PodOverlay(Model):
+    labels: dict[str, str] = Field(default_factory=dict)  # ours (job, component, group) win
+    annotations: dict[str, str] = Field(default_factory=dict)
+    # e.g. a Workload Identity / IRSA account that may read the data bucket; unset: the default.
+    service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN)
+    # Off unless asked: learners and syncer never call the Kubernetes API; a cloud identity
+    # (GKE Workload Identity, EKS IRSA) needs the projected token, so it can be turned on.
+    automount_service_account_token: bool = False
+    image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
+    priority_class_name: str | None = Field(None, pattern=DNS_SUBDOMAIN)
+    env: list[EnvVar] = Field(default_factory=list)  # appended to the container's own
+    volumes: list[KubeObject] = Field(default_factory=list)  # names must not clash with ours
+    volume_mounts: list[KubeObject] = Field(default_factory=list)  # into the learner or syncer container

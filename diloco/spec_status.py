@@ -1,0 +1,213 @@
+"""The job's status (`.status`): what the operator writes, as pydantic models next to the spec.
+
+The CRD's status schema is generated from these (operator/crd.py), so `kubectl explain
+ddj.status` documents every field, and the API server, which prunes fields a structural schema
+lacks, keeps exactly these. The operator checks every status it writes against `JobStatus`
+(operator/status.py `validated`): a key missing here would be dropped by the server without a
+word, so it fails there, in tests, instead. The operator itself works on the plain dicts (they
+are merge patches); these models are the contract. Fields are absent until known and never
+null, except `startTime`, which a merge patch clears with null when a job is suspended.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from pydantic.json_schema import SkipJsonSchema
+
+from diloco.spec_base import Model
+
+Count = Annotated[int, Field(ge=0)]
+Seconds = Annotated[float, Field(ge=0.0)]
+Absent = SkipJsonSchema[None]  # may be left out; never written as null (so not nullable in the CRD)
+
+Phase = Literal["Pending", "Running", "Suspended", "Succeeded", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+# pods.Loss reasons: a deletion, an eviction, a preemption (spot reclaims and node shutdowns too), a
+# failed pod or container; Chaos and Rollout are restarts the operator caused (planned).
+LossReason = Literal["Deleted", "Evicted", "Preempted", "Failed", "Chaos", "Rollout"]
+# failures.py: pod states a restart cannot fix.
+FailureReason = Literal["ImagePullFailed", "Unschedulable", "ConfigError", "TokenRefused"]
+# metav1.Condition's own limits, so the condition list reads like any other object's.
+CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$")
+CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+MAX_MESSAGE = 32768
+
+
+class StatusModel(Model):
+    """Accepts camelCase keys only: a snake_case key is one the API server would prune."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=False, validate_by_name=False,
+                              validate_by_alias=True, extra="forbid", frozen=True)
+
+
+class Condition(StatusModel):
+    """A metav1.Condition (`kubectl wait --for=condition=<type>`). Its lastTransitionTime changes
+    only when its status flips, so a status written every few seconds does not look like flapping."""
+
+    type: str = Field(max_length=316, pattern=CONDITION_TYPE,
+                      description="Created (children exist), Running (learners train with a ready syncer), "
+                                  "Degraded (some desired learners not ready), Suspended (spec.suspend), "
+                                  "PodsFailing (a pod fails in a way a restart cannot fix), SpecRejected (an "
+                                  "edit of an immutable field was refused), Admitted (queued in Kueue: "
+                                  "admitted or waiting), Succeeded, Failed.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON,
+                        description="Why, in one CamelCase word (e.g. LearnersTraining, TokenBudgetReached, "
+                                    "InvalidSpec, BackoffLimitExceeded, SecretMissing).")
+    message: str = Field(max_length=MAX_MESSAGE, description="Details for people: what is wrong and the fix.")
+    last_transition_time: AwareDatetime = Field(description="When the status last changed (RFC 3339, UTC).")
+    observed_generation: Count | Absent = Field(None, description="metadata.generation this condition is about.")
+
+
+class LearnerGroupStatus(StatusModel):
+    """One learner group of this cluster's manifest; the counters are the operator's own memory
+    (kept across operator restarts), so absent means 0."""
+
+    name: str = Field(min_length=1, max_length=63, description="spec.learnerGroups[].name.")
+    region: str | Absent = Field(None, description="spec.learnerGroups[].region.")
+    desired: Count = Field(0, description="Learners that should run now: replicas, 0 when suspended or finished.")
+    ready: Count = Field(0, description="Learners ready now (a multi-host learner: all its hosts).")
+    lost: Count = Field(0, description="Learners lost so far (deleted, evicted, failed), preemptions not included.")
+    preempted: Count = Field(0, description="Learners lost to preemption so far.")
+    planned: Count = Field(0, description="Planned restarts so far (a chaos kill, a rollout of a new pod "
+                                          "template): the operator's doing, not losses.")
+    readmitted: Count = Field(0, description="Lost learners that came back and re-joined so far.")
+    restarts: Count | Absent = Field(None, description="Multi-host groups only (hostsPerLearner > 1): whole-"
+                                                       "learner restarts after a host was lost.")
+
+
+class LostLearner(StatusModel):
+    """A learner slot lost and not yet back; it counts once until a ready pod re-admits it."""
+
+    slot: str = Field(min_length=1, description="The learner, `<group>-<index>`.")
+    reason: LossReason = Field(description="Deleted, Evicted, Preempted or Failed; Chaos or Rollout for a "
+                                           "planned restart.")
+    pod: str = Field(description="uid of the pod that was lost.")
+    since: AwareDatetime = Field(description="When the loss was seen (RFC 3339, UTC).")
+    restart: str | Absent = Field(None, description="Multi-host learners: why it restarts as a whole (which "
+                                                    "host was lost).")
+
+
+class GangRun(StatusModel):
+    """The processes of one multi-host learner's running program (operator/gangs.py)."""
+
+    learner: str = Field(min_length=1, description="The learner, `<group>-<index>`.")
+    hosts: list[str] = Field(description="Per host, in order: `<pod uid>/<container restarts>`.")
+
+
+class SyncerStatus(StatusModel):
+    """The syncer as the operator sees it, with its own answers to the Status RPC once it gives them."""
+
+    endpoint: str = Field(description="Where the operator and the learners dial it (host:port, one per shard).")
+    ready: bool = Field(description="Its pods are ready (every shard's), or an external syncer answered.")
+    restarts: Count = Field(description="Container restarts of its pods; more than spec.runPolicy.backoffLimit "
+                                        "fail the job.")
+    external: bool | Absent = Field(None, description="True: in another cluster (spec.syncer.external).")
+    exposed_address: str | Absent = Field(None, description="Where other clusters dial it (spec.syncer.expose), "
+                                                            "once known.")
+    incarnation: str | Absent = Field(None, description="Its process's id: a new one after each restart.")
+    active_learners: Count | Absent = Field(None, description="Learners connected to it, in every cluster.")
+    readmissions: Count | Absent = Field(None, description="Re-joins it saw: joins beyond each learner's first.")
+
+
+class RegionStatus(StatusModel):
+    """One region as the syncer sees it, whichever cluster its learners run in."""
+
+    region: str = Field(description="spec.learnerGroups[].region (or spec.syncer.remoteRegions).")
+    learners: Count = Field(description="Learners of the region that joined.")
+    active_learners: Count = Field(description="Of those, connected now.")
+    tokens_merged: Count = Field(description="Tokens of its learners merged into the global model.")
+    bytes_received: Count = Field(description="Bytes of outer gradients received from it.")
+    contributions: Count = Field(description="Fragment contributions merged from it.")
+    mean_staleness: float = Field(ge=0.0, description="Mean staleness of its contributions, in outer versions.")
+
+
+class Accounting(StatusModel):
+    """The goodput's running sums (so an operator restart continues them)."""
+
+    desired_learner_seconds: Seconds = Field(description="Learner-seconds the spec asked for while running.")
+    active_learner_seconds: Seconds = Field(description="Of those, learner-seconds the syncer saw connected.")
+    sampled_at: float = Field(description="When the sums were last advanced (Unix seconds); a longer gap "
+                                          "(the operator was down) is not counted.")
+
+
+class FailureEntry(StatusModel):
+    """A pod failing in a way a restart cannot fix."""
+
+    pod: str = Field(description="The pod's name.")
+    who: str = Field(description="`learner <group>-<index>` or `syncer`.")
+    reason: FailureReason = Field(description="ImagePullFailed, Unschedulable, ConfigError or TokenRefused.")
+    message: str = Field(description="What is wrong.")
+
+
+class LastFailure(FailureEntry):
+    """The latest failure counted, kept after its pod is gone (the Failed ending quotes it)."""
+
+    at: AwareDatetime = Field(description="When it was first seen (RFC 3339, UTC).")
+
+
+class FailuresStatus(StatusModel):
+    """Permanent pod failures (operator/failures.py), each counted once against backoffLimit."""
+
+    permanent: Count = Field(description="Counted so far; more than spec.runPolicy.backoffLimit fail the job.")
+    failing_pods: Count = Field(description="Pods showing one now.")
+    current: list[FailureEntry] = Field(max_length=10, description="The first 10 of those pods.")
+    counted: list[str] = Field(max_length=1000, description="What was counted, `<pod uid>/<container or "
+                                                            "scheduling>/<instance>` (of pods still present).")
+    last: LastFailure | Absent = Field(None, description="The latest failure counted.")
+
+
+class StartedSpec(StatusModel):
+    """The immutable fields' values when the job started (operator/immutable.py)."""
+
+    uid: str = Field(description="metadata.uid of the job: a copy of the status on another object does not count.")
+    fields: dict[str, Any] = Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+                                   description="spec path (managedBy, model, data, syncer.fragments, ...) -> its "
+                                               "value then, defaults filled in.")
+
+
+class ChaosStatus(StatusModel):
+    """Where the seeded chaos schedule stands, so an operator restart neither repeats nor skips kills."""
+
+    seed: int = Field(description="spec.chaos.seed the schedule started with.")
+    mean_seconds_between_kills: float = Field(gt=0.0, description="spec.chaos.meanSecondsBetweenKills then.")
+    since: float = Field(description="The schedule's origin (Unix seconds).")
+    kills: Count = Field(description="Kills made so far.")
+
+
+class JobStatus(StatusModel):
+    """What the operator observed: phase, conditions, learners, the syncer's view and goodput."""
+
+    observed_generation: Count | Absent = Field(None, description="metadata.generation of the last spec handled.")
+    phase: Phase | Absent = Field(None, description="Pending, Running, Suspended, Succeeded or Failed (from the "
+                                                    "conditions).")
+    conditions: list[Condition] | Absent = Field(
+        None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description="The job's conditions, one per type, in a stable order.")
+    learners: Annotated[str, Field(pattern=r"^[0-9]+/[0-9]+$")] | Absent = Field(
+        None, description="`<ready>/<desired>` learners (the Learners column).")
+    desired_learners: Count | Absent = Field(None, description="Learners that should run now in this cluster.")
+    ready_learners: Count | Absent = Field(None, description="Learners ready now in this cluster.")
+    learner_groups: list[LearnerGroupStatus] | Absent = Field(None, description="Per group of this cluster's "
+                                                                                "manifest.")
+    lost_learners: list[LostLearner] | Absent = Field(None, description="Slots lost and not back yet.")
+    gang_runs: list[GangRun] | Absent = Field(None, description="Multi-host learners' running programs.")
+    syncer: SyncerStatus | Absent = Field(None, description="The syncer.")
+    outer_version: Count | Absent = Field(None, description="Sum of the global fragments' versions (the Version "
+                                                            "column); the last known while the syncer is silent.")
+    tokens_merged: Count | Absent = Field(None, description="Tokens merged into the global model, every cluster's.")
+    regions: list[RegionStatus] | Absent = Field(None, description="The syncer's view by region (every cluster).")
+    accounting: Accounting | Absent = Field(None, description="The goodput's running sums.")
+    goodput: Annotated[float, Field(ge=0.0, le=1.0)] | Absent = Field(
+        None, description="Learner-time goodput: active over desired learner-seconds since the job started "
+                          "(the Goodput column).")
+    start_time: AwareDatetime | None = Field(None, description="When the job (last) started running; cleared on "
+                                                               "suspend, so activeDeadlineSeconds restarts.")
+    completion_time: AwareDatetime | Absent = Field(None, description="When it succeeded or failed.")
+    failures: FailuresStatus | Absent = Field(None, description="Permanent pod failures; absent until the first.")
+    started_spec: StartedSpec | Absent = Field(None, description="The immutable fields' values at the start.")
+    chaos: ChaosStatus | Absent = Field(None, description="spec.chaos's schedule, when enabled.")

@@ -1,0 +1,185 @@
+"""The operator as the Kueue integration, against the real control plane (tests/realapi/).
+
+Kueue itself cannot be downloaded here: the Workload CRD is a stand-in with Kueue's group,
+version and status subresource (tests/realapi/kueue-workload-crd.yaml), and the test plays
+Kueue, admitting and evicting Workloads by writing their status as Kueue's scheduler does
+(QuotaReserved and Admitted, an admission naming the ClusterQueue and each PodSet's assignment;
+Evicted, then the quota taken back). The operator runs as the chart's ServiceAccount with
+`kueue.enabled=true`; its audit log must hold no 403.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diloco.operator import kueue
+from diloco.operator import naming as n
+from tests.helpers import wait_for
+from tests.realapi.cluster import JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
+from tests.test_realapi import tiny_job
+
+pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
+QUEUE, CLUSTER_QUEUE = "training", "cluster-queue"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with real_cluster(tmp_path_factory.mktemp("realapi-kueue"), kueue=True) as c:
+        yield c
+
+
+def queued_job(name: str, replicas: int = 1, **spec: Any) -> dict[str, Any]:
+    job = tiny_job(name, replicas=replicas, **spec)
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE}
+    return job
+
+
+def workloads(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return cluster.admin.list("Workload", JOBS, n.selector(name))
+
+
+def job_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    return cluster.admin.list("Pod", JOBS, n.selector(name))
+
+
+def admitted_condition(cluster: Cluster, name: str) -> dict[str, Any]:
+    conds = (cluster.job(name).get("status") or {}).get("conditions") or []
+    return next((x for x in conds if x["type"] == kueue.JOB_ADMITTED), {})
+
+
+def _cond(type_: str, status: bool, reason: str) -> dict[str, Any]:
+    return {"type": type_, "status": "True" if status else "False", "reason": reason, "message": reason,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def kueue_admits(cluster: Cluster, wl: dict[str, Any]) -> None:
+    """What Kueue's scheduler writes when the Workload fits its ClusterQueue (and, re-admitting,
+    it resets Evicted)."""
+    assignments = [{"name": p["name"], "count": p["count"], "flavors": {"cpu": "default-flavor"}}
+                   for p in wl["spec"]["podSets"]]
+    conds = [_cond("QuotaReserved", True, "QuotaReserved"), _cond("Admitted", True, "Admitted")]
+    if any(x["type"] == "Evicted" for x in (wl.get("status") or {}).get("conditions") or []):
+        conds.append(_cond("Evicted", False, "QuotaReserved"))
+    cluster.admin.patch("Workload", JOBS, wl["metadata"]["name"],
+                        {"status": {"conditions": conds,
+                                    "admission": {"clusterQueue": CLUSTER_QUEUE, "podSetAssignments": assignments}}},
+                        sub="status")
+
+
+def kueue_evicts(cluster: Cluster, wl: dict[str, Any]) -> None:
+    """Preempted: Evicted first, the admission still held until the job stops."""
+    conds = [_cond("QuotaReserved", True, "QuotaReserved"), _cond("Admitted", True, "Admitted"),
+             _cond("Evicted", True, "Preempted")]
+    cluster.admin.patch("Workload", JOBS, wl["metadata"]["name"], {"status": {"conditions": conds}}, sub="status")
+
+
+def kueue_requeues(cluster: Cluster, wl: dict[str, Any]) -> None:
+    """Once the job stopped: the quota goes back, the Workload waits in its queue again."""
+    conds = [_cond("QuotaReserved", False, "Pending"), _cond("Admitted", False, "NoReservation"),
+             _cond("Evicted", True, "Preempted")]
+    cluster.admin.patch("Workload", JOBS, wl["metadata"]["name"],
+                        {"status": {"conditions": conds, "admission": None}}, sub="status")
+
+
+def test_a_queued_job_gets_a_workload_and_nothing_runs(cluster: Cluster) -> None:
+    cluster.admin.create(queued_job("queued", suspend=True))
+    cluster.admin.create(queued_job("eager"))  # not created suspended: the operator suspends it first
+    cluster.admin.create(tiny_job("plain", suspend=True))  # no queue label: no Workload
+    (wl,) = wait_for(lambda: workloads(cluster, "queued"), timeout=60, what="the queued job's Workload")
+    assert wl["spec"]["queueName"] == QUEUE
+    assert [(p["name"], p["count"]) for p in wl["spec"]["podSets"]] == [("local", 1), ("syncer", 1)]
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == cluster.job("queued")["metadata"]["uid"]
+    waiting = wait_for(lambda: admitted_condition(cluster, "queued"), timeout=30, what="the Admitted condition")
+    assert (waiting["status"], waiting["reason"]) == ("False", "WaitingForAdmission")
+    assert wl["metadata"]["name"] in waiting["message"] and QUEUE in waiting["message"]
+    wait_for(lambda: cluster.job("eager")["spec"].get("suspend") is True, timeout=30,
+             what="the unsuspended queued job suspended by the operator")
+    cluster.operator.ticks(3)
+    assert cluster.job("queued")["status"]["phase"] == "Suspended"
+    for name in ("queued", "eager"):
+        assert not job_pods(cluster, name) and not cluster.admin.list("StatefulSet", JOBS, n.selector(name)), name
+    assert workloads(cluster, "eager") and not workloads(cluster, "plain")
+    assert not admitted_condition(cluster, "plain")
+    for name in ("eager", "plain"):
+        cluster.kubectl("delete", "ddj", "-n", JOBS, name)
+
+
+def test_admission_starts_the_job(cluster: Cluster) -> None:
+    (wl,) = workloads(cluster, "queued")
+    kueue_admits(cluster, wl)
+    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is False, timeout=30, what="the job un-suspended")
+    wait_for(lambda: len(job_pods(cluster, "queued")) == 2, timeout=60, what="the learner and the syncer pod")
+    got = wait_for(lambda: (x := admitted_condition(cluster, "queued")).get("status") == "True" and x, timeout=30,
+                   what="Admitted True")
+    assert got["reason"] == "Admitted" and CLUSTER_QUEUE in got["message"]
+    assert cluster.events(JOBS, "Admitted")
+
+
+def test_eviction_suspends_the_job_and_readmission_resumes_it(cluster: Cluster) -> None:
+    (wl,) = workloads(cluster, "queued")
+    kueue_evicts(cluster, wl)
+    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is True, timeout=30, what="the evicted job suspended")
+    wait_for(lambda: not job_pods(cluster, "queued"), timeout=60, what="every pod of the evicted job gone")
+    assert admitted_condition(cluster, "queued")["reason"] == "Evicted"
+    (wl,) = workloads(cluster, "queued")
+    kueue_requeues(cluster, wl)
+    cluster.operator.ticks(2)
+    assert cluster.job("queued")["spec"]["suspend"] is True and not job_pods(cluster, "queued")
+    (wl,) = workloads(cluster, "queued")
+    kueue_admits(cluster, wl)
+    wait_for(lambda: len(job_pods(cluster, "queued")) == 2, timeout=60, what="the re-admitted job's pods")
+
+
+def test_more_learners_replace_the_held_workload(cluster: Cluster) -> None:
+    (old,) = workloads(cluster, "queued")
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "queued",
+                        {"spec": {"learnerGroups": [{"name": "local", "replicas": 2}]}})
+    new = wait_for(lambda: [w for w in workloads(cluster, "queued") if w["metadata"]["uid"] != old["metadata"]["uid"]],
+                   timeout=60, what="the Workload replaced")
+    assert [(p["name"], p["count"]) for p in new[0]["spec"]["podSets"]] == [("local", 2), ("syncer", 1)]
+    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is True, timeout=30,
+             what="the job suspended until the new Workload is admitted")
+    wait_for(lambda: not job_pods(cluster, "queued"), timeout=60, what="its pods gone meanwhile")
+    assert cluster.events(JOBS, "WorkloadReplaced")
+    kueue_admits(cluster, new[0])
+    wait_for(lambda: len(job_pods(cluster, "queued")) == 3, timeout=60, what="two learners and the syncer")
+
+
+def test_a_finished_job_frees_its_quota(cluster: Cluster) -> None:
+    job = queued_job("doomed", runPolicy={"backoffLimit": 0})
+    job["spec"]["learnerGroups"][0]["image"] = "registry.invalid/no-such-learner:0"
+    cluster.kubelet.pullable = lambda image: "no-such" not in image
+    cluster.admin.create(job)
+    (wl,) = wait_for(lambda: workloads(cluster, "doomed"), timeout=60, what="its Workload")
+    kueue_admits(cluster, wl)
+    wait_for(lambda: (cluster.job("doomed").get("status") or {}).get("phase") == "Failed", timeout=90,
+             what="the job failed for its unpullable image")
+    done = wait_for(lambda: [w for w in workloads(cluster, "doomed") if kueue.finished(w)], timeout=30,
+                    what="the Workload Finished")
+    conds = {x["type"]: x for x in done[0]["status"]["conditions"]}
+    assert conds["Finished"]["reason"] == "Failed" and conds["Admitted"]["status"] == "True"  # Kueue's kept
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "doomed", "queued")
+
+
+def test_rbac_no_refusal_and_every_kueue_verb_used(cluster: Cluster) -> None:
+    """Runs last: the chart's Workload rules were enough, and each was needed."""
+    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
+    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
+    assert not refused, f"the chart's RBAC refused the operator: {refused}"
+    used = set()
+    for e in ours:
+        ref = e.get("objectRef") or {}
+        if ref.get("apiGroup") != "kueue.x-k8s.io":
+            continue
+        resource = ref.get("resource", "") + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((resource, e["verb"]))
+        if e["verb"] == "patch" and e.get("responseStatus", {}).get("code") == 201:
+            used.add((resource, "create"))  # a server-side apply that created
+    assert used >= {("workloads", "list"), ("workloads", "create"), ("workloads", "patch"), ("workloads", "delete"),
+                    ("workloads/status", "patch")}, used
