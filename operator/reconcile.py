@@ -163,7 +163,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
     obs = _observe(ctx, job, owner, live, job_pods, target, probe, blocker, now)
-    counted, fresh = ({}, []) if was_finished else failures.fold(status, job_pods, now, ctx.config.unschedulable_grace)
+    counted, fresh = ({}, []) if was_finished else failures.fold(
+        status, failures.counting(job.spec, job_pods), now, ctx.config.unschedulable_grace)
     for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
         post(ref, reason, message, warning=True)
     ended = None if was_finished else st.ending(job.spec, {**status, **counted}, obs)

@@ -170,3 +170,12 @@ def test_many_failing_pods_are_counted_but_listed_briefly() -> None:
     assert failures.fold(patch, many, T0 + 1) == ({}, [])  # all remembered: none counted twice
     conds = failures.condition([], patch, 6, "t", 1)
     assert "(and 24 more pods)" in conds[0]["message"]
+
+
+def test_a_pod_for_a_slot_the_spec_does_not_want_is_not_the_jobs_failure() -> None:
+    """A StatefulSet scaled up by hand runs pods for slots that do not exist; they exit CONFIG
+    ("no such learner") until the operator puts the replicas back: not counted."""
+    extra = pod("u5", "demo-us-4", containers=[exited(Exit.CONFIG)])
+    wanted = pod("u1", "demo-us-1", containers=[exited(Exit.CONFIG)])
+    syncer = pod("u9", "demo-syncer-abc", component=n.SYNCER, containers=[exited(Exit.CONFIG, name="syncer")])
+    assert failures.counting(spec(), [extra, wanted, syncer]) == [wanted, syncer]
