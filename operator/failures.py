@@ -15,14 +15,13 @@ limit on its restarts.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from diloco.contract import Exit
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
-from diloco.operator.status import slot_wanted
-from diloco.spec import JobSpec
 
 IMAGE_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
 UNSCHEDULABLE_GRACE = 300.0  # seconds: room for a cluster autoscaler to add a node
@@ -115,11 +114,12 @@ def classify(pod: dict[str, Any], now: float, grace: float = UNSCHEDULABLE_GRACE
     return None
 
 
-def counting(spec: JobSpec, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The pods whose failures count against the job: the syncer's, and learners of slots the
-    spec wants. A pod for a slot that is not (a StatefulSet scaled up by hand, before the
-    operator puts it back) exits with CONFIG, "no such learner": not the job's fault."""
-    return [p for p in pods if (found := n.learner_of(p)) is None or slot_wanted(spec, str(found[1]))]
+def counting(pods: list[dict[str, Any]], wanted: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """The pods whose failures count against the job: the syncer's, and learners of slots
+    (`group-index`) the spec wants. A pod for a slot it does not (a StatefulSet scaled up by
+    hand, before the operator puts it back) exits with CONFIG, "no such learner": not the job's
+    fault."""
+    return [p for p in pods if (found := n.learner_of(p)) is None or wanted(str(found[1]))]
 
 
 def fold(status: dict[str, Any], pods: list[dict[str, Any]], now: float,

@@ -164,7 +164,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
     obs = _observe(ctx, job, owner, live, job_pods, target, probe, blocker, now)
     counted, fresh = ({}, []) if was_finished else failures.fold(
-        status, failures.counting(job.spec, job_pods), now, ctx.config.unschedulable_grace)
+        status, failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot)), now, ctx.config.unschedulable_grace)
     for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
         post(ref, reason, message, warning=True)
     ended = None if was_finished else st.ending(job.spec, {**status, **counted}, obs)
