@@ -21,6 +21,7 @@ import secrets
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -155,8 +156,11 @@ def ready(pod: dict[str, Any], ip: str) -> bool:
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     if "httpGet" in probe:
         port = ports.get(probe["httpGet"]["port"], probe["httpGet"]["port"])
-        with urllib.request.urlopen(f"http://{ip}:{port}{probe['httpGet']['path']}", timeout=5) as r:
-            return bool(r.status == 200)
+        try:
+            with urllib.request.urlopen(f"http://{ip}:{port}{probe['httpGet']['path']}", timeout=5) as r:
+                return bool(r.status == 200)
+        except urllib.error.HTTPError:  # /readyz answers 503 until the learner has joined
+            return False
     port = ports.get(probe["tcpSocket"]["port"], probe["tcpSocket"]["port"])
     with socket.create_connection((ip, port), timeout=5):
         return True
