@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from diloco import contract
+from diloco import contract, extras
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -20,11 +20,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
-    p.set_defaults(func=lambda a: _call("diloco.local.runner", "main", a))
+    p.set_defaults(func=lambda a: _call("diloco.local.runner", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("learner", help="run one learner (container entry point)")
     contract.add_learner_flags(p)
-    p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a))
+    p.set_defaults(func=lambda a: _call("diloco.trainer.learner", "run", a, needs=extras.LEARNER))
 
     p = sub.add_parser("syncer", help="run the syncer (container entry point)")
     contract.add_syncer_flags(p)
@@ -45,7 +45,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, metavar="JOB.yaml",
                    help="the job's manifest (default: the job.yaml `diloco run` writes beside CHECKPOINT_DIR)")
     p.add_argument("--force", action="store_true", help="replace an export already in OUT")
-    p.set_defaults(func=lambda a: _call("diloco.export", "main", a))
+    p.set_defaults(func=lambda a: _call("diloco.export", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("sample", help="generate text from an exported model or a syncer checkpoint")
     p.add_argument("export_dir", nargs="?", default=None, metavar="EXPORT_DIR", help="a `diloco export` directory")
@@ -58,7 +58,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (temperature > 0)")
     p.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
                    help="override the job's tokenizer (needed for pre-tokenized data with a vocabulary above 256)")
-    p.set_defaults(func=lambda a: _call("diloco.sample", "main", a))
+    p.set_defaults(func=lambda a: _call("diloco.sample", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("prepare-tokens", help="tokenize text files into train.bin / val.bin (spec.data.source kind tokens)")
     p.add_argument("glob", metavar="GLOB", help="the text files, a quoted glob, local or an fsspec URL")
@@ -66,7 +66,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", default="bytes", help="a Hugging Face tokenizer.json (default: bytes, ids 0-255)")
     p.add_argument("--held-out-fraction", type=float, default=0.05,
                    help="the last fraction of the ids, written to val.bin (default: spec.data.heldOutFraction's 0.05)")
-    p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a))
+    p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
     p.add_argument("--no-cel", action="store_true",
@@ -82,9 +82,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _call("diloco.operator.main", "main", a))
 
 
-def _call(module: str, func: str, args: argparse.Namespace) -> int:
+def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = None) -> int:
     import importlib
 
+    if needs is not None and (absent := extras.missing(needs)):
+        print(extras.missing_message(args.command, needs, absent), file=sys.stderr)
+        return contract.Exit.CONFIG
     return int(getattr(importlib.import_module(module), func)(args) or 0)
 
 

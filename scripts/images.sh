@@ -15,7 +15,7 @@
 #   scripts/images.sh --env        print the environment podman/buildah need here (eval it)
 #
 # The images are rebuilt with buildah's layer cache: an unchanged tree takes seconds, a changed
-# one reruns `pip install .` (JAX and the rest from PyPI).
+# one reruns the `pip install` (the learner image: JAX and the rest from PyPI).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -31,3 +31,14 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, period: float = 
 def policy(num_fragments: int = 1, **changes: Any) -> RoundPolicy:
     """The default spec's round policy, with `changes` (RoundPolicy field names)."""
     return dataclasses.replace(round_policy(Syncer(), num_fragments), **changes)
+
+
+def without_learner_extra() -> str:
+    """A `python -c` program that runs the `diloco` command line (argv after -c) as it runs in
+    an image without the `learner` extra: every one of its modules, and jaxlib, unimportable."""
+    from diloco import extras
+
+    blocked = (*extras.modules(extras.LEARNER), "jaxlib")
+    assert "jax" in blocked, blocked  # the package's metadata is installed and lists the extra
+    return (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
+            "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n")

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 import pytest
 
-from diloco.contract import SYNCER_GRPC_PORT
+from diloco.contract import SYNCER_GRPC_PORT, Exit
 from diloco.operator import render
 from diloco.spec import parse_job
 from diloco.syncer.checkpoint import CheckpointStore
@@ -289,3 +289,14 @@ def test_a_syncer_and_two_learners_train_in_their_images(job: dict[str, Any]) ->
           f"versions {sum(final.versions)}, eval loss {[round(f['eval_loss'], 2) for f in firsts]} -> "
           f"{[round([e for e in events(n) if e['event'] == 'eval'][-1]['eval_loss'], 2) for n in learners]}; "
           f"own steps {[events(n)[-1]['step'] for n in learners]}; checkpoint {loaded.path.name}")
+
+
+def test_the_syncer_image_has_no_jax_and_the_learner_image_has_it(images: None) -> None:
+    """The syncer image is the base install (no `learner` extra): smaller, and no model code."""
+    probe = "import importlib.util as u; print(u.find_spec('jax') is not None)"
+    for image, has_jax in ((SYNCER_IMAGE, "False"), (LEARNER_IMAGE, "True")):
+        done = podman("run", "--rm", "--network", "none", "--entrypoint", "python", image, "-c", probe)
+        assert done.stdout.strip() == has_jax, (image, done.stdout, done.stderr[-2000:])
+    refused = podman("run", "--rm", "--network", "none", "--entrypoint", "diloco", SYNCER_IMAGE, "learner", "--config",
+                     "/tmp/job.yaml", "--group", "a", "--index", "0", "--syncer", "x:1", check=False)
+    assert refused.returncode == Exit.CONFIG and "decoupled-diloco[learner]" in refused.stderr, refused.stderr[-2000:]

@@ -28,6 +28,7 @@ from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import JoinRefused, SyncerClient
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests import syncer_harness as sh
+from tests.helpers import without_learner_extra
 
 SPEC = SyncerSpec(fragments=2)
 
@@ -140,15 +141,11 @@ def test_a_shard_is_seeded_with_its_own_fragments_only() -> None:
     assert parse_unseeded(unseeded_message(1, 2)) == (1, 2) and parse_unseeded("something else") is None
 
 
-NO_JAX = ("import sys\nfor m in ('jax', 'jaxlib', 'flax', 'optax'): sys.modules[m] = None  # as in an image without them\n"
-          "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n")
-
-
 def test_a_syncer_process_without_jax_is_seeded_and_serves(tmp_path: Path) -> None:
     job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "nojax"},
            "spec": {"learnerGroups": [{"name": "a", "replicas": 2}], "syncer": {"fragments": 2}}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    proc = subprocess.Popen([sys.executable, "-P", "-c", NO_JAX, "syncer", "--config", str(tmp_path / "job.yaml"),
+    proc = subprocess.Popen([sys.executable, "-P", "-c", without_learner_extra(), "syncer", "--config", str(tmp_path / "job.yaml"),
                              "--port", "0", "--checkpoint-dir", str(tmp_path / "ckpt")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, DILOCO_TOKEN=sh.TOKEN))
