@@ -1,15 +1,18 @@
 """A learner's speed: on a live syncer against the same recipe in a plain loop, and its MFU.
 
-    python bench/learner.py [--config examples/quickstart.yaml] [--seconds 25] [--rounds 2]
+    python bench/learner.py [--config examples/quickstart.yaml] [--turns 10] [--turn-seconds 4]
 
-In one run, alternating A/B `--rounds` times on the same pinned core (core 0; the syncer
-gets core 1): steps/s of `diloco learner` attached to a live syncer (pushing a fragment
-every step, adopting every publish), against trainer/recipe.py's step in a plain loop with
-the same mesh on the same devices and no syncer. On a CPU the learner's mesh gets its devices
-as `diloco run` gives them (XLA host-platform devices). Last line: JSON with `ratio` (target
->= 0.97 on CPU) and `mfu`: model FLOPs per second (6 x parameters + attention, per token)
-over the devices' peak, from PEAK_FLOPS by device kind; a CPU has no fixed entry, so its
-peak is the fp32 matmul rate XLA reaches on the same core in the same run (stated).
+Steps/s of `diloco learner` attached to a live syncer (pushing a fragment every step,
+adopting every publish), against trainer/recipe.py's step in a plain loop with the same mesh
+on the same devices and no syncer; both evaluate every `evalIntervalSteps`, as the recipe
+does. Both processes stay alive, warm, on core 0 (the syncer gets core 1) and take turns:
+one runs while the other is held with SIGSTOP, `--turns` times each, so the shared machine's
+slow swings (here +-10% over tens of seconds) hit both alike instead of landing on one side
+of an A/B run. A turn is shorter than the syncer's keepalive timeout, so holding the learner
+never drops its stream. Last line: JSON with `ratio` (target >= 0.97 on CPU), the per-turn
+rates, and `mfu`: model FLOPs per second (6 x parameters + attention, per token) over the
+devices' peak, from PEAK_FLOPS by device kind; a CPU has no fixed entry, so its peak is the
+fp32 matmul rate XLA reaches on the same core in the same run (stated).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +38,7 @@ PEAK_FLOPS = {
 }
 
 PLAIN = r"""
-import json, os, sys, time
+import json, os, signal, sys, time
 os.sched_setaffinity(0, {0})
 import jax, numpy as np
 from diloco.spec import load_job
@@ -41,23 +47,15 @@ from diloco.trainer.recipe import Recipe, scalar
 job = load_job(sys.argv[1]); spec = job.spec; cfg, tr = spec.model, spec.training
 corpus = data.load(spec.data, cfg.vocab_size, cfg.context + 1)
 batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, spec.data.seed, 0)
+evals = data.eval_batches(corpus.held_out, tr.eval_batches, tr.batch_size, cfg.context + 1)
 shapes = model.parameter_shapes(cfg)
 recipe = Recipe(cfg, tr, sharding.layout(tr.mesh, shapes, tr.batch_size))  # the learner's own step and mesh
 params = recipe.place(model.init_params(cfg, 0))
 opt = recipe.init_state(params)
-seconds = float(sys.argv[2]); n = 0; warm = 3.0
-t0 = time.monotonic(); start = None
-while True:
+for n in range(3):  # compile
     params, opt, loss = recipe.step(params, opt, batches.batch(n), n)
-    scalar(loss)  # the learner reads its loss every step too
-    now = time.monotonic()
-    if start is None and now - t0 >= warm:
-        start, n = now, 0
-    n += 1
-    if start is not None and now - start >= seconds:
-        break
-rate = n / (now - start)
-# The CPU's peak for MFU: XLA's best fp32 matmul on this core, measured now.
+recipe.eval_loss(params, evals)
+# The CPU's peak for MFU: XLA's best fp32 matmul on this core, measured while nothing else runs.
 a = jax.numpy.ones((1024, 1024), jax.numpy.float32)
 mm = jax.jit(lambda a: a @ a)
 mm(a).block_until_ready()
@@ -66,8 +64,19 @@ for _ in range(reps):
     out = mm(a)
 out.block_until_ready()
 matmul = 2 * 1024 ** 3 * reps / (time.perf_counter() - t)
-print(json.dumps({"steps_per_s": rate, "device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
-                  "matmul_flops": matmul}))
+print(json.dumps({"device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(), "matmul_flops": matmul}),
+      flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)  # the bench resumes us for our turns
+n, last = 0, 0.0
+while True:
+    params, opt, loss = recipe.step(params, opt, batches.batch(n), n)
+    scalar(loss)  # the learner reads its loss every step too
+    n += 1
+    if n % tr.eval_interval_steps == 0:
+        recipe.eval_loss(params, evals)
+    if time.monotonic() - last >= 0.25:
+        last = time.monotonic()
+        print(json.dumps({"t": time.time(), "step": n}), flush=True)
 """
 
 
@@ -85,38 +94,91 @@ def device_env(config: str) -> dict[str, str]:
     return dict(os.environ, **cpu_devices(load_job(config).spec, 1))
 
 
-def plain(config: str, seconds: float) -> dict:
-    out = subprocess.run([sys.executable, "-P", "-c", PLAIN, config, str(seconds)], capture_output=True, text=True,
-                         check=True, env=device_env(config))
-    return json.loads(out.stdout.strip().splitlines()[-1])
+class Lines:
+    """A child's JSON lines, read in the background: (time, step) samples and the last event."""
 
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.samples, self.events = proc, [], []  # type: ignore[var-annotated]
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
 
-def attached(config: str, seconds: float) -> tuple[float, dict]:
-    env = dict(device_env(config), DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    port = free_port()
-    syncer = subprocess.Popen(["taskset", "-c", "1", sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", config,
-                               "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", config, "--group",
-                                "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    samples: list[tuple[float, int]] = []
-    last: dict = {}
-    try:
-        for line in learner.stdout:  # type: ignore[union-attr]
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
             event = json.loads(line)
-            if event["event"] == "progress":
-                samples.append((event["t"], event["step"]))
-                last = event
-                if samples[-1][0] - samples[0][0] >= seconds + 3.0:
-                    break
+            with self.lock:
+                self.events.append(event)
+                if "step" in event and event.get("event", "progress") == "progress":
+                    self.samples.append((float(event["t"]), int(event["step"])))
+
+    def wait_for(self, test, timeout: float, what: str) -> dict:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                found = next((e for e in self.events if test(e)), None)
+            if found is not None:
+                return found
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench/learner.py: the {what} process exited ({self.proc.returncode})")
+            time.sleep(0.1)
+        raise SystemExit(f"bench/learner.py: no {what} within {timeout:.0f} s")
+
+    def rate(self, start: float, end: float) -> tuple[int, float]:
+        """(steps, seconds) between the first and last sample inside [start, end]."""
+        with self.lock:
+            inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return 0, 0.0
+        return inside[-1][1] - inside[0][1], inside[-1][0] - inside[0][0]
+
+
+def take_turns(config: str, turns: int, seconds: float) -> dict:
+    """The plain loop and the attached learner on core 0, one held (SIGSTOP) while the other runs."""
+    env = dict(device_env(config), DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
+    plain = subprocess.Popen([sys.executable, "-P", "-c", PLAIN, config], env=env, stdout=subprocess.PIPE, text=True)
+    procs = [plain]
+    try:
+        plain_lines = Lines(plain)
+        info = plain_lines.wait_for(lambda e: "matmul_flops" in e, 300, "plain loop")
+        port = free_port()
+        procs.append(subprocess.Popen(["taskset", "-c", "1", sys.executable, "-P", "-m", "diloco.cli", "syncer",
+                                       "--config", config, "--port", str(port)],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", config, "--group",
+                                    "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        procs.append(learner)
+        learner_lines = Lines(learner)
+        learner_lines.wait_for(lambda e: e.get("event") == "joined", 300, "learner")
+        time.sleep(3.0)  # its first adoptions and pushes
+        settle = 0.5  # after a resume: the held process catches up with what queued (publishes, a step)
+        rates: dict[str, list[float]] = {"plain": [], "learner": []}
+        totals = {"plain": [0, 0.0], "learner": [0, 0.0]}
+        order = [("learner", learner, learner_lines, plain), ("plain", plain, plain_lines, learner)]
+        os.kill(learner.pid, signal.SIGSTOP)
+        for turn in range(turns):
+            for name, proc, lines, other in order:
+                os.kill(other.pid, signal.SIGSTOP)
+                os.kill(proc.pid, signal.SIGCONT)
+                start = time.time()
+                time.sleep(seconds)
+                steps, took = lines.rate(start + settle, time.time())
+                os.kill(proc.pid, signal.SIGSTOP)
+                if took > 0:
+                    rates[name].append(steps / took)
+                    totals[name][0] += steps
+                    totals[name][1] += took
+            print(f"turn {turn + 1}: plain {rates['plain'][-1]:.2f} steps/s, "
+                  f"learner on live syncer {rates['learner'][-1]:.2f} steps/s", flush=True)
+        with learner_lines.lock:
+            last = next((e for e in reversed(learner_lines.events) if e.get("event") == "progress"), {})
+        return {"info": info, "rates": rates, "last": last,
+                **{name: steps / took for name, (steps, took) in totals.items()}}
     finally:
-        learner.terminate()
-        learner.wait(30)
-        syncer.terminate()
-        syncer.wait(30)
-    warm = [s for s in samples if s[0] >= samples[0][0] + 3.0]  # skip the first seconds, as the plain loop does
-    (t0, s0), (t1, s1) = warm[0], warm[-1]
-    return (s1 - s0) / (t1 - t0), last
+        for proc in procs:
+            proc.send_signal(signal.SIGCONT)
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
 
 
 def flops_per_step(config: str) -> float:
@@ -134,31 +196,28 @@ def flops_per_step(config: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
-    parser.add_argument("--seconds", type=float, default=25.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=10, help="turns each (default 10)")
+    parser.add_argument("--turn-seconds", type=float, default=4.0,
+                        help="seconds per turn (default 4: under the syncer's 5 s keepalive timeout)")
     args = parser.parse_args()
-    plains: list[dict] = []
-    learners: list[float] = []
-    last: dict = {}
-    for r in range(args.rounds):
-        plains.append(plain(args.config, args.seconds))
-        rate, last = attached(args.config, args.seconds)
-        learners.append(rate)
-        print(f"round {r + 1}: plain {plains[-1]['steps_per_s']:.2f} steps/s, learner on live syncer {rate:.2f} steps/s")
-    ratio = sum(learners) / sum(p["steps_per_s"] for p in plains)
-    kind, devices = plains[-1]["device_kind"], plains[-1]["devices"]
+    res = take_turns(args.config, args.turns, args.turn_seconds)
+    ratio = res["learner"] / res["plain"]
+    info = res["info"]
+    kind, devices = info["device_kind"], info["devices"]
     peak = PEAK_FLOPS.get(kind, 0.0) * devices
     peak_source = f"{kind}: {PEAK_FLOPS[kind]:.3g} FLOP/s per device (vendor, dense bf16)" if peak else (
-        f"{kind}: no table entry; XLA's fp32 1024^3 matmul on the same core, {plains[-1]['matmul_flops']:.3g} FLOP/s")
-    peak = peak or plains[-1]["matmul_flops"]
-    achieved = flops_per_step(args.config) * sum(learners) / len(learners)
+        f"{kind}: no table entry; XLA's fp32 1024^3 matmul on the same core, {info['matmul_flops']:.3g} FLOP/s")
+    peak = peak or info["matmul_flops"]
+    achieved = flops_per_step(args.config) * res["learner"]
+    last = res["last"]
     print(f"learner/plain = {ratio:.3f} (target >= 0.97); mfu {achieved / peak:.3f} ({peak_source}); "
           f"bytes sent {last.get('bytes_sent')}, received {last.get('bytes_received')}")
-    print(json.dumps({"plain_steps_per_s": [p["steps_per_s"] for p in plains], "learner_steps_per_s": learners,
+    print(json.dumps({"plain_steps_per_s": res["rates"]["plain"], "learner_steps_per_s": res["rates"]["learner"],
                       "ratio": ratio, "mfu": achieved / peak, "model_flops_per_s": achieved, "peak_flops": peak,
-                      "peak_source": peak_source, "devices": devices, "config": os.path.relpath(args.config, ROOT)}))
+                      "peak_source": peak_source, "devices": devices, "turns": args.turns,
+                      "turn_seconds": args.turn_seconds, "config": os.path.relpath(args.config, ROOT)}))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ if [[ -z "$SMOKE" ]]; then
   run codec bench/codec.py
   run merge bench/merge.py
   run checkpoint bench/checkpoint.py
-  run learner bench/learner.py --seconds 15 --rounds 1
+  run learner bench/learner.py --turns 6
   run simulate bench/simulate.py
 fi
 
