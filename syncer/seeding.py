@@ -153,6 +153,9 @@ class Unseeded:
     def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
         return self._waiting(context)
 
+    def PushOne(self, request: pb.PushChunk, context: grpc.ServicerContext) -> pb.PushReply:
+        return self._waiting(context)
+
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._waiting(context)
         yield from ()
@@ -179,6 +182,9 @@ class Switch:
 
     def Push(self, request_iterator: Any, context: Any) -> Any:
         return self.current.Push(request_iterator, context)
+
+    def PushOne(self, request: Any, context: Any) -> Any:
+        return self.current.PushOne(request, context)
 
     def Subscribe(self, request: Any, context: Any) -> Any:
         return self.current.Subscribe(request, context)

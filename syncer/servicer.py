@@ -79,11 +79,16 @@ class SyncerServicer:
             raise  # abort raises; this keeps type checkers honest
 
     def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
-        first = self._opening(request_iterator, context, "push")
+        return self._push(self._opening(request_iterator, context, "push"), request_iterator, context)
+
+    def PushOne(self, request: pb.PushChunk, context: grpc.ServicerContext) -> pb.PushReply:
+        return self._push(self._opening(iter([request]), context, "push"), iter(()), context)
+
+    def _push(self, first: pb.PushChunk, rest: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
         header = first.header
         with self._refusals(context):
             self.core.check_header(header)
-            return self.core.admit(header, _assemble(first, request_iterator, header.total_bytes, "push"))
+            return self.core.admit(header, _assemble(first, rest, header.total_bytes, "push"))
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._auth(context)

@@ -58,7 +58,9 @@ class Harness:
     def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
              total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
-             slot: int | None = None, trained_tokens: int | None = None, secret: bytes | None = None) -> pb.PushReply:
+             slot: int | None = None, trained_tokens: int | None = None, secret: bytes | None = None,
+             unary: bool = False) -> pb.PushReply:
+        """A push as the learner's client makes it; `unary`: through PushOne (one chunk)."""
         if blob is None:
             blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
         header = pb.PushHeader(
@@ -72,6 +74,9 @@ class Harness:
             session_secret=self.secret(learner) if secret is None else secret,
         )
         msgs = [pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
+        if unary:
+            assert len(msgs) == 1, "PushOne carries one chunk"
+            return self.stub.PushOne(msgs[0], metadata=auth_metadata(token), timeout=10)
         return self.stub.Push(iter(msgs), metadata=auth_metadata(token), timeout=10)
 
     def fragment_tensors(self, p: int, fill: float = 0.01) -> dict[str, np.ndarray]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from concurrent import futures
 
 import grpc
 import numpy as np
@@ -10,7 +11,10 @@ import pytest
 
 from diloco.core.codecs import encode_tensors
 from diloco.spec import Syncer as SyncerSpec
-from diloco.wire import auth_metadata, pb
+from diloco.syncer.service import SyncerCore
+from diloco.syncer.servicer import SyncerServicer
+from diloco.trainer.client import Outgoing, SyncerClient
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests import syncer_harness as sh
 
 
@@ -37,9 +41,10 @@ def code_of(fn) -> tuple[grpc.StatusCode, str]:
     return info.value.code(), info.value.details()
 
 
-def test_accepts_and_merges_a_good_push(syncer: sh.Harness) -> None:
+@pytest.mark.parametrize("unary", [False, True], ids=["Push", "PushOne"])
+def test_accepts_and_merges_a_good_push(syncer: sh.Harness, unary: bool) -> None:
     before = snapshot(syncer)
-    reply = syncer.push(0, syncer.fragment_tensors(0))
+    reply = syncer.push(0, syncer.fragment_tensors(0), unary=unary)
     assert reply.accepted, reply.reason
     assert syncer.core.merge_ready() == []  # K = 1 reached; the grace window (1.6 steps) is still open
     syncer.clock.now += 0.09
@@ -54,12 +59,16 @@ def test_wrong_token_refused_everywhere(syncer: sh.Harness, token: str) -> None:
     before = snapshot(syncer)
     md = auth_metadata(token) if token else ()
     assert code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), token=token))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), token=token, unary=True))[0] == \
+        grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: syncer.stub.PushOne(pb.PushChunk(data=b"x"), metadata=md))[0] == grpc.StatusCode.UNAUTHENTICATED
     assert code_of(lambda: syncer.stub.Status(pb.StatusRequest(), metadata=md))[0] == grpc.StatusCode.UNAUTHENTICATED
     assert code_of(lambda: list(syncer.stub.Join(pb.JoinRequest(learner="x"), metadata=md)))[0] == grpc.StatusCode.UNAUTHENTICATED
     assert_unchanged(syncer, before)
 
 
-def test_bad_pushes_refused_with_clear_status(syncer: sh.Harness) -> None:
+@pytest.mark.parametrize("unary", [False, True], ids=["Push", "PushOne"])
+def test_bad_pushes_refused_with_clear_status(syncer: sh.Harness, unary: bool) -> None:
     before = snapshot(syncer)
     good = syncer.fragment_tensors(0)
     name = next(iter(good))
@@ -67,18 +76,22 @@ def test_bad_pushes_refused_with_clear_status(syncer: sh.Harness) -> None:
     nan = dict(good, **{name: np.full(good[name].shape, np.nan, np.float32)})
     inf = dict(good, **{name: np.full(good[name].shape, np.inf, np.float32)})
     blob = encode_tensors(good, "int4")
+
+    def push(*args, **kwargs) -> pb.PushReply:  # type: ignore[no-untyped-def]
+        return syncer.push(*args, unary=unary, **kwargs)
+
     cases = {
-        "unknown fragment": (lambda: syncer.push(7, good), "unknown fragment 7"),
-        "wrong shape": (lambda: syncer.push(0, wrong_shape), "does not match"),
-        "nan": (lambda: syncer.push(0, nan, codec="fp32"), "NaN or Inf"),
-        "nan int4": (lambda: syncer.push(0, nan), "non-finite"),
-        "inf": (lambda: syncer.push(0, inf, codec="bf16"), "NaN or Inf"),
-        "truncated": (lambda: syncer.push(0, blob=blob[:-5], total_bytes=len(blob)), "truncated"),
-        "oversized": (lambda: syncer.push(0, blob=blob + b"\0" * 10, total_bytes=len(blob)), "larger than"),
-        "over bound": (lambda: syncer.push(0, blob=b"\0" * 10, total_bytes=1 << 30), "exceeds"),
-        "garbage": (lambda: syncer.push(0, blob=b"\x01" * 64), "magic"),
-        "other fragment's tensors": (lambda: syncer.push(0, syncer.fragment_tensors(1)), "fragment 0"),
-        "zero steps": (lambda: syncer.push(0, good, steps=0), "steps"),
+        "unknown fragment": (lambda: push(7, good), "unknown fragment 7"),
+        "wrong shape": (lambda: push(0, wrong_shape), "does not match"),
+        "nan": (lambda: push(0, nan, codec="fp32"), "NaN or Inf"),
+        "nan int4": (lambda: push(0, nan), "non-finite"),
+        "inf": (lambda: push(0, inf, codec="bf16"), "NaN or Inf"),
+        "truncated": (lambda: push(0, blob=blob[:-5], total_bytes=len(blob)), "truncated"),
+        "oversized": (lambda: push(0, blob=blob + b"\0" * 10, total_bytes=len(blob)), "larger than"),
+        "over bound": (lambda: push(0, blob=b"\0" * 10, total_bytes=1 << 30), "exceeds"),
+        "garbage": (lambda: push(0, blob=b"\x01" * 64), "magic"),
+        "other fragment's tensors": (lambda: push(0, syncer.fragment_tensors(1)), "fragment 0"),
+        "zero steps": (lambda: push(0, good, steps=0), "steps"),
     }
     for label, (fn, needle) in cases.items():
         code, details = code_of(fn)
@@ -336,3 +349,55 @@ def test_admission_does_not_wait_for_a_merge(syncer: sh.Harness) -> None:
     assert syncer.core.model.versions[0] == 1
     syncer.clock.now += 10
     assert syncer.core.merge_ready() == [0] and syncer.core.model.versions[0] == 2
+
+
+def test_a_push_one_without_its_header_is_refused(syncer: sh.Harness) -> None:
+    before = snapshot(syncer)
+    code, details = code_of(lambda: syncer.stub.PushOne(pb.PushChunk(data=b"x"), metadata=auth_metadata(sh.TOKEN)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "header" in details
+    assert_unchanged(syncer, before)
+
+
+class Counting(SyncerServicer):
+    """Counts which push RPC the client used; `push_one=False` plays a syncer from before PushOne."""
+
+    def __init__(self, core: SyncerCore, push_one: bool) -> None:
+        super().__init__(core, sh.TOKEN)
+        self.push_one, self.calls = push_one, {"Push": 0, "PushOne": 0}
+
+    def Push(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        self.calls["Push"] += 1
+        return super().Push(request_iterator, context)
+
+    def PushOne(self, request, context):  # type: ignore[no-untyped-def]
+        self.calls["PushOne"] += 1
+        if not self.push_one:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        return super().PushOne(request, context)
+
+
+@pytest.mark.parametrize("push_one", [True, False], ids=["current syncer", "syncer without PushOne"])
+def test_the_client_pushes_unary_and_streams_to_a_syncer_without_push_one(syncer: sh.Harness, push_one: bool) -> None:
+    servicer = Counting(syncer.core, push_one)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
+    rpc.add_SyncerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = SyncerClient(f"127.0.0.1:{port}", sh.TOKEN, "a-0", "r")
+    try:
+        client.join_with_retry(dict(sh.SHAPES))
+        client.start()
+        plan = syncer.core.model.plan
+        for push_id, p in enumerate((0, 1), start=1):
+            delta = {n: np.full(sh.SHAPES[n], 0.01, np.float32) for n in plan.fragments[p]}
+            client.submit(Outgoing(p, 0, 4, 2048, 0.05, 2.0, encode_tensors(delta, "int4"), 1.0, client.incarnation,
+                                   push_id=push_id, slot=p, trained_tokens=2048 * push_id))
+        assert client.flush(timeout=10)
+        assert {p for p in (0, 1) if "a-0" in syncer.core.book.contributors(p)} == {0, 1}  # both admitted
+        # A current syncer takes both as PushOne; an older one refuses the first, and the
+        # client streams that one and every later push.
+        assert servicer.calls == ({"Push": 0, "PushOne": 2} if push_one else {"Push": 2, "PushOne": 1})
+        assert client.push_one is push_one
+    finally:
+        client.close()
+        server.stop(0)

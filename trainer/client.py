@@ -30,7 +30,7 @@ from diloco.syncer.seeding import parse_unseeded, seed_chunks
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
-from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+from diloco.wire import CHUNK_BYTES, GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
 
 log = logging.getLogger("diloco.learner")
 FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
@@ -73,6 +73,7 @@ class SyncerClient:
         # predecessor whose stream the syncer has not yet seen close); re-joins never do.
         self.supersede = supersede
         self.secret = b""  # the session secret of our latest Join
+        self.push_one = True  # until a syncer without PushOne answers UNIMPLEMENTED
         self.outbox: deque[Outgoing] = deque()
         self.inbox: dict[int, Arrival] = {}
         self.accepted: list[tuple[int, int, int, bool]] = []
@@ -250,7 +251,7 @@ class SyncerClient:
                     continue  # made against a syncer that has since restarted: the re-join resets it
                 self.sending = True
             try:
-                reply = self.stub.Push(self._push_chunks(item), metadata=self.metadata, timeout=60)
+                reply = self._push(item)
                 backoff.reset()
                 self.bytes_sent += len(item.blob)
                 with self.lock:
@@ -284,6 +285,18 @@ class SyncerClient:
                 with self.lock:
                     self.sending = False
                     self.lock.notify_all()
+
+    def _push(self, item: Outgoing) -> pb.PushReply:
+        """PushOne when the bundle fits one chunk (almost every push: no client stream, so no
+        thread per call); Push otherwise, and always to a syncer that predates PushOne."""
+        if len(item.blob) <= CHUNK_BYTES and self.push_one:
+            try:
+                return self.stub.PushOne(next(self._push_chunks(item)), metadata=self.metadata, timeout=60)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self.push_one = False
+        return self.stub.Push(self._push_chunks(item), metadata=self.metadata, timeout=60)
 
     def _push_chunks(self, item: Outgoing):
         header = pb.PushHeader(
