@@ -50,6 +50,7 @@ if [[ -z "$SMOKE" ]]; then
   run merge bench/merge.py
   run checkpoint bench/checkpoint.py
   run learner bench/learner.py --turns 6
+  run push_rpc bench/push_rpc.py
   run simulate bench/simulate.py
 fi
 

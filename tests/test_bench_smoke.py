@@ -29,6 +29,7 @@ EXPECTED = {
     "scavenging.py": {"bench", "tokens_per_s_before", "tokens_per_s_after", "fraction_of_ideal",
                       "loss_before_join", "max_loss_after_join", "spike"},
     "syncer_scale.py": {"bench", "max_learners", "shard_speedup", "trials"},
+    "push_rpc.py": {"bench", "stream_cpu_ms", "unary_cpu_ms", "stream_over_unary_cpu"},
 }
 
 
