@@ -43,3 +43,12 @@ def test_a_training_command_without_the_extra_names_the_install(tmp_path: Path) 
         assert done.returncode == Exit.CONFIG, (argv, done.stderr)
         assert "pip install 'decoupled-diloco[learner]'" in done.stderr, done.stderr
         assert "jax" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_simulator_runs_without_the_extra_and_its_plot_names_the_install(tmp_path: Path) -> None:
+    small = ["simulate", "--chips", "1024", "--learners", "2", "--seeds", "1", "--days", "1"]
+    done = diloco_without_learner_extra(*small)
+    assert done.returncode == 0, done.stderr
+    plotted = diloco_without_learner_extra(*small, "--plot", str(tmp_path / "goodput.png"))
+    assert plotted.returncode == 2 and "matplotlib" in plotted.stderr, plotted.stderr
+    assert "pip install 'decoupled-diloco[learner]'" in plotted.stderr and not (tmp_path / "goodput.png").exists()

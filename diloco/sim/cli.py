@@ -114,7 +114,12 @@ def _error(message: str) -> int:
 
 
 def run_simulate(args: argparse.Namespace) -> int:
+    from diloco import extras
     from diloco.sim.goodput import PAPER_GOODPUT, n_slices, sweep
+
+    if args.plot and "matplotlib" in extras.missing(extras.LEARNER):  # before minutes of sweeping, not after
+        print(extras.missing_message("simulate --plot", extras.LEARNER, ["matplotlib"]), file=sys.stderr)
+        return 2
 
     params = SimParams(
         mtbi_s=args.mtbi_days * DAY, chips_per_slice=args.chips_per_slice,
