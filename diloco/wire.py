@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -85,6 +85,22 @@ def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
         yield view[start : start + size]
     if not view:
         yield view
+
+
+def push_chunks(header: pb.PushHeader, blob: bytes) -> Iterator[pb.PushChunk]:
+    """A push's messages: the header with the first chunk of the bundle, then the rest."""
+    for i, part in enumerate(chunks(blob)):
+        yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
+
+
+def push(stub: Any, header: pb.PushHeader, blob: bytes, metadata: Any, timeout: float,
+         unary: bool = True) -> pb.PushReply:
+    """One push: `PushOne` when the bundle fits one chunk (gRPC's Python client starts a thread
+    for every client stream, and spends about twice the CPU: bench/push_rpc.py), `Push`
+    otherwise or with `unary=False` (a syncer from before PushOne)."""
+    if unary and len(blob) <= CHUNK_BYTES:
+        return stub.PushOne(next(push_chunks(header, blob)), metadata=metadata, timeout=timeout)
+    return stub.Push(push_chunks(header, blob), metadata=metadata, timeout=timeout)
 
 
 def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:

@@ -33,12 +33,17 @@ def policy(num_fragments: int = 1, **changes: Any) -> RoundPolicy:
     return dataclasses.replace(round_policy(Syncer(), num_fragments), **changes)
 
 
-def without_learner_extra() -> str:
-    """A `python -c` program that runs the `diloco` command line (argv after -c) as it runs in
-    an image without the `learner` extra: every one of its modules, and jaxlib, unimportable."""
+def learner_extra_blocked() -> str:
+    """Python source that makes every module of the `learner` extra, and jaxlib, unimportable,
+    as in an image without the extra."""
     from diloco import extras
 
     blocked = (*extras.modules(extras.LEARNER), "jaxlib")
     assert "jax" in blocked, blocked  # the package's metadata is installed and lists the extra
-    return (f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
-            "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n")
+    return f"import sys\nfor m in {blocked!r}: sys.modules[m] = None\n"
+
+
+def without_learner_extra() -> str:
+    """A `python -c` program that runs the `diloco` command line (argv after -c) without the
+    `learner` extra."""
+    return learner_extra_blocked() + "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n"

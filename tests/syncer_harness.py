@@ -17,7 +17,7 @@ from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, push_chunks, rpc
 
 TOKEN = "test-token-0123456789"
 SHAPES = {"embed/embedding": (16, 8), "layers_0/up/kernel": (8, 32), "layers_0/down/kernel": (32, 8), "head/kernel": (8, 16)}
@@ -73,7 +73,7 @@ class Harness:
             trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
             session_secret=self.secret(learner) if secret is None else secret,
         )
-        msgs = [pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob))]
+        msgs = list(push_chunks(header, blob))
         if unary:
             assert len(msgs) == 1, "PushOne carries one chunk"
             return self.stub.PushOne(msgs[0], metadata=auth_metadata(token), timeout=10)

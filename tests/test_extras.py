@@ -9,7 +9,7 @@ from pathlib import Path
 
 from diloco import extras
 from diloco.contract import Exit
-from tests.helpers import without_learner_extra
+from tests.helpers import learner_extra_blocked, without_learner_extra
 
 
 def diloco_without_learner_extra(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -29,7 +29,7 @@ def test_the_operator_and_the_crd_need_no_jax() -> None:
     done = diloco_without_learner_extra("crd", "--no-cel")
     assert done.returncode == 0, done.stderr
     assert "kind: CustomResourceDefinition" in done.stdout
-    program = without_learner_extra().split("from diloco.cli")[0] + (
+    program = learner_extra_blocked() + (
         "import diloco.operator.main, diloco.syncer.main, diloco.commands\n"
         "assert 'jax' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     imported = subprocess.run([sys.executable, "-P", "-c", program], capture_output=True, text=True, timeout=120)

@@ -30,7 +30,7 @@ from diloco.syncer.seeding import parse_unseeded, seed_chunks
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
-from diloco.wire import CHUNK_BYTES, GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, push, rpc
 
 log = logging.getLogger("diloco.learner")
 FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
@@ -287,18 +287,8 @@ class SyncerClient:
                     self.lock.notify_all()
 
     def _push(self, item: Outgoing) -> pb.PushReply:
-        """PushOne when the bundle fits one chunk (almost every push: no client stream, so no
-        thread per call); Push otherwise, and always to a syncer that predates PushOne."""
-        if len(item.blob) <= CHUNK_BYTES and self.push_one:
-            try:
-                return self.stub.PushOne(next(self._push_chunks(item)), metadata=self.metadata, timeout=60)
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                self.push_one = False
-        return self.stub.Push(self._push_chunks(item), metadata=self.metadata, timeout=60)
-
-    def _push_chunks(self, item: Outgoing):
+        """Through PushOne when it fits (wire.push); to a syncer that predates PushOne, through
+        Push from the first UNIMPLEMENTED on."""
         header = pb.PushHeader(
             learner=self.learner, region=self.region, incarnation=item.incarnation, fragment=item.fragment,
             base_version=item.base_version, steps=item.steps, tokens=item.tokens,
@@ -306,8 +296,13 @@ class SyncerClient:
             session=self.session, push_id=item.push_id, slot=item.slot, trained_tokens=item.trained_tokens,
             session_secret=self.secret,
         )
-        for i, part in enumerate(chunks(item.blob)):
-            yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
+        try:
+            return push(self.stub, header, item.blob, self.metadata, 60, unary=self.push_one)
+        except grpc.RpcError as exc:
+            if not self.push_one or exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.push_one = False
+        return push(self.stub, header, item.blob, self.metadata, 60, unary=False)
 
     def _request_rejoin(self, stale: str) -> None:
         """The syncer restarted: pull its whole state; the loop adopts it at a step boundary.

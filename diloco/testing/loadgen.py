@@ -32,7 +32,7 @@ from diloco.core.fragments import Method, owner, plan_fragments, specs_from_shap
 from diloco.core.seed import InitialModel
 from diloco.shards import syncer_addresses
 from diloco.syncer.seeding import seed_chunks
-from diloco.wire import CHUNK_BYTES, GRPC_OPTIONS, auth_metadata, chunks, pb, rpc
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, push, rpc
 
 
 @dataclass
@@ -139,10 +139,7 @@ def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int,
             base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
             push_id=ids[0], slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
             session_secret=link.header.session_secret)
-        msgs = (pb.PushChunk(header=header if i == 0 else None, data=bytes(c)) for i, c in enumerate(chunks(blob)))
-        # As a learner's client does: a bundle of one chunk goes unary, a larger one streams.
-        reply = (link.stub.PushOne(next(msgs), metadata=auth_metadata(token), timeout=60) if len(blob) <= CHUNK_BYTES
-                 else link.stub.Push(msgs, metadata=auth_metadata(token), timeout=60))
+        reply = push(link.stub, header, blob, auth_metadata(token), 60)  # as a learner's client pushes
         lr.bytes_pushed += len(blob)
         lr.refused += not reply.accepted
         lr.late += time.monotonic() > due + step_seconds
