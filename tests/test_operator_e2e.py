@@ -80,7 +80,9 @@ def test_chaos_kill_readmission_and_training_continue(api: Kube, runtime: Proces
                          what="the replacement re-admitted")
         assert after["lostLearners"] == []
         wait_for(lambda: status(api)["learners"] == "2/2", timeout=10, what="both learners ready again")
-        assert events(api, "LearnerRestarted") and events(api, "LearnerReadmitted") and not events(api, "LearnerLost")
+        wait_for(lambda: events(api, "LearnerRestarted") and events(api, "LearnerReadmitted"), timeout=10,
+                 what="the restart and re-admission Events")  # kopf posts Events from a queue
+        assert not events(api, "LearnerLost")
         wait_for(lambda: status(api).get("syncer", {}).get("readmissions", 0) >= 1, timeout=10,
                  what="the syncer's view of the re-join")
         old_pod, new_pod = runtime.logs_of(victim)  # the replacement joined the running job

@@ -229,7 +229,7 @@ def test_losing_a_host_restarts_that_learner_whole_and_no_other(api: Kube, contr
         [uids(api)["demo-tpu-1-0"], uids(api)["demo-tpu-1-1"]]
     tpu = group(api, "tpu")
     assert (tpu["lost"], tpu["restarts"], status(api)["lostLearners"]) == (1, 1, [])
-    assert events(api, "LearnerReadmitted")
+    wait_for(lambda: events(api, "LearnerReadmitted"), what="the LearnerReadmitted Event")
     # Nobody else restarted, and nothing loops: a few more reconciles change nothing.
     operator.ticks(3)
     after = uids(api)

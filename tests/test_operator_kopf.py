@@ -232,7 +232,7 @@ def test_lost_learner_counted_force_deleted_and_readmitted(api: Kube, controller
     wait_for(lambda: status(api)["learners"] == "3/3", what="3 ready again")
     s = status(api)
     assert (s["lostLearners"], s["learnerGroups"][0]["lost"]) == ([], 1)
-    assert events(api, "LearnerLost") and events(api, "LearnerReadmitted")
+    wait_for(lambda: events(api, "LearnerLost") and events(api, "LearnerReadmitted"), what="the loss and re-admission Events")
     wait_for(lambda: condition(api, "Degraded").get("status") == "False", what="not Degraded")
     # A preemption is counted apart from losses.
     api.patch("Pod", NAMESPACE, "demo-eu-0", {"status": {"conditions": [
@@ -240,7 +240,8 @@ def test_lost_learner_counted_force_deleted_and_readmitted(api: Kube, controller
         {"type": "Ready", "status": "True"}]}}, sub="status")
     api.delete("Pod", NAMESPACE, "demo-eu-0", grace_seconds=1)
     wait_for(lambda: status(api)["learnerGroups"][1]["preempted"] == 1, what="preemption counted")
-    assert status(api)["learnerGroups"][1]["lost"] == 0 and events(api, "LearnerPreempted")
+    assert status(api)["learnerGroups"][1]["lost"] == 0
+    wait_for(lambda: events(api, "LearnerPreempted"), what="the LearnerPreempted Event")
 
 
 def test_chaos_kills_learners_within_max_concurrent(api: Kube, controllers: Controllers,
@@ -256,9 +257,10 @@ def test_chaos_kills_learners_within_max_concurrent(api: Kube, controllers: Cont
 
     wait_for(three_kills, timeout=20, period=0.05, what="3 chaos kills")
     assert most_down == 1  # each kill waited until the previous victim was re-admitted
-    kills = events(api, "ChaosKill")
-    assert len(kills) >= 3 and all("deleted pod demo-" in e["message"] for e in kills)
-    restarted = events(api, "LearnerRestarted")  # planned: chaos kills are not learner losses
+    kills = wait_for(lambda: len(e := events(api, "ChaosKill")) >= 3 and e, what="3 ChaosKill Events")
+    assert all("deleted pod demo-" in e["message"] for e in kills)
+    # planned: chaos kills are not learner losses
+    restarted = wait_for(lambda: events(api, "LearnerRestarted"), what="a LearnerRestarted Event")
     assert restarted and all("by chaos" in e["message"] for e in restarted) and not events(api, "LearnerLost")
     wait_for(lambda: sum(g.get("planned", 0) for g in status(api)["learnerGroups"]) >= 3,
              what="each kill counted as a planned restart")
@@ -328,7 +330,7 @@ def test_permanent_learner_failures_end_the_job_after_backoff_limit(api: Kube, c
     assert status(api)["failures"]["permanent"] == 1 and status(api)["phase"] == "Running"
     failing = condition(api, "PodsFailing")
     assert failing["reason"] == "ConfigError" and "pod demo-us-0" in failing["message"]
-    [event] = events(api, "ConfigError")
+    [event] = wait_for(lambda: events(api, "ConfigError"), what="the ConfigError Event")
     assert "pod demo-us-0 (learner us-0)" in event["message"] and "fix:" in event["message"]
     crash(api, "demo-us-0", 2, 2)  # its next run fails the same way: 2 > backoffLimit=1
     wait_for(lambda: condition(api, "Failed").get("reason") == "BackoffLimitExceeded", what="BackoffLimitExceeded")

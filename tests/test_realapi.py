@@ -110,7 +110,9 @@ def test_a_tiny_job_trains_a_killed_learner_is_readmitted(cluster: Cluster) -> N
              what="the restart counted")
     after = wait_for(lambda: (s := status(cluster, "tiny"))["learnerGroups"][0]["readmitted"] >= 1 and s,
                      timeout=120, what="the StatefulSet's replacement pod re-admitted")
-    assert cluster.events(JOBS, "LearnerRestarted") and cluster.events(JOBS, "LearnerReadmitted")
+    # kopf posts Events from a queue, a moment after the status patch: wait for them too.
+    wait_for(lambda: cluster.events(JOBS, "LearnerRestarted") and cluster.events(JOBS, "LearnerReadmitted"),
+             timeout=30, what="the LearnerRestarted and LearnerReadmitted Events")
     final = wait_for(lambda: (s := status(cluster, "tiny")).get("outerVersion", 0) > after.get("outerVersion", 0) + 3
                      and s, timeout=60, what="training after the re-admission")
     assert final["tokensMerged"] > 0
@@ -189,7 +191,7 @@ def test_a_learner_that_cannot_start_ends_the_job_with_its_reason(cluster: Clust
         raise AssertionError(f"status {status(cluster, 'broken')}; pods {pods}") from None
     ended = [c for c in failed["conditions"] if c.get("status") == "True" and c["type"] == "Failed"]
     assert ended and "ErrImagePull" in json.dumps(failed), failed
-    assert cluster.events(JOBS, "ImagePullFailed")
+    wait_for(lambda: cluster.events(JOBS, "ImagePullFailed"), timeout=30, what="the ImagePullFailed Event")
     # ttlSecondsAfterFinished: 5, so the operator deletes the finished job itself.
     wait_for(lambda: not cluster.job("broken"), timeout=30, what="the finished job deleted by its TTL")
 

@@ -117,7 +117,7 @@ def test_admission_starts_the_job(cluster: Cluster) -> None:
     got = wait_for(lambda: (x := admitted_condition(cluster, "queued")).get("status") == "True" and x, timeout=30,
                    what="Admitted True")
     assert got["reason"] == "Admitted" and CLUSTER_QUEUE in got["message"]
-    assert cluster.events(JOBS, "Admitted")
+    wait_for(lambda: cluster.events(JOBS, "Admitted"), timeout=30, what="the Admitted Event")
 
 
 def test_eviction_suspends_the_job_and_readmission_resumes_it(cluster: Cluster) -> None:
@@ -145,7 +145,7 @@ def test_more_learners_replace_the_held_workload(cluster: Cluster) -> None:
     wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is True, timeout=30,
              what="the job suspended until the new Workload is admitted")
     wait_for(lambda: not job_pods(cluster, "queued"), timeout=60, what="its pods gone meanwhile")
-    assert cluster.events(JOBS, "WorkloadReplaced")
+    wait_for(lambda: cluster.events(JOBS, "WorkloadReplaced"), timeout=30, what="the WorkloadReplaced Event")
     kueue_admits(cluster, new[0])
     wait_for(lambda: len(job_pods(cluster, "queued")) == 3, timeout=60, what="two learners and the syncer")
 
