@@ -340,8 +340,13 @@ class _Setup:
         train, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
         # The same shards the job's learners get: learner i of M has the i-th slice.
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
-        self.rngs = [np.random.default_rng([spec.data.seed, i, 0]) for i in range(learners)]
         self.window = spec.model.context + 1
+        # The learners' own data path (trainer/data.py Batches): each window once per epoch, in a
+        # seeded order, batch k of learner i a function of (seed, i, k), so every arm sees the
+        # same batches in the same order and only the algorithm differs.
+        self.batches = [data.Batches(s, self.tr.batch_size, self.window, spec.data.seed, i)
+                        for i, s in enumerate(self.shards)]
+        self.taken = [0] * learners
         self.evals = data.eval_batches(held_out, self.tr.eval_batches, self.tr.batch_size, self.window)
         self.recipe = Recipe(self.cfg, self.tr)  # the learner's own step, schedule and eval
         self.params0 = self.recipe.place(model.init_params(self.cfg, spec.data.seed))
@@ -350,7 +355,9 @@ class _Setup:
         return self.recipe.eval_loss(params, self.evals)
 
     def batch(self, i: int) -> Any:
-        return self.data.sample_batch(self.shards[i], self.tr.batch_size, self.window, self.rngs[i])
+        """Learner i's next batch."""
+        self.taken[i] += 1
+        return self.batches[i].batch(self.taken[i] - 1)
 
 
 def data_parallel(m: dict[str, Any], learners: int, steps: int, eval_every: int = 50) -> dict[str, Any]:

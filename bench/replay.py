@@ -65,7 +65,7 @@ def scripts_for(kind: str, learners: int, steps: int, seed: int) -> list[Any]:
 class JaxTrainer:
     """The learner's real inner step (trainer/recipe.py) on each learner's real shard."""
 
-    def __init__(self, m: dict[str, Any], learners: int, seed: int) -> None:
+    def __init__(self, m: dict[str, Any], learners: int) -> None:
         import numpy as np
 
         from diloco.spec import parse_job
@@ -80,17 +80,20 @@ class JaxTrainer:
         self.evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, self.window)
         self.recipe = Recipe(spec.model, spec.training)
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
-        self.seed, self.lives = seed, [0] * learners
-        self.rngs: list[Any] = [None] * learners
+        # The learner's own data path (trainer/data.py Batches). A restarted learner continues its
+        # shard where it was; the product resumes after the last merged batch, which re-trains
+        # the few batches a kill lost (a difference of a few batches per kill).
+        tr = spec.training
+        self.batches = [data.Batches(s, tr.batch_size, self.window, spec.data.seed, i) for i, s in enumerate(self.shards)]
+        self.taken = [0] * learners
 
     def fresh_state(self, m: int, params: dict[str, Any]) -> Any:
-        self.lives[m] += 1  # a restarted learner draws a fresh data order, as the product's does
-        self.rngs[m] = self.np.random.default_rng([self.seed, m, self.lives[m]])
         return self.recipe.init_state(self.recipe.place(params))
 
     def step(self, m: int, params: dict[str, Any], state: Any, slot: int) -> tuple[dict[str, Any], Any, int]:
         tr = self.spec.training
-        batch = self.data.sample_batch(self.shards[m], tr.batch_size, self.window, self.rngs[m])
+        batch = self.batches[m].batch(self.taken[m])
+        self.taken[m] += 1
         p, state, _ = self.recipe.step(self.recipe.place(params), state, batch, slot)
         return {k: self.np.asarray(v) for k, v in p.items()}, state, tr.batch_size * self.spec.model.context
 
@@ -105,7 +108,7 @@ def replay_arm(m: dict[str, Any], learners: int, steps: int, seed: int, scripts:
     from diloco.spec import parse_job
 
     spec = parse_job(m).spec
-    trainer = JaxTrainer(m, learners, seed)
+    trainer = JaxTrainer(m, learners)
     t0 = time.monotonic()
     replay = Replay(spec.syncer, trainer.params0, trainer, scripts_for(scripts, learners, steps, seed), steps=steps,
                     adoption=adoption, seed=seed, snapshot_every=steps / 6)
