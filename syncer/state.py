@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
-from diloco.core.merge import Source, merge_fragment, token_weights, values_of
+from diloco.core.merge import Source, merge_updates, token_weights, values_of
 from diloco.core.outer import NesterovSGD
 from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
@@ -57,7 +57,7 @@ class GlobalModel:
     # of any fragment that follows it, exactly once.
     credited: dict[str, int] = field(default_factory=dict)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
-    # The HMAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
+    # The MAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.
     publish_key: bytes = field(default_factory=provenance.new_key)
     # A syncer shard's fragments (spec.syncer.shards): the others' tensors are zero-stride
@@ -132,13 +132,13 @@ class GlobalModel:
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
-        merged = merge_fragment(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales)
+        merged = merge_updates(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales)
         learners = {c.learner for c in closed.contributions}
-        if self.spec.participation_scaling and active > len(learners):
-            share = np.float32(len(learners) / active)
-            merged = {n: v * share for n, v in merged.items()}
-        norm = float(np.sqrt(sum(float(np.vdot(v, v)) for v in merged.values())))
-        return Merged(closed, self.optimizers[p].step(self.fragment(p), merged), sorted(learners), norm)
+        share = len(learners) / active if self.spec.participation_scaling and active > len(learners) else 1.0
+        factors = {n: share * u.factor for n, u in merged.items()}  # applied inside the outer step's pass
+        norm = math.sqrt(sum(factors[n] ** 2 * u.sumsq for n, u in merged.items()))
+        values = self.optimizers[p].step(self.fragment(p), {n: u.values for n, u in merged.items()}, factors)
+        return Merged(closed, values, sorted(learners), norm)
 
     def commit(self, m: Merged) -> MergeResult:
         """Θ_p ← the merge's tensors, version + 1, and each learner's new tokens credited once."""

@@ -135,3 +135,27 @@ def test_the_fused_nesterov_step_is_the_numpy_formula_bit_for_bit() -> None:
         want = theta["w"] - lr * (d + mu * buf)
         theta = opt.step(theta, {"w": d})
         assert np.array_equal(theta["w"], want) and np.array_equal(opt.buffers["w"], buf)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_merge_left_as_factor_times_accumulator_steps_like_the_scaled_array(momentum: float) -> None:
+    """The syncer applies RDA's scale and participation's share inside the outer step's pass
+    (`merge_updates` + `factors`): the same Θ as stepping on the materialised merge, and the
+    update's norm from the merge's own sum of squares."""
+    from diloco.core.merge import merge_updates
+
+    rng = np.random.default_rng(5)
+    contributions = [{"w": rng.standard_normal((33, 7)).astype(np.float32),
+                      "embed": rng.standard_normal(50).astype(np.float32)} for _ in range(3)]
+    theta = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in contributions[0].items()}
+    w, share = [1.0, 2.0, 0.5], 0.75
+    arrays = merge_fragment(contributions, w, "rda", {"embed"})
+    updates = merge_updates(contributions, w, "rda", {"embed"})
+    assert updates["w"].factor != 1.0 and updates["embed"].factor == 1.0  # RDA's scale; a plain average has none
+    factors = {n: share * u.factor for n, u in updates.items()}
+    norm = np.sqrt(sum(f**2 * updates[n].sumsq for n, f in factors.items()))
+    np.testing.assert_allclose(norm, np.sqrt(sum(float(np.vdot(share * v, share * v)) for v in arrays.values())), rtol=1e-5)
+    want = NesterovSGD(0.8, momentum).step(theta, {n: share * v for n, v in arrays.items()})
+    got = NesterovSGD(0.8, momentum).step(theta, {n: u.values for n, u in updates.items()}, factors)
+    for n in theta:
+        np.testing.assert_allclose(got[n], want[n], rtol=1e-6, atol=1e-6)

@@ -256,10 +256,10 @@ def sgd_step(param: Any, delta: Any, lr: np.float32, out: Any) -> None:
 
 
 @_jit()
-def nesterov_step(param: Any, buf: Any, delta: Any, lr: np.float32, mu: np.float32, out: Any) -> None:
-    """b ← μ·b + Δ;  out ← Θ − lr·(Δ + μ·b), in one pass (the same float ops as the numpy form)."""
+def nesterov_step(param: Any, buf: Any, delta: Any, c: np.float32, lr: np.float32, mu: np.float32, out: Any) -> None:
+    """b ← μ·b + cΔ;  out ← Θ − lr·(cΔ + μ·b), in one pass (the same float ops as the numpy form)."""
     for i in range(param.size):
-        d = delta[i]
+        d = delta[i] * c
         b = buf[i] * mu + d
         buf[i] = b
         out[i] = param[i] - lr * (d + mu * b)
@@ -280,16 +280,17 @@ def warm(block: int = 64) -> None:
     """Compile (or load from the cache) every kernel a syncer and a learner use, through the
     same calls they make: an image runs this at build time, so pods start with compiled code."""
     from diloco.core.codecs import CODECS, encode_tensors, parse_tensors
-    from diloco.core.merge import merge_fragment
+    from diloco.core.merge import merge_fragment, merge_updates
     from diloco.core.outer import NesterovSGD
 
     warm_codecs(CODECS, block)
     x = {"w": np.linspace(-1.0, 1.0, 3 * block + 5, dtype=np.float32)}
     for codec in CODECS:
         packed = parse_tensors(encode_tensors(x, codec, block))
-        merged = merge_fragment([packed, x], [1.0, 2.0], "rda", scales=[1.0, 0.5])
+        merged = merge_updates([packed, x], [1.0, 2.0], "rda", scales=[1.0, 0.5])
         merge_fragment([packed, packed], [1.0, 1.0], "average")
-        NesterovSGD(0.7, 0.9).step(x, merged)
+        for mu in (0.0, 0.9):
+            NesterovSGD(0.7, mu).step(x, {n: u.values for n, u in merged.items()}, {n: u.factor for n, u in merged.items()})
 
 
 if __name__ == "__main__":  # python -m diloco.core.kernels: compile ahead (the Dockerfiles do)

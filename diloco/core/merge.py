@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -100,17 +101,31 @@ def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int) ->
     return acc, total
 
 
-def weighted_average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
-    """Σ w_m s_m Δ_m / Σ w_m (s_m: a per-contribution factor such as a staleness discount, 1 by default)."""
+@dataclass(frozen=True)
+class Update:
+    """One tensor's merged outer gradient as `factor · values`. The syncer's outer step applies
+    the factor in its own pass over the tensor, so the merge never makes a second pass to scale
+    its accumulator, and the norm comes from the sum of squares the merge already took."""
+
+    values: np.ndarray  # the accumulator, in the tensor's shape
+    factor: float
+    sumsq: float  # Σ values², so ‖factor · values‖² = factor² · sumsq
+
+    def array(self) -> np.ndarray:
+        """factor · values as one array (scales the accumulator in place: call it once)."""
+        if self.factor != 1.0:
+            kernels.scale_inplace(self.values.reshape(-1), np.float32(self.factor))
+        return self.values
+
+
+def _average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None) -> Update:
     shape = _shape_of(deltas)
     w = _normalised(weights, len(deltas)) * (np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64))
-    return _weighted_sum(deltas, [float(c) for c in w], math.prod(shape))[0].reshape(shape)
+    acc, total = _weighted_sum(deltas, [float(c) for c in w], math.prod(shape))
+    return Update(acc.reshape(shape), 1.0, total)
 
 
-def rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
-    """Radial-directional average of one tensor's outer gradients s_m Δ_m (s_m ≥ 0 scales a
-    contribution's norm, not its direction). Two passes over each input: its norm, then its
-    share of the direction, decoded straight into the accumulator."""
+def _rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None) -> Update:
     shape = _shape_of(deltas)
     w = _normalised(weights, len(deltas))
     s = np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64)
@@ -121,10 +136,42 @@ def rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[flo
     # The mean of unit vectors has norm in [0, 1]; below fp32 round-off the directions
     # cancel (or every input is zero) and φ(0) = 0 means no update.
     dnorm = float(np.sqrt(dsq))
-    if dnorm < 1e-6:
-        return np.zeros(shape, dtype=np.float32)
-    kernels.scale_inplace(direction, np.float32(radius / dnorm))
-    return direction.reshape(shape)
+    return Update(direction.reshape(shape), radius / dnorm if dnorm >= 1e-6 else 0.0, dsq)
+
+
+def weighted_average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
+    """Σ w_m s_m Δ_m / Σ w_m (s_m: a per-contribution factor such as a staleness discount, 1 by default)."""
+    return _average(deltas, weights, scales).array()
+
+
+def rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None = None) -> np.ndarray:
+    """Radial-directional average of one tensor's outer gradients s_m Δ_m (s_m ≥ 0 scales a
+    contribution's norm, not its direction). Two passes over each input: its norm, then its
+    share of the direction, decoded straight into the accumulator."""
+    return _rda(deltas, weights, scales).array()
+
+
+def merge_updates(
+    contributions: Sequence[Mapping[str, Source]],
+    weights: Sequence[float],
+    method: MergeMethod = "rda",
+    plain_average: frozenset[str] | set[str] = frozenset(),
+    scales: Sequence[float] | None = None,
+) -> dict[str, Update]:
+    """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted
+    average. `scales`: per-contribution factors (staleness discounts), folded into the merge."""
+    if not contributions:
+        raise ValueError("nothing to merge")
+    names = set(contributions[0])
+    for c in contributions[1:]:
+        if set(c) != names:
+            raise ValueError("contributions disagree on the fragment's tensors")
+    merged: dict[str, Update] = {}
+    for name in sorted(names):
+        deltas = [c[name] for c in contributions]
+        rule = _rda if method == "rda" and name not in plain_average else _average
+        merged[name] = rule(deltas, weights, scales)
+    return merged
 
 
 def merge_fragment(
@@ -134,19 +181,5 @@ def merge_fragment(
     plain_average: frozenset[str] | set[str] = frozenset(),
     scales: Sequence[float] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted
-    average. `scales`: per-contribution factors (staleness discounts), folded into the merge."""
-    if not contributions:
-        raise ValueError("nothing to merge")
-    names = set(contributions[0])
-    for c in contributions[1:]:
-        if set(c) != names:
-            raise ValueError("contributions disagree on the fragment's tensors")
-    merged: dict[str, np.ndarray] = {}
-    for name in sorted(names):
-        deltas = [c[name] for c in contributions]
-        if method == "rda" and name not in plain_average:
-            merged[name] = rda(deltas, weights, scales)
-        else:
-            merged[name] = weighted_average(deltas, weights, scales)
-    return merged
+    """`merge_updates` as plain arrays."""
+    return {n: u.array() for n, u in merge_updates(contributions, weights, method, plain_average, scales).items()}
