@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from diloco.core.codecs import encode_delta_tensors, encode_tensors
-from diloco.core.merge import merge_fragment
+from diloco.core.merge import merge_updates
 from diloco.core.outer import NesterovSGD
 from diloco.syncer import provenance
 from diloco.syncer.admission import outer_gradient
@@ -46,11 +46,12 @@ def main() -> None:
     view = {k: v + np.float32(1e-3) for k, v in theta.items()}
     blob = encode_tensors({k: np.float32(1e-3) * v for k, v in theta.items()}, "int4")
     packed, _ = outer_gradient(blob, 0, shapes)
-    merged = merge_fragment([packed], [1.0], "rda")
+    merged = merge_updates([packed], [1.0], "rda")
+    grads, factors = {n: u.values for n, u in merged.items()}, {n: u.factor for n, u in merged.items()}
     rows = {
         "admit_push": ms(lambda: outer_gradient(blob, 0, shapes)),
-        "rda_round": ms(lambda: merge_fragment([packed] * args.learners, [1.0] * args.learners, "rda")),
-        "outer_step": ms(lambda: NesterovSGD(0.8, 0.0).step(theta, merged)),
+        "rda_round": ms(lambda: merge_updates([packed] * args.learners, [1.0] * args.learners, "rda")),
+        "outer_step": ms(lambda: NesterovSGD(0.8, 0.0).step(theta, grads, factors)),  # applies RDA's factor
         "broadcast_pass": ms(lambda: encode_delta_tensors(theta, view, "int8")),
         "provenance_tag": ms(lambda: provenance.tag(b"k" * 32, 0, 1, view, ["a", "b"])),
     }
