@@ -79,6 +79,33 @@ else:
     pb, rpc = _load()
 
 
+def add_syncer(servicer: Any, server: grpc.Server) -> None:
+    """`rpc.add_SyncerServicer_to_server`, except that Subscribe may also yield `Published`
+    messages already serialised (bytes), which go on the wire as they are: the syncer then
+    serialises each publish once for all its subscribers instead of once per subscriber."""
+
+    class Capture:  # takes the generated method handlers instead of a server
+        def __init__(self) -> None:
+            self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+        def add_generic_rpc_handlers(self, _: object) -> None:
+            pass
+
+        def add_registered_method_handlers(self, _: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+            self.handlers = dict(handlers)
+
+    capture = Capture()
+    rpc.add_SyncerServicer_to_server(servicer, capture)
+    handlers = capture.handlers
+    handlers["Subscribe"] = handlers["Subscribe"]._replace(response_serializer=_serialised)  # type: ignore[attr-defined]
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("diloco.v1.Syncer", handlers),))
+    server.add_registered_method_handlers("diloco.v1.Syncer", handlers)  # type: ignore[attr-defined]  # grpcio >= 1.63
+
+
+def _serialised(message: Any) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
 def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
     view = memoryview(blob)
     for start in range(0, len(view), size):

@@ -29,7 +29,7 @@ from diloco.syncer.seeding import Switch, Unseeded
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer
 
 log = logging.getLogger("diloco.syncer")
 
@@ -100,7 +100,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
 
     unseeded = Unseeded(job.spec.syncer, shard, token, on_seed=start, incarnation=incarnation)
     switch = Switch(unseeded)
-    rpc.add_SyncerServicer_to_server(switch, server)  # forwards every RPC to the current servicer
+    add_syncer(switch, server)  # forwards every RPC to the current servicer
     if tls is not None:
         key, cert = tls
         bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)]))

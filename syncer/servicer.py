@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import TypeVar
 
 import grpc
 
 from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.publisher import Update
 from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
 from diloco.wire import authenticate, chunks, pb
@@ -38,6 +41,28 @@ class SyncerServicer:
 
     def __init__(self, core: SyncerCore, token: str):
         self.core, self.token = core, token
+        # Each update's Published messages, serialised once for every subscriber (diloco.wire
+        # add_syncer sends bytes as they are): the newest few, about one per fragment.
+        self._wire: OrderedDict[tuple[int, int, bool], list[bytes]] = OrderedDict()
+        self._wire_lock = threading.Lock()
+
+    def _messages(self, u: Update) -> list[bytes]:
+        key = (u.fragment, u.version, u.is_delta)
+        with self._wire_lock:
+            if key in self._wire:
+                self._wire.move_to_end(key)
+                return self._wire[key]
+            parts, sent = [], 0
+            for part in chunks(u.blob):
+                sent += len(part)
+                last = sent >= len(u.blob)
+                parts.append(pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), data=bytes(part),
+                                          last=last, incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
+                                          tag=u.tag if last else b"").SerializeToString())
+            self._wire[key] = parts
+            while len(self._wire) > max(2, self.core.model.plan.num_fragments):
+                self._wire.popitem(last=False)
+            return parts
 
     def _auth(self, context: grpc.ServicerContext) -> None:
         authenticate(context, self.token)
@@ -99,13 +124,7 @@ class SyncerServicer:
             core.check_session(request.learner, request.session_secret)
         with core.subscribed(request.learner):
             for u in core.updates(list(request.known_versions), request.exact, context.is_active):
-                sent = 0
-                for part in chunks(u.blob):
-                    sent += len(part)
-                    last = sent >= len(u.blob)
-                    yield pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob),
-                                       data=bytes(part), last=last, incarnation=core.incarnation, delta=u.is_delta,
-                                       slot=u.slot + 1, tag=u.tag if last else b"")
+                yield from self._messages(u)  # type: ignore[misc]  # bytes: sent as they are (add_syncer)
                 core.count_sent(len(u.blob))
 
     def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:

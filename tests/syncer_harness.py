@@ -17,7 +17,7 @@ from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, push_chunks, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, push_chunks, rpc
 
 TOKEN = "test-token-0123456789"
 SHAPES = {"embed/embedding": (16, 8), "layers_0/up/kernel": (8, 32), "layers_0/down/kernel": (32, 8), "head/kernel": (8, 16)}
@@ -94,7 +94,7 @@ def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, mod
     clock = FakeClock()
     core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock, shard=shard)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
-    rpc.add_SyncerServicer_to_server(SyncerServicer(core, TOKEN), server)
+    add_syncer(SyncerServicer(core, TOKEN), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)

@@ -26,7 +26,7 @@ from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import JoinRefused, SyncerClient
-from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, rpc
 from tests import syncer_harness as sh
 from tests.helpers import without_learner_extra
 
@@ -52,7 +52,7 @@ def unseeded(tmp_path: Path) -> Iterator[tuple[str, Unseeded, Switch]]:
     gate = Unseeded(SPEC, 0, sh.TOKEN, on_seed=start)
     switch = Switch(gate)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
-    rpc.add_SyncerServicer_to_server(switch, server)
+    add_syncer(switch, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield f"127.0.0.1:{port}", gate, switch

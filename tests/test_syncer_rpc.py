@@ -14,7 +14,7 @@ from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.trainer.client import Outgoing, SyncerClient
-from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb
 from tests import syncer_harness as sh
 
 
@@ -380,7 +380,7 @@ class Counting(SyncerServicer):
 def test_the_client_pushes_unary_and_streams_to_a_syncer_without_push_one(syncer: sh.Harness, push_one: bool) -> None:
     servicer = Counting(syncer.core, push_one)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
-    rpc.add_SyncerServicer_to_server(servicer, server)
+    add_syncer(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     client = SyncerClient(f"127.0.0.1:{port}", sh.TOKEN, "a-0", "r")

@@ -31,7 +31,7 @@ from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer
 from tests import syncer_harness as sh
 from tests.kube import NAMESPACE
 from tests.kube.controllers import Controllers, Runtime
@@ -104,7 +104,7 @@ def local_syncer(token: str, regions: set[str]) -> Iterator[str]:
     spec = SyncerSpec(fragments=2)
     core = SyncerCore(spec, GlobalModel.fresh(spec, sh.params()), None, SyncerMetrics(), regions=frozenset(regions))
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
-    rpc.add_SyncerServicer_to_server(SyncerServicer(core, token), server)
+    add_syncer(SyncerServicer(core, token), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
