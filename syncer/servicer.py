@@ -41,28 +41,35 @@ class SyncerServicer:
 
     def __init__(self, core: SyncerCore, token: str):
         self.core, self.token = core, token
-        # Each update's Published messages, serialised once for every subscriber (diloco.wire
+        # Each delta's Published messages, serialised once for every subscriber (diloco.wire
         # add_syncer sends bytes as they are): the newest few, about one per fragment.
         self._wire: OrderedDict[tuple[int, int, bool], list[bytes]] = OrderedDict()
         self._wire_lock = threading.Lock()
 
     def _messages(self, u: Update) -> list[bytes]:
+        """Deltas are cached: every up-to-date subscriber takes the same one. A keyframe (fp32, 8x
+        a delta's size) goes to the rare subscriber that fell behind: serialised for it alone."""
+        if not u.is_delta:
+            return self._serialise(u)
         key = (u.fragment, u.version, u.is_delta)
         with self._wire_lock:
             if key in self._wire:
                 self._wire.move_to_end(key)
                 return self._wire[key]
-            parts, sent = [], 0
-            for part in chunks(u.blob):
-                sent += len(part)
-                last = sent >= len(u.blob)
-                parts.append(pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), data=bytes(part),
-                                          last=last, incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
-                                          tag=u.tag if last else b"").SerializeToString())
-            self._wire[key] = parts
+            parts = self._wire[key] = self._serialise(u)
             while len(self._wire) > max(2, self.core.model.plan.num_fragments):
                 self._wire.popitem(last=False)
             return parts
+
+    def _serialise(self, u: Update) -> list[bytes]:
+        parts, sent = [], 0
+        for part in chunks(u.blob):
+            sent += len(part)
+            last = sent >= len(u.blob)
+            parts.append(pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), data=bytes(part),
+                                      last=last, incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
+                                      tag=u.tag if last else b"").SerializeToString())
+        return parts
 
     def _auth(self, context: grpc.ServicerContext) -> None:
         authenticate(context, self.token)
