@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import secrets
 import shutil
 import subprocess
@@ -88,15 +89,30 @@ def start_syncer(config: Path, token: str, log: Path, shard: int, cpu: int | Non
     raise SystemExit(f"the syncer exited before serving; see {log}:\n{log.read_text()[-2000:]}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """A live process's user + system CPU time so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, prefix: str,
-          cpu: int | None) -> dict[str, Any]:
+          cpu: int | None, syncers: list[int]) -> dict[str, Any]:
+    """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
+    the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
     cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
            str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--prefix", prefix]
+    before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600 + 4 * slots * step)
+    wall, after = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = {"syncer_cpu": [round((cpu_seconds(p) - b) / wall, 2) for p, b in zip(syncers, before)],
+            "loadgen_cpu": round((after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime) / wall, 2)}
     if out.returncode != 0:
-        return {"learners": learners, "sustained": False, "error": out.stderr.strip().splitlines()[-1:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return {"learners": learners, "sustained": False, "error": out.stderr.strip().splitlines()[-1:], **busy}
+    return {**json.loads(out.stdout.strip().splitlines()[-1]), **busy}
 
 
 def capacity(name: str, shards: int, learners: list[int], start: int, args: argparse.Namespace,
@@ -121,7 +137,8 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
     best, trials = 0, []
 
     def sustains(m: int) -> bool:
-        row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, f"m{len(trials)}-{m}", generator)
+        row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, f"m{len(trials)}-{m}", generator,
+                    [proc.pid for proc, _ in syncers])
         trials.append(row)
         print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
               f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)

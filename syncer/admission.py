@@ -68,7 +68,7 @@ def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int]) 
         raise Refused(code, problem)
 
 
-def outer_gradient(blob: bytes, p: int, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Packed], float]:
+def outer_gradient(blob: bytes | memoryview, p: int, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Packed], float]:
     """The push's tensors, validated but still encoded (the merge decodes them straight into its
     accumulator), and their norm: from the codes alone for int codecs, whose values are finite
     by construction once their scales are."""

@@ -108,7 +108,7 @@ class SyncerCore:
 
     # -- admission -----------------------------------------------------------------
 
-    def admit(self, header: pb.PushHeader, blob: bytes) -> pb.PushReply:
+    def admit(self, header: pb.PushHeader, blob: bytes | memoryview) -> pb.PushReply:
         """Validate one push and offer it to its round; state changes only if accepted."""
         self.check_header(header)
         p = header.fragment
@@ -170,7 +170,7 @@ class SyncerCore:
                           f"{owner(h.fragment, self.spec.shards)}, not to this one ({self.shard})", "misrouted")
         self.check_session(h.learner, h.session_secret)
 
-    def recover(self, fragments: list[int], versions: list[int], blob: bytes, tags: list[bytes]) -> list[int]:
+    def recover(self, fragments: list[int], versions: list[int], blob: bytes | memoryview, tags: list[bytes]) -> list[int]:
         """Adopt global fragments a learner received from a previous incarnation of this syncer
         when they are newer than ours (we restarted from an older checkpoint), only at a version
         the publish lease says could have been published, and only with the provenance tag that

@@ -66,6 +66,10 @@ class GlobalModel:
     # The fingerprint of Θ₀ as the first learner seeded it (diloco/core/seed.py): every learner
     # that joins must present the same. Empty: from a checkpoint older than seeding.
     init_hash: bytes = b""
+    # The merge's accumulator, lent to every round (one merge at a time): sized to the largest
+    # fragment merged so far, so a 1e9-parameter job does not fault in 166 MB per publish.
+    _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False,
+                                 compare=False)
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -132,13 +136,25 @@ class GlobalModel:
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
-        merged = merge_updates(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales)
+        merged = merge_updates(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales,
+                               self._accumulators(p))
         learners = {c.learner for c in closed.contributions}
         share = len(learners) / active if self.spec.participation_scaling and active > len(learners) else 1.0
         factors = {n: share * u.factor for n, u in merged.items()}  # applied inside the outer step's pass
         norm = math.sqrt(sum(factors[n] ** 2 * u.sumsq for n, u in merged.items()))
         values = self.optimizers[p].step(self.fragment(p), {n: u.values for n, u in merged.items()}, factors)
         return Merged(closed, values, sorted(learners), norm)
+
+    def _accumulators(self, p: int) -> dict[str, np.ndarray]:
+        """Flat views of the scratch buffer, one per tensor of fragment p. The outer step reads
+        them and keeps nothing of them (it writes Θ's new tensors and its momentum elsewhere)."""
+        sizes = {n: math.prod(self.params[n].shape) for n in self.plan.fragments[p]}
+        if self._scratch.size < sum(sizes.values()):
+            self._scratch = np.empty(sum(sizes.values()), np.float32)
+        views, at = {}, 0
+        for n, size in sizes.items():
+            views[n], at = self._scratch[at:at + size], at + size
+        return views
 
     def commit(self, m: Merged) -> MergeResult:
         """Θ_p ← the merge's tensors, version + 1, and each learner's new tokens credited once."""

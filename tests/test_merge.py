@@ -159,3 +159,22 @@ def test_a_merge_left_as_factor_times_accumulator_steps_like_the_scaled_array(mo
     got = NesterovSGD(0.8, momentum).step(theta, {n: u.values for n, u in updates.items()}, factors)
     for n in theta:
         np.testing.assert_allclose(got[n], want[n], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["rda", "average"])
+def test_a_lent_accumulator_holding_an_earlier_round_merges_bit_for_bit(method: str) -> None:
+    """The syncer lends the same memory to every round (`out`): whatever an earlier round left
+    in it, the merge is the one a fresh accumulator gives, encoded and fp32 sources alike."""
+    from diloco.core.codecs import encode, parse
+    from diloco.core.merge import merge_updates
+
+    rng = np.random.default_rng(8)
+    fp32 = [{"w": rng.standard_normal(300).astype(np.float32)} for _ in range(2)]
+    packed = [{"w": parse(encode(rng.standard_normal(300).astype(np.float32), "int4"))} for _ in range(2)]
+    for contributions in (fp32, packed, [fp32[0], packed[0]]):
+        fresh = merge_updates(contributions, [1.0, 3.0], method)  # type: ignore[arg-type]
+        lent = {"w": np.full(300, np.nan, np.float32)}
+        got = merge_updates(contributions, [1.0, 3.0], method, out=lent)  # type: ignore[arg-type]
+        assert np.shares_memory(got["w"].values, lent["w"])
+        assert np.array_equal(got["w"].values, fresh["w"].values)
+        assert (got["w"].factor, got["w"].sumsq) == (fresh["w"].factor, fresh["w"].sumsq)

@@ -72,11 +72,12 @@ def _sumsq(src: Source) -> float:
 CHUNK = 1 << 16  # values per pass: 256 KiB of accumulator stays in L2 while every contribution adds into it
 
 
-def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int) -> tuple[np.ndarray, float]:
-    """Σ c_m · src_m in one fp32 accumulator, and its squared norm. Chunk by chunk, so each
-    contribution streams through once and the accumulator never leaves the cache; encoded
-    sources decode straight into it."""
-    acc = np.zeros(0, np.float32) if n == 0 else np.empty(n, np.float32)
+def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int,
+                  acc: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """Σ c_m · src_m in one fp32 accumulator (`acc`, n values, when the caller lends one), and its
+    squared norm. Chunk by chunk, so each contribution streams through once and the accumulator
+    never leaves the cache; encoded sources decode straight into it."""
+    acc = np.empty(n, np.float32) if acc is None else acc
     live = [(src, np.float32(c)) for src, c in zip(sources, coeffs, strict=True) if c != 0.0]
     if not live:
         acc[:] = 0.0
@@ -118,21 +119,23 @@ class Update:
         return self.values
 
 
-def _average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None) -> Update:
+def _average(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None,
+             out: np.ndarray | None = None) -> Update:
     shape = _shape_of(deltas)
     w = _normalised(weights, len(deltas)) * (np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64))
-    acc, total = _weighted_sum(deltas, [float(c) for c in w], math.prod(shape))
+    acc, total = _weighted_sum(deltas, [float(c) for c in w], math.prod(shape), out)
     return Update(acc.reshape(shape), 1.0, total)
 
 
-def _rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None) -> Update:
+def _rda(deltas: Sequence[Source], weights: Sequence[float], scales: Sequence[float] | None,
+         out: np.ndarray | None = None) -> Update:
     shape = _shape_of(deltas)
     w = _normalised(weights, len(deltas))
     s = np.ones(len(deltas)) if scales is None else np.asarray(scales, np.float64)
     norms = np.sqrt([_sumsq(d) for d in deltas]) * s
     radius = float(np.dot(w, norms))
     coeffs = np.divide(w * s, norms, out=np.zeros_like(w), where=norms > 0)  # w / ‖Δ‖ on the raw Δ
-    direction, dsq = _weighted_sum(deltas, [float(c) for c in coeffs], math.prod(shape))
+    direction, dsq = _weighted_sum(deltas, [float(c) for c in coeffs], math.prod(shape), out)
     # The mean of unit vectors has norm in [0, 1]; below fp32 round-off the directions
     # cancel (or every input is zero) and φ(0) = 0 means no update.
     dnorm = float(np.sqrt(dsq))
@@ -157,9 +160,12 @@ def merge_updates(
     method: MergeMethod = "rda",
     plain_average: frozenset[str] | set[str] = frozenset(),
     scales: Sequence[float] | None = None,
+    out: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Update]:
     """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted
-    average. `scales`: per-contribution factors (staleness discounts), folded into the merge."""
+    average. `scales`: per-contribution factors (staleness discounts), folded into the merge.
+    `out`: flat fp32 accumulators to merge into, one per tensor (the syncer lends the same
+    memory every round instead of faulting in a fresh fragment-sized array)."""
     if not contributions:
         raise ValueError("nothing to merge")
     names = set(contributions[0])
@@ -170,7 +176,7 @@ def merge_updates(
     for name in sorted(names):
         deltas = [c[name] for c in contributions]
         rule = _rda if method == "rda" and name not in plain_average else _average
-        merged[name] = rule(deltas, weights, scales)
+        merged[name] = rule(deltas, weights, scales, None if out is None else out[name])
     return merged
 
 
