@@ -113,7 +113,9 @@ def checkpoint_bytes(spec: JobSpec) -> int:
     from diloco.syncer.state import GlobalModel
     from diloco.trainer.model import parameter_shapes  # JAX: imported only when sizing a volume
 
-    return disk_bytes(GlobalModel.state_bytes(parameter_shapes(spec.model)))
+    # With room for momentum buffers even at the default outer momentum 0, which keeps none:
+    # spec.syncer.outerMomentum may be turned on later, and a claim does not grow by itself.
+    return disk_bytes(GlobalModel.state_bytes(parameter_shapes(spec.model), momentum=True))
 
 
 def checkpoint_gib(spec: JobSpec) -> int:

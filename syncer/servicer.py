@@ -17,7 +17,7 @@ from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.publisher import Update
 from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
-from diloco.wire import authenticate, chunks, pb
+from diloco.wire import authenticate, chunks, pb, with_bytes
 
 log = logging.getLogger("diloco.syncer")
 
@@ -72,9 +72,10 @@ class SyncerServicer:
         for part in chunks(u.blob):
             sent += len(part)
             last = sent >= len(u.blob)
-            parts.append(pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), data=bytes(part),
-                                      last=last, incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
-                                      tag=u.tag if last else b"").SerializeToString())
+            head = pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), last=last,
+                                incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
+                                tag=u.tag if last else b"")
+            parts.append(with_bytes(head, "data", part))
         return parts
 
     def _auth(self, context: grpc.ServicerContext) -> None:

@@ -192,9 +192,9 @@ class GlobalModel:
     # -- checkpoint state ----------------------------------------------------------
 
     @staticmethod
-    def state_bytes(shapes: Mapping[str, tuple[int, ...]]) -> int:
-        """Bytes of `state()`'s arrays: each parameter and its momentum buffer, in fp32."""
-        return 2 * 4 * sum(math.prod(s) for s in shapes.values())
+    def state_bytes(shapes: Mapping[str, tuple[int, ...]], momentum: bool = True) -> int:
+        """Bytes of `state()`'s arrays: each parameter and, with outer momentum, its buffer, in fp32."""
+        return (2 if momentum else 1) * 4 * sum(math.prod(s) for s in shapes.values())
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, object]]:
         held = self.held()

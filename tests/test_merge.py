@@ -178,3 +178,13 @@ def test_a_lent_accumulator_holding_an_earlier_round_merges_bit_for_bit(method: 
         assert np.shares_memory(got["w"].values, lent["w"])
         assert np.array_equal(got["w"].values, fresh["w"].values)
         assert (got["w"].factor, got["w"].sumsq) == (fresh["w"].factor, fresh["w"].sumsq)
+
+
+def test_plain_sgd_keeps_no_momentum_state() -> None:
+    """At momentum 0 (the default) a buffer would be a model-sized array of zeros, in memory and
+    in every checkpoint (4 GB of them for a 1e9-parameter model): none is kept."""
+    theta = {"w": np.ones(8, np.float32)}
+    opt = NesterovSGD(0.8, 0.0)
+    out = opt.step(theta, {"w": np.full(8, 0.5, np.float32)})
+    np.testing.assert_allclose(out["w"], 1.0 - 0.8 * 0.5)
+    assert opt.buffers == {} and opt.state_dict() == {}

@@ -1,7 +1,8 @@
 """The outer optimizer: SGD with Nesterov momentum, one state per fragment (docs/ALGORITHM.md, "The syncer": Outer step).
 
 b ← μ·b + Δ;  Θ ← Θ − lr·(Δ + μ·b).  The state is plain arrays so it checkpoints
-with the global fragments and restores bit-for-bit.
+with the global fragments and restores bit-for-bit. At μ = 0 (the default) there is no state:
+a buffer would be a model-sized array of zeros in memory and in every checkpoint.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ class NesterovSGD:
         for name, delta in outer_grad.items():
             param = np.ascontiguousarray(params[name], dtype=np.float32)
             c = np.float32(1.0 if factors is None else factors[name])
+            out[name] = np.empty_like(param)  # a new array: readers of the old Θ keep a consistent copy
+            flat = np.ascontiguousarray(delta, dtype=np.float32).reshape(-1)
+            if mu == 0:  # plain SGD (the default outer step): no buffer is read, so none is kept
+                kernels.sgd_step(param.reshape(-1), flat, np.float32(lr * c), out[name].reshape(-1))
+                continue
             buf = self.buffers.get(name)
             if buf is None:
                 buf = self.buffers[name] = np.zeros_like(param)
-            out[name] = np.empty_like(param)  # a new array: readers of the old Θ keep a consistent copy
-            flat = np.ascontiguousarray(delta, dtype=np.float32).reshape(-1)
-            if mu == 0:  # plain SGD (the default outer step): b would be cΔ, so skip its two passes
-                kernels.sgd_step(param.reshape(-1), flat, np.float32(lr * c), out[name].reshape(-1))
-                continue
             kernels.nesterov_step(param.reshape(-1), buf.reshape(-1), flat, c, lr, mu, out[name].reshape(-1))
         return out
 
