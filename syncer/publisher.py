@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from diloco.core.codecs import Codec, encode_delta_tensors, encode_tensors
-from diloco.core.pool import Pool
 
 Tensors = dict[str, np.ndarray]
 CHAIN = 2  # deltas kept per fragment: a subscriber one publish behind catches up without a keyframe;
@@ -70,7 +69,6 @@ class Publisher:
         self.cond = threading.Condition()
         self.heads: dict[int, _Head] = {}  # by fragment, in order: the fragments this syncer publishes
         self.stopping = False
-        self.pool = Pool()  # memory for each new view: a replaced view's, once no reader holds it
 
     def reset(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int = -1) -> None:
         """Make `values` (exact, fp32) fragment p's view at `version`, dropping its chain: at start,
@@ -90,8 +88,7 @@ class Publisher:
         if self.codec == "fp32":  # every message a keyframe of Θ_p itself
             self.reset(p, version, values, slot)
             return
-        delta, view = encode_delta_tensors(values, prev.view, self.codec, self.block_size,  # one fused pass
-                                           self.pool.arrays({n: v.shape for n, v in values.items()}))
+        delta, view = encode_delta_tensors(values, prev.view, self.codec, self.block_size)  # one fused pass
         tag = self.tagger(p, version, view)
         with self.cond:
             head = self.heads[p]
@@ -100,7 +97,6 @@ class Publisher:
             head.chain.append(Edition(version, slot, delta, tag))
             self.heads[p] = _Head(version, slot, view, tag, head.chain)
             self.cond.notify_all()
-        self.pool.replaced(prev.view.values())
 
     def snapshot(self) -> tuple[dict[int, int], bytes, dict[int, bytes]]:
         """What a joining learner receives exactly: per fragment published here its version and

@@ -15,7 +15,6 @@ import numpy as np
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
 from diloco.core.merge import Source, merge_updates, token_weights, values_of
 from diloco.core.outer import NesterovSGD
-from diloco.core.pool import Pool
 from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer import provenance
@@ -71,8 +70,6 @@ class GlobalModel:
     # fragment merged so far, so a 1e9-parameter job does not fault in 166 MB per publish.
     _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False,
                                  compare=False)
-    # Memory for Θ_p's new tensors: a replaced fragment's, once no reader holds it (core/pool.py).
-    _pool: Pool = field(default_factory=Pool, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
@@ -145,8 +142,7 @@ class GlobalModel:
         share = len(learners) / active if self.spec.participation_scaling and active > len(learners) else 1.0
         factors = {n: share * u.factor for n, u in merged.items()}  # applied inside the outer step's pass
         norm = math.sqrt(sum(factors[n] ** 2 * u.sumsq for n, u in merged.items()))
-        values = self.optimizers[p].step(self.fragment(p), {n: u.values for n, u in merged.items()}, factors,
-                                         self._pool.arrays(self.shapes(p)))
+        values = self.optimizers[p].step(self.fragment(p), {n: u.values for n, u in merged.items()}, factors)
         return Merged(closed, values, sorted(learners), norm)
 
     def _accumulators(self, p: int) -> dict[str, np.ndarray]:
@@ -163,7 +159,6 @@ class GlobalModel:
     def commit(self, m: Merged) -> MergeResult:
         """Θ_p ← the merge's tensors, version + 1, and each learner's new tokens credited once."""
         closed, p = m.closed, m.closed.fragment
-        self._pool.replaced([self.params[n] for n in m.values])
         self.params.update(m.values)
         self.versions[p] += 1
         credits: dict[str, int] = {}

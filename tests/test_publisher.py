@@ -84,10 +84,9 @@ def test_each_version_is_encoded_once_however_many_subscribe(monkeypatch: pytest
         calls.append(codec)
         return real(tensors, codec, block_size)  # type: ignore[arg-type]
 
-    def counting_delta(target: Tensors, base: Tensors, codec: str, block_size: int = 64,
-                       out: Tensors | None = None) -> tuple[bytes, Tensors]:
+    def counting_delta(target: Tensors, base: Tensors, codec: str, block_size: int = 64) -> tuple[bytes, Tensors]:
         calls.append(codec)
-        return real_delta(target, base, codec, block_size, out)  # type: ignore[arg-type]
+        return real_delta(target, base, codec, block_size)  # type: ignore[arg-type]
 
     monkeypatch.setattr(publisher_module, "encode_tensors", counting)
     monkeypatch.setattr(publisher_module, "encode_delta_tensors", counting_delta)

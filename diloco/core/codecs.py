@@ -238,18 +238,16 @@ def encode_tensors(tensors: Mapping[str, np.ndarray], codec: Codec, block_size: 
 
 
 def encode_delta_tensors(target: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], codec: Codec,
-                         block_size: int = 64, out: Mapping[str, np.ndarray] | None = None,
-                         ) -> tuple[bytes, dict[str, np.ndarray]]:
+                         block_size: int = 64) -> tuple[bytes, dict[str, np.ndarray]]:
     """`encode_tensors({n: target[n] − base[n]})` and base + its decoded values, which is exactly
     what a receiver holding `base` computes from the bytes. For int codecs one fused pass per
-    tensor: no difference, decoded or sum is materialised on the way (the broadcast's hot loop).
-    `out`: fp32 arrays (the tensors' shapes) to write base + decoded into, else new ones."""
+    tensor: no difference, decoded or sum is materialised on the way (the broadcast's hot loop)."""
     if codec not in ("int4", "int8"):
         blob = encode_tensors({n: target[n] - base[n] for n in target}, codec, block_size)
         decoded = decode_tensors(blob)
         return blob, {n: base[n] + decoded[n] for n in target}
     pairs = {n: (_checked_input(target[n], codec, block_size), _checked_input(base[n], codec, block_size)) for n in target}
-    new = {n: np.empty_like(t) if out is None else out[n] for n, (t, _) in pairs.items()}
+    new = {n: np.empty_like(t) for n, (t, _) in pairs.items()}
     k = kernels.block_kernels(block_size)
     fused = k.int4_encode_delta if codec == "int4" else k.int8_encode_delta
     per_block = block_size // 2 if codec == "int4" else block_size
