@@ -4,7 +4,7 @@
 
 The syncer's own calls on arrays of one fragment's size: admitting an int4 push, the RDA of a
 round, the outer step, the fused broadcast pass (delta encode and view update) and the
-provenance tag. Milliseconds, best of 2 after a warm-up. Last line: JSON.
+provenance tag; and the round again into a fresh accumulator, side by side. Milliseconds, best of 2 after a warm-up. Last line: JSON.
 """
 
 from __future__ import annotations
@@ -48,12 +48,17 @@ def main() -> None:
     packed, _ = outer_gradient(blob, 0, shapes)
     merged = merge_updates([packed], [1.0], "rda")
     grads, factors = {n: u.values for n, u in merged.items()}, {n: u.factor for n, u in merged.items()}
+    lent = {k: np.empty(s, np.float32) for k, s in shapes.items()}  # the accumulator the syncer lends each round
+    k = args.learners
     rows = {
         "admit_push": ms(lambda: outer_gradient(blob, 0, shapes)),
-        "rda_round": ms(lambda: merge_updates([packed] * args.learners, [1.0] * args.learners, "rda")),
+        "rda_round": ms(lambda: merge_updates([packed] * k, [1.0] * k, "rda", out=lent)),
         "outer_step": ms(lambda: NesterovSGD(0.8, 0.0).step(theta, grads, factors)),  # applies RDA's factor
         "broadcast_pass": ms(lambda: encode_delta_tensors(theta, view, "int8")),
         "provenance_tag": ms(lambda: provenance.tag(b"k" * 32, 0, 1, view, ["a", "b"])),
+        # The round into a fresh accumulator, as before the syncer lent it one (its own process
+        # keeps freed memory, syncer/main.py keep_freed_memory; this one does not):
+        "rda_round_fresh": ms(lambda: merge_updates([packed] * k, [1.0] * k, "rda")),
     }
     for name, value in rows.items():
         print(f"{name:16} {value:8.1f} ms")

@@ -45,6 +45,7 @@ class Report:
     worst_merge_seconds: float  # latest arrival of a slot's merge, from the slot's start
     bytes_pushed: int
     bytes_received: int
+    missed: dict[int, float] = field(default_factory=dict)  # slot (from the first pushed) -> when its merge arrived
 
     @property
     def sustained(self) -> bool:
@@ -175,15 +176,17 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
         for link in lr.links:
             link.channel.close()
     measured = range(first_slot + num, first_slot + slots)  # the first cycle starts every fragment's rounds
-    worst, in_time = 0.0, 0
+    worst, in_time, missed = 0.0, 0, {}
     for s in measured:
         start = t0 + (s - first_slot) * step_seconds
         arrived = [min((t for c, t in lr.arrivals.items() if c >= s and c % num == s % num), default=float("inf"))
                    for lr in team]
         worst = max(worst, max(arrived) - start)
         in_time += max(arrived) <= start + step_seconds
+        if max(arrived) > start + step_seconds:
+            missed[s - first_slot] = round(max(arrived) - start, 2)
     return Report(learners, len(measured), in_time, sum(lr.refused for lr in team), sum(lr.late for lr in team),
-                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team))
+                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team), missed)
 
 
 def main() -> None:
