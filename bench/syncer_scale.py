@@ -1,7 +1,7 @@
 """How many learners one syncer shard sustains, and two, measured end to end with real processes.
 
     python bench/syncer_scale.py [--models 1e8,1e9] [--fragments 24] [--step-seconds 1.0]
-                                 [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 72] [--smoke]
+                                 [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 96] [--warmup-cycles 2] [--smoke]
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
@@ -9,7 +9,8 @@ generator process (`diloco.testing.loadgen`: M synthetic learners over real gRPC
 each pinned to a core of its own while there are N + 1 cores (else none pinned), pushing precomputed int4 outer gradients on the shared
 schedule at one step per `--step-seconds`, each fragment to its shard. M is sustained when every
 push is accepted and sent on time and every slot's merge reaches every learner before the next
-slot begins (the first P slots, which open the rounds, excluded). The search stops at the first
+slot begins (the first two cycles of P slots excluded: the first opens the rounds, the
+second absorbs the backlog of a large model's first publishes, which grow the syncer's heap). The search stops at the first
 M not sustained; with N > 1 it starts at the largest M one shard sustained (measured again) and
 goes down if that fails. On a 2-core machine two shards and the load generator share both cores.
 
@@ -98,13 +99,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, prefix: str,
+def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, warmup: int, prefix: str,
           cpu: int | None, syncers: list[int]) -> dict[str, Any]:
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
     cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
-           str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--prefix", prefix]
+           str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix]
     before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600 + 4 * slots * step)
     wall, after = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -137,7 +138,7 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
     best, trials = 0, []
 
     def sustains(m: int) -> bool:
-        row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, f"m{len(trials)}-{m}", generator,
+        row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, args.warmup_cycles, f"m{len(trials)}-{m}", generator,
                     [proc.pid for proc, _ in syncers])
         trials.append(row)
         print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
@@ -166,7 +167,10 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--learners", default="1,2,4,6,8,12,16,24,32,48,64")
     parser.add_argument("--shards", default="1,2", help="shard counts to measure, one first")
-    parser.add_argument("--slots", type=int, default=72, help="slots per trial (the first P are not counted)")
+    parser.add_argument("--slots", type=int, default=96, help="slots per trial, warm-up included")
+    parser.add_argument("--warmup-cycles", type=int, default=2,
+                        help="cycles of P slots not counted: the first opens the rounds, the second absorbs "
+                             "the backlog of a large model's first publishes")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:
