@@ -29,7 +29,7 @@ def _assemble(first: pb.PushChunk | pb.RecoverChunk, rest: Iterator, declared: i
     """Join a client stream's chunks into one buffer of the declared size (bounded by the header
     check before this), refusing a body longer or shorter than the header said. One copy per
     byte: a 1e9-parameter job's pushes are tens of MB each, several per second."""
-    buf, got = memoryview(np.empty(declared, np.uint8)), 0  # empty: no zero-filling pass
+    buf, got = np.empty(declared, np.uint8).data, 0  # empty: no zero-filling pass
     for chunk in itertools.chain([first], rest):
         data = chunk.data
         n = len(data)
