@@ -66,8 +66,8 @@ class GlobalModel:
     # The fingerprint of Θ₀ as the first learner seeded it (diloco/core/seed.py): every learner
     # that joins must present the same. Empty: from a checkpoint older than seeding.
     init_hash: bytes = b""
-    # The merge's accumulator, lent to every round (one merge at a time): sized to the largest
-    # fragment merged so far, so a 1e9-parameter job does not fault in 166 MB per publish.
+    # The merge's accumulator, lent to every round (one merge at a time) and sized to the largest
+    # fragment merged so far: each round reuses one buffer instead of a fresh fragment-sized array.
     _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False,
                                  compare=False)
 

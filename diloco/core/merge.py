@@ -165,7 +165,7 @@ def merge_updates(
     """Merge per tensor; tensors in `plain_average` (embeddings) always use the weighted
     average. `scales`: per-contribution factors (staleness discounts), folded into the merge.
     `out`: flat fp32 accumulators to merge into, one per tensor (the syncer lends the same
-    memory every round instead of faulting in a fresh fragment-sized array)."""
+    memory every round: bench/publish_profile.py, rda_round against rda_round_fresh)."""
     if not contributions:
         raise ValueError("nothing to merge")
     names = set(contributions[0])
