@@ -4,7 +4,8 @@
 
 The syncer's own calls on arrays of one fragment's size: admitting an int4 push, the RDA of a
 round, the outer step, the fused broadcast pass (delta encode and view update) and the
-provenance tag; and the round again into a fresh accumulator, side by side. Milliseconds, best of 2 after a warm-up. Last line: JSON.
+provenance tag; and the round again into a fresh accumulator, side by side. Milliseconds,
+best of 2 after a warm-up. Last line: JSON.
 """
 
 from __future__ import annotations

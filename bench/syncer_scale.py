@@ -10,8 +10,8 @@ each pinned to a core of its own while there are N + 1 cores (else none pinned),
 schedule at one step per `--step-seconds`, each fragment to its shard. M is sustained when every
 push is accepted and sent on time and every slot's merge reaches every learner before the next
 slot begins (the first two cycles of P slots excluded: the first opens the rounds, the
-second absorbs the backlog of a large model's first publishes, which grow the syncer's heap). The search stops at the first
-M not sustained; with N > 1 it starts at the largest M one shard sustained (measured again) and
+second absorbs the backlog of a large model's first publishes, which grow the syncer's heap).
+The search stops at the first M not sustained; with N > 1 it starts at the largest M one shard sustained (measured again) and
 goes down if that fails. On a 2-core machine two shards and the load generator share both cores.
 
 Last line: JSON with `max_learners` keyed "<params>@<P>@<step seconds>" (one shard; the largest M
