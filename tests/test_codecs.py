@@ -166,8 +166,9 @@ def test_nonfinite_input_gives_a_payload_the_decoder_refuses() -> None:
        block=st.sampled_from([2, 6, 64]), seed=st.integers(0, 2**32 - 1))
 def test_the_fused_delta_encode_is_encode_then_decode_bit_for_bit(n, codec, block, seed) -> None:
     """The broadcast's one-pass kernel: the same bytes as encoding the difference, and the same
-    new view as a receiver adding the decoded bytes to what it holds."""
-    from diloco.core.codecs import encode_delta_tensors
+    new view as a receiver adding the decoded bytes to what it holds. The push's form of it
+    (`encode_difference`) keeps the decoded values alone: what the syncer decodes."""
+    from diloco.core.codecs import encode_delta_tensors, encode_difference
 
     rng = np.random.default_rng(seed)
     target = {"a": rng.standard_normal(n).astype(np.float32), "b": rng.standard_normal((3, 5)).astype(np.float32)}
@@ -176,3 +177,6 @@ def test_the_fused_delta_encode_is_encode_then_decode_bit_for_bit(n, codec, bloc
     assert blob == encode_tensors({k: target[k] - base[k] for k in target}, codec, block)  # type: ignore[arg-type]
     decoded = decode_tensors(blob)
     assert all(np.array_equal(new[k], base[k] + decoded[k]) for k in target)
+    pushed, sent = encode_difference(target, base, codec, block)  # type: ignore[arg-type]
+    assert pushed == blob
+    assert all(np.array_equal(sent[k], decoded[k]) for k in target)

@@ -35,6 +35,9 @@ batches = [rng.integers(0, cfg.vocab_size, (8, cfg.context + 1)).astype(np.int32
 def run(layout):
     recipe = Recipe(cfg, tr, layout)
     params = recipe.place({n: np.asarray(v) for n, v in p0.items()})
+    placed = {n: str(getattr(v.sharding, "spec", "")) for n, v in params.items()}
+    some = list(p0)[::3]  # an adoption places one fragment's tensors
+    placed.update({n: str(getattr(v.sharding, "spec", "")) for n, v in recipe.place({n: np.asarray(p0[n]) for n in some}).items()})
     state = recipe.init_state(params)
     losses = []
     for k, b in enumerate(batches):
@@ -43,12 +46,12 @@ def run(layout):
     specs = {n: str(getattr(v.sharding, "spec", "")) for n, v in params.items()}
     mu = state[1].inner_state[0].mu
     mu_specs = {n: str(getattr(v.sharding, "spec", "")) for n, v in mu.items()}
-    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}
+    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}, placed
 
 print(jax.device_count())
 sharded = run(sharding.layout(Mesh(data=2, fsdp=2), shapes, tr.batch_size))
 plain = run(None)
-print(json.dumps({"devices": jax.device_count(), "sharded": sharded[:3], "plain": plain[0],
+print(json.dumps({"devices": jax.device_count(), "sharded": sharded[:3], "plain": plain[0], "placed": sharded[4],
                   "params_close": all(np.allclose(sharded[3][n], plain[3][n], atol=1e-5) for n in plain[3])}))
 """
 
@@ -71,6 +74,7 @@ def test_a_data_by_fsdp_mesh_shards_the_model_and_trains_as_one_device_does(mode
     sharded = [n for n, s in specs.items() if "fsdp" in s]
     assert len(sharded) >= 4, specs
     assert all(mu_specs[n] == specs[n] for n in specs)
+    assert r["placed"] == specs  # host arrays go straight to their shards, a whole model or one fragment
     tol = 1e-4 if model.get("dtype") != "bfloat16" else 2e-2  # bf16 reductions regroup across shards
     assert losses == pytest.approx(r["plain"], rel=tol, abs=tol)
     if model.get("dtype") != "bfloat16":

@@ -374,22 +374,25 @@ class SyncerClient:
 
     def _consume(self, stream, backoff: Backoff) -> None:
         """Assemble each fragment's chunks, apply keyframe or delta to our copy, hand it to the loop."""
-        buf, current = bytearray(), None
+        parts: list[bytes] = []
+        current = None
         for msg in stream:
             backoff.reset()
             if current != (msg.fragment, msg.version):
-                buf, current = bytearray(), (msg.fragment, msg.version)
-            buf += msg.data
+                parts, current = [], (msg.fragment, msg.version)
+            parts.append(msg.data)
             if not msg.last:
                 continue
-            self.bytes_received += len(buf)
+            blob = parts[0] if len(parts) == 1 else b"".join(parts)  # one chunk (most publishes): no copy
+            parts = []
+            self.bytes_received += len(blob)
             with self.lock:
                 if msg.incarnation != self.incarnation or msg.fragment not in self.owned:
                     continue
                 names = self.fragments[msg.fragment]
             expect = {n: self.expected_shapes[n] for n in names}
             try:
-                tensors = decode_tensors(bytes(buf), expect)
+                tensors = decode_tensors(blob, expect)
             except CodecError as exc:  # resubscribing gets fresh keyframes
                 raise ConnectionError(f"malformed published fragment {msg.fragment}: {exc}") from None
             with self.lock:
@@ -400,4 +403,3 @@ class SyncerClient:
                 self.tags[msg.fragment] = msg.tag
                 self.inbox[msg.fragment] = Arrival(int(msg.version), tensors, int(msg.slot))
                 self.lock.notify_all()
-            buf = bytearray()

@@ -177,7 +177,7 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
     if len(buf) < offset:
         raise CodecError("payload is truncated inside its shape")
     shape = struct.unpack_from(f"<{ndim}Q", buf, _HEADER.size)
-    if int(np.prod(shape, dtype=np.float64)) != count:
+    if math.prod(shape) != count:  # exact: Python integers do not overflow
         raise CodecError(f"payload shape {shape} does not hold its {count} elements")
     if math.prod(d for d in shape if d) >= 1 << 60:  # an empty array cannot have such dimensions either
         raise CodecError(f"payload shape {shape} is impossibly large")
@@ -192,7 +192,7 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
     body = buf[offset:]
     nblocks = -(-count // block) if count and codec in ("int4", "int8") else 0
     scales = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
-    if not np.all(np.isfinite(scales)) or np.any(scales < 0):
+    if not kernels.valid_scales(scales):
         raise CodecError("payload carries a negative or non-finite block scale")
     dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}[codec]
     return Packed(codec, tuple(shape), block, scales, np.frombuffer(body[4 * nblocks :], dtype=dtype))
@@ -242,10 +242,23 @@ def encode_delta_tensors(target: Mapping[str, np.ndarray], base: Mapping[str, np
     """`encode_tensors({n: target[n] − base[n]})` and base + its decoded values, which is exactly
     what a receiver holding `base` computes from the bytes. For int codecs one fused pass per
     tensor: no difference, decoded or sum is materialised on the way (the broadcast's hot loop)."""
+    return _encode_difference(target, base, codec, block_size, add_base=True)
+
+
+def encode_difference(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], codec: Codec,
+                      block_size: int = 64) -> tuple[bytes, dict[str, np.ndarray]]:
+    """`encode_tensors({n: a[n] − b[n]})` and its values as a receiver decodes them, in one
+    fused pass per tensor for int codecs: a learner's push (Δ = A − θ) and the record it keeps
+    of it for error feedback, without materialising Δ or parsing the bytes back."""
+    return _encode_difference(a, b, codec, block_size, add_base=False)
+
+
+def _encode_difference(target: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], codec: Codec,
+                       block_size: int, add_base: bool) -> tuple[bytes, dict[str, np.ndarray]]:
     if codec not in ("int4", "int8"):
         blob = encode_tensors({n: target[n] - base[n] for n in target}, codec, block_size)
         decoded = decode_tensors(blob)
-        return blob, {n: base[n] + decoded[n] for n in target}
+        return blob, ({n: base[n] + decoded[n] for n in target} if add_base else decoded)
     pairs = {n: (_checked_input(target[n], codec, block_size), _checked_input(base[n], codec, block_size)) for n in target}
     new = {n: np.empty_like(t) for n, (t, _) in pairs.items()}
     k = kernels.block_kernels(block_size)
@@ -264,11 +277,11 @@ def encode_delta_tensors(target: Mapping[str, np.ndarray], base: Mapping[str, np
         scales = np.frombuffer(body[: 4 * nblocks], np.float32)
         codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
         cut = full * block_size
-        fused(t[:cut], b[:cut], scales[:full], codes[: full * per_block], n[:cut])
+        fused(t[:cut], b[:cut], scales[:full], codes[: full * per_block], n[:cut], add_base)
         if full < nblocks:  # the last, partial block, zero-padded like `encode`
             padded = np.zeros((3, block_size), np.float32)
             padded[0, : t.size - cut], padded[1, : t.size - cut] = t[cut:], b[cut:]
-            fused(padded[0], padded[1], scales[full:], codes[full * per_block :], padded[2])
+            fused(padded[0], padded[1], scales[full:], codes[full * per_block :], padded[2], add_base)
             n[cut:] = padded[2, : t.size - cut]
 
     return _bundle({n: t.shape for n, (t, _) in pairs.items()}, codec, block_size, write), new

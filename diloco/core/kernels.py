@@ -50,12 +50,12 @@ class BlockKernels:
     pairs would need shuffles); int8 stores one signed byte per value."""
 
     int4_encode: Any  # (x f32[nb*B], scales f32[nb], packed u8[nb*B/2]) -> None: whole blocks
-    int4_encode_delta: Any  # (target, base, scales, packed, new) -> None: encode(target − base), new = base + decoded
+    int4_encode_delta: Any  # (target, base, scales, packed, new, add_base) -> None: encode(target − base), new = [base +] decoded
     int4_decode: Any  # (scales, packed, out f32[n]) -> None
     int4_accumulate: Any  # (scales, packed, c f32, acc f32[n]) -> None: acc += c * decode
     int4_sumsq: Any  # (scales, packed) -> float: ‖decode‖², from the packed bytes alone
     int8_encode: Any  # (x f32[nb*B], scales, q i8[nb*B]) -> None: whole blocks
-    int8_encode_delta: Any  # (target, base, scales, q, new) -> None
+    int8_encode_delta: Any  # (target, base, scales, q, new, add_base) -> None
     int8_decode: Any  # (scales, q, out) -> None
     int8_accumulate: Any  # (scales, q, c, acc) -> None
     int8_sumsq: Any  # (scales, q) -> float
@@ -85,9 +85,10 @@ def block_kernels(block: int) -> BlockKernels:
                 packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
 
     @_jit()
-    def int4_encode_delta(target: Any, base: Any, scales: Any, packed: Any, new: Any) -> None:
-        """int4_encode(target − base), and new = base + its decoded values, in one pass (what a
-        subscriber computes from the bytes, bit for bit). Whole blocks only."""
+    def int4_encode_delta(target: Any, base: Any, scales: Any, packed: Any, new: Any, add_base: bool) -> None:
+        """int4_encode(target − base), and new = base + its decoded values (what a subscriber
+        computes from the bytes, bit for bit), or with `add_base` false the decoded values
+        alone (what the syncer decodes from a learner's push), in one pass. Whole blocks only."""
         d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
         bits, absmax = d.view(np.uint32), tmp.view(np.float32)
         for b in range(target.size // B):
@@ -104,8 +105,10 @@ def block_kernels(block: int) -> BlockKernels:
                 lo_q = np.int32(d[j] * inv + np.float32(8.5))
                 hi_q = np.int32(d[H + j] * inv + np.float32(8.5))
                 packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
-                new[lo + j] = base[lo + j] + np.float32((lo_q & 15) - 8) * s
-                new[lo + H + j] = base[lo + H + j] + np.float32((hi_q & 15) - 8) * s
+                lo_d, hi_d = np.float32((lo_q & 15) - 8) * s, np.float32((hi_q & 15) - 8) * s
+                if add_base:  # loop-invariant: LLVM unswitches it
+                    lo_d, hi_d = base[lo + j] + lo_d, base[lo + H + j] + hi_d
+                new[lo + j], new[lo + H + j] = lo_d, hi_d
 
     @_jit()
     def int4_decode(scales: Any, packed: Any, out: Any) -> None:
@@ -168,8 +171,9 @@ def block_kernels(block: int) -> BlockKernels:
                 q[lo + j] = np.int8(np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0))))
 
     @_jit()
-    def int8_encode_delta(target: Any, base: Any, scales: Any, q: Any, new: Any) -> None:
-        """int8_encode(target − base), and new = base + its decoded values, in one pass."""
+    def int8_encode_delta(target: Any, base: Any, scales: Any, q: Any, new: Any, add_base: bool) -> None:
+        """int8_encode(target − base), and new = base + its decoded values (or, with `add_base`
+        false, the decoded values alone), in one pass."""
         d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
         bits, absmax = d.view(np.uint32), tmp.view(np.float32)
         for b in range(target.size // B):
@@ -186,7 +190,8 @@ def block_kernels(block: int) -> BlockKernels:
                 v = (d[j] * inv + RINT) - RINT
                 code = np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0)))
                 q[lo + j] = np.int8(code)
-                new[lo + j] = base[lo + j] + np.float32(code) * s
+                d_j = np.float32(code) * s
+                new[lo + j] = base[lo + j] + d_j if add_base else d_j
 
     @_jit()
     def int8_decode(scales: Any, q: Any, out: Any) -> None:
@@ -216,6 +221,16 @@ def block_kernels(block: int) -> BlockKernels:
 
     return BlockKernels(int4_encode, int4_encode_delta, int4_decode, int4_accumulate, int4_sumsq,
                         int8_encode, int8_encode_delta, int8_decode, int8_accumulate, int8_sumsq)
+
+
+@_jit()
+def valid_scales(scales: Any) -> bool:
+    """Every block scale finite and >= 0 (NaN fails both comparisons). One call instead of the
+    three numpy passes and temporaries that cost more than decoding a small tensor."""
+    ok = True
+    for i in range(scales.size):
+        ok &= (scales[i] >= 0) & (scales[i] < np.inf)
+    return ok
 
 
 @_jit(fastmath=True)  # reassociation lets the fp64 sum vectorise; the order of a sum is not a contract

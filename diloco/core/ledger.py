@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from diloco.core.codecs import Codec, CodecError, decode_tensors, encode_tensors
+from diloco.core.codecs import Codec, encode_difference
 from diloco.core.schedule import Schedule
 
 Tensors = dict[str, np.ndarray]
@@ -88,10 +88,11 @@ class Ledger:
                 delta[n] = delta[n] - f.delta[n]
         return delta
 
-    def pushed(self, p: int, push_id: int, sent: Mapping[str, np.ndarray]) -> InFlight:
-        """Record a push handed to the sender; `sent` is its outer gradient as the syncer decodes it."""
+    def pushed(self, p: int, push_id: int, sent: Mapping[str, np.ndarray], owned: bool = False) -> InFlight:
+        """Record a push handed to the sender; `sent` is its outer gradient as the syncer decodes
+        it (kept as is when `owned`: fresh fp32 arrays nobody else holds)."""
         b = self.books[p]
-        f = InFlight(push_id, {n: _copy(sent[n]) for n in self.fragments[p]}, b.steps, b.tokens)
+        f = InFlight(push_id, {n: sent[n] if owned else _copy(sent[n]) for n in self.fragments[p]}, b.steps, b.tokens)
         b.in_flight.append(f)
         b.steps, b.tokens = 0, 0
         return f
@@ -207,11 +208,11 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
 def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: Codec,
                  block_size: int) -> tuple[bytes, InFlight]:
     """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
-    the compression error stays in θ − A and leaves with the next push (error feedback)."""
-    delta = ledger.outer_gradient(p, local)
-    blob = encode_tensors(delta, codec, block_size)
-    try:
-        sent = decode_tensors(blob)
-    except CodecError:  # non-finite weights: the syncer will refuse it and the learner re-syncs
-        sent = delta
-    return blob, ledger.pushed(p, push_id, sent)
+    the compression error stays in θ − A and leaves with the next push (error feedback).
+    Δ = A_p − (θ_p + what pushes in flight carry), encoded and decoded in one fused pass."""
+    b = ledger.books[p]
+    carried = {n: np.asarray(local[n], dtype=np.float32) for n in ledger.fragments[p]}
+    for f in b.in_flight:  # only when flushing at the end: the loop waits for p's push first
+        carried = {n: carried[n] + f.delta[n] for n in carried}
+    blob, sent = encode_difference(b.anchor, carried, codec, block_size)
+    return blob, ledger.pushed(p, push_id, sent, owned=True)
