@@ -58,7 +58,7 @@ def main() -> None:
         "broadcast_pass": ms(lambda: encode_delta_tensors(theta, view, "int8")),
         "provenance_tag": ms(lambda: provenance.tag(b"k" * 32, 0, 1, view, ["a", "b"])),
         # The round into a fresh accumulator, as before the syncer lent it one (its own process
-        # keeps freed memory, syncer/main.py keep_freed_memory; this one does not):
+        # keeps freed memory, diloco/launch.py keep_freed_memory; this one does not):
         "rda_round_fresh": ms(lambda: merge_updates([packed] * k, [1.0] * k, "rda")),
     }
     for name, value in rows.items():

@@ -7,7 +7,6 @@ serves gRPC, merges on its own thread, checkpoints on a schedule and on SIGTERM.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import signal
 import socket
@@ -22,6 +21,7 @@ from prometheus_client import start_http_server
 from diloco.contract import parse_shard, ready_line
 from diloco.core import kernels
 from diloco.core.fragments import owned_by
+from diloco.launch import keep_freed_memory
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -48,20 +48,6 @@ def restored_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard
     model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, owned=owned_by(shard, syncer.fragments, syncer.shards))
     log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
     return model
-
-
-def keep_freed_memory() -> None:
-    """Serve large allocations from the heap and keep freed memory for reuse (glibc): every merge
-    and publish allocates fragment-sized arrays, and fresh mmap'd pages cost a page fault each
-    (measured: a third of a 1e9-parameter publish). The syncer's footprint is steady, so holding
-    its peak is the right trade. Elsewhere (no glibc) this does nothing."""
-    try:
-        libc = ctypes.CDLL(None)
-        m_trim_threshold, m_mmap_max = -1, -4  # glibc's mallopt parameters
-        libc.mallopt(m_mmap_max, 0)
-        libc.mallopt(m_trim_threshold, 1 << 30)  # return memory only when 1 GiB at the top is free
-    except (OSError, AttributeError):
-        log.info("mallopt is not available; large allocations stay memory-mapped")
 
 
 def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
