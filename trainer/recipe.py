@@ -29,10 +29,25 @@ def scalar(x: jax.Array) -> float:
     return float(np.asarray(x.addressable_data(0)))
 
 
+LR_BLOCK = 4096  # schedule positions evaluated at once: ~1 ms per block, once per 4096 steps
+
+
 def learning_rate(tr: Training) -> Callable[[int], float]:
+    """The learning rate at a schedule position, read from blocks of the schedule evaluated
+    once: optax's schedule called per step runs a dozen eager JAX operations (0.3 ms, 0.5% of a
+    quickstart step on the CPU). Blocks start at multiples of LR_BLOCK, so a position's value
+    never depends on which process or step asked first."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
-    return lambda slot: float(schedule(slot))
+    blocks: dict[int, np.ndarray] = {}
+
+    def lr(slot: int) -> float:
+        k, i = divmod(max(0, int(slot)), LR_BLOCK)
+        if k not in blocks:
+            blocks[k] = np.asarray(schedule(np.arange(k * LR_BLOCK, (k + 1) * LR_BLOCK)))
+        return float(blocks[k][i])
+
+    return lr
 
 
 def optimizer(tr: Training) -> optax.GradientTransformation:
