@@ -43,6 +43,7 @@ run bandwidth_measured bench/bandwidth_measured.py $SMOKE
 run heterogeneous bench/heterogeneous.py $SMOKE
 run scavenging bench/scavenging.py $SMOKE
 run syncer_scale bench/syncer_scale.py $SMOKE
+run multihost_push bench/multihost_push.py $SMOKE
 
 if [[ -z "$SMOKE" ]]; then
   # Component benchmarks (section 6).

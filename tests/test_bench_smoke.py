@@ -30,6 +30,7 @@ EXPECTED = {
                       "loss_before_join", "max_loss_after_join", "spike"},
     "syncer_scale.py": {"bench", "max_learners", "shard_speedup", "trials"},
     "push_rpc.py": {"bench", "stream_cpu_ms", "unary_cpu_ms", "stream_over_unary_cpu"},
+    "multihost_push.py": {"bench", "gather_ms", "gather_once_ms", "per_host_ms", "gather_over_per_host"},
 }
 
 
