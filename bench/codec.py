@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import best_seconds
 
 from diloco.core.codecs import CODECS, decode, encode, parse
+from diloco.launch import keep_freed_memory
 
 
 def measure(mib: float) -> dict[str, float]:
@@ -46,6 +47,7 @@ def measure(mib: float) -> dict[str, float]:
 
 
 def main() -> None:
+    keep_freed_memory()  # the allocator the syncer and the learners run with (diloco/launch.py)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=float, nargs="+", default=[4.0, 64.0], help="input sizes (fp32 MiB)")
     args = parser.parse_args()

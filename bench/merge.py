@@ -25,6 +25,7 @@ from _timing import best_seconds
 from diloco.core.codecs import encode, parse
 from diloco.core.merge import rda, weighted_average
 from diloco.core.outer import NesterovSGD
+from diloco.launch import keep_freed_memory
 
 
 def measure(mib: float, learners: int) -> dict[str, float]:
@@ -53,6 +54,7 @@ def measure(mib: float, learners: int) -> dict[str, float]:
 
 
 def main() -> None:
+    keep_freed_memory()  # the allocator the syncer and the learners run with (diloco/launch.py)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=float, nargs="+", default=[4.0, 64.0], help="the round's input: all contributions, fp32")
     parser.add_argument("--learners", type=int, default=4)
