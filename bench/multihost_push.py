@@ -45,6 +45,7 @@ from diloco.core.codecs import encode_difference
 from diloco.core.fragments import plan_fragments, specs_from_shapes
 from diloco.spec import Mesh, TransformerModel
 from diloco.trainer import model, sharding
+from diloco.trainer.hosts import Hosts
 
 cfg = TransformerModel(layers=args["layers"], d_model=args["d_model"], heads=4, context=128)
 shapes = model.parameter_shapes(cfg)
@@ -67,8 +68,10 @@ def local_part(v):
     part = np.concatenate([np.asarray(sh.data) for sh in shards], axis=axis)
     return part, tuple(slice(start, start + part.shape[axis]) if d == axis else slice(None) for d in range(part.ndim))
 
+hosts = Hosts(pid, 2)
+
 def gather(p):
-    theta = {n: np.asarray(multihost_utils.process_allgather(params[n], tiled=True)) for n in plan.fragments[p]}
+    theta = hosts.host_copy({n: params[n] for n in plan.fragments[p]})  # the learner's own `local(p)`
     return len(encode_difference({n: anchors[n] for n in theta}, theta, "int4")[0])
 
 replicated = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec())

@@ -10,8 +10,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 CHILD = r"""
 import json, resource, sys, threading
 import numpy as np
@@ -42,7 +40,6 @@ def _faults(mode: str) -> list[int]:
     return list(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt; elsewhere it does nothing")
 def test_freed_memory_is_reused_without_faulting_pages_in_again() -> None:
     default, kept = _faults("default"), _faults("keep")
     huge_pages = 2 * (40 << 20) // (2 << 20)  # one round's 80 MiB in 2 MiB pages (4 KiB pages: 20,480)

@@ -51,15 +51,15 @@ class Layout:
         input shardings are the parameters' takes host arrays through jit's C++ argument
         handling, a third of `jax.device_put`'s cost here (which is per array, in Python).
         Across processes jit refuses host arrays, so there device_put places them."""
-        shardings = {n: self.params[n] for n in values}
-        if not self.mesh.is_multi_process:
-            key = frozenset(values)
-            placer = self._placers.get(key)
-            if placer is None:
-                placer = self._placers[key] = jax.jit(lambda v: v, in_shardings=(shardings,), out_shardings=shardings)
-            placed: dict[str, jax.Array] = placer(dict(values))
-            return placed
-        placed = jax.device_put(dict(values), shardings)
+        if self.mesh.is_multi_process:
+            spread: dict[str, jax.Array] = jax.device_put(dict(values), {n: self.params[n] for n in values})
+            return spread
+        key = frozenset(values)
+        placer = self._placers.get(key)
+        if placer is None:  # once per fragment: the shardings are fixed per set of names
+            shardings = {n: self.params[n] for n in values}
+            placer = self._placers[key] = jax.jit(lambda v: v, in_shardings=(shardings,), out_shardings=shardings)
+        placed: dict[str, jax.Array] = placer(dict(values))
         return placed
 
     def put_batch(self, batch: np.ndarray) -> jax.Array:

@@ -79,20 +79,24 @@ class Ledger:
         """Some push in flight has no answer from the syncer yet."""
         return any(f.merged_into is None for b in self.books for f in b.in_flight)
 
+    def carried(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors:
+        """θ_p plus what pushes in flight carry (each holds −progress): the weights whose
+        difference from A_p no push carries yet."""
+        out = {n: np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
+        for f in self.books[p].in_flight:  # only when flushing at the end: the loop waits for p's push first
+            out = {n: out[n] + f.delta[n] for n in out}
+        return out
+
     def outer_gradient(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors:
         """Δ = A_p − θ_p, less what pushes in flight already carry."""
-        b = self.books[p]
-        delta = {n: b.anchor[n] - np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
-        for f in b.in_flight:
-            for n in delta:
-                delta[n] = delta[n] - f.delta[n]
-        return delta
+        anchor = self.books[p].anchor
+        return {n: anchor[n] - v for n, v in self.carried(p, local).items()}
 
-    def pushed(self, p: int, push_id: int, sent: Mapping[str, np.ndarray], owned: bool = False) -> InFlight:
+    def pushed(self, p: int, push_id: int, sent: Tensors) -> InFlight:
         """Record a push handed to the sender; `sent` is its outer gradient as the syncer decodes
-        it (kept as is when `owned`: fresh fp32 arrays nobody else holds)."""
+        it, fresh fp32 arrays the ledger keeps as they are."""
         b = self.books[p]
-        f = InFlight(push_id, {n: sent[n] if owned else _copy(sent[n]) for n in self.fragments[p]}, b.steps, b.tokens)
+        f = InFlight(push_id, {n: sent[n] for n in self.fragments[p]}, b.steps, b.tokens)
         b.in_flight.append(f)
         b.steps, b.tokens = 0, 0
         return f
@@ -209,10 +213,6 @@ def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: Co
                  block_size: int) -> tuple[bytes, InFlight]:
     """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
     the compression error stays in θ − A and leaves with the next push (error feedback).
-    Δ = A_p − (θ_p + what pushes in flight carry), encoded and decoded in one fused pass."""
-    b = ledger.books[p]
-    carried = {n: np.asarray(local[n], dtype=np.float32) for n in ledger.fragments[p]}
-    for f in b.in_flight:  # only when flushing at the end: the loop waits for p's push first
-        carried = {n: carried[n] + f.delta[n] for n in carried}
-    blob, sent = encode_difference(b.anchor, carried, codec, block_size)
-    return blob, ledger.pushed(p, push_id, sent, owned=True)
+    Δ = A_p − ledger.carried(p, θ_p) (`outer_gradient`), encoded and decoded in one fused pass."""
+    blob, sent = encode_difference(ledger.books[p].anchor, ledger.carried(p, local), codec, block_size)
+    return blob, ledger.pushed(p, push_id, sent)
