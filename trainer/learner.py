@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program
     # over every device this learner has (spec.training.mesh; trainer/sharding.py).
     cfg, tr = spec.model, spec.training
-    shapes = model.parameter_shapes(cfg)
+    theta0 = {n: np.asarray(v) for n, v in model.init_params(cfg, spec.data.seed).items()}  # Θ₀, as every learner has it
+    shapes = model.shapes(theta0)  # not parameter_shapes: tracing the model again costs a restart 0.2 s of CPU
     try:
         layout = sharding.layout(tr.mesh, shapes, tr.batch_size)
     except ValueError as exc:
@@ -112,7 +113,6 @@ def run(args: argparse.Namespace) -> int:
     recipe = Recipe(cfg, tr, layout)
 
     # Compile before joining, so the state we pull is fresh when training starts.
-    theta0 = {n: np.asarray(v) for n, v in model.init_params(cfg, spec.data.seed).items()}  # Θ₀, as every learner has it
     params = recipe.place(theta0)
     jax.block_until_ready(recipe.step(params, recipe.init_state(params), batches.batch(0), 0))
     recipe.eval_loss(params, evals[:1])
@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     first_eval = recipe.eval_loss(params, evals)  # the global model as pulled: a late joiner starts from it
     emit(Event.JOINED, learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
          slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
+         startup_cpu_seconds=round(time.process_time(), 3),  # this process's CPU until now, all threads
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation, batch=next_batch)
     client.start()
 

@@ -51,7 +51,7 @@ class LocalRun:
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
         })
-        self.sup = Supervisor(env)
+        self.sup = Supervisor(env, zygote_log=out / "logs" / "zygote.log")
         self.syncers = [syncer_name(s, shards) for s in range(shards)]
         for s, (name, port) in enumerate(zip(self.syncers, self.ports)):
             syncer = SyncerArgs(str(self.config), port, free_port(), checkpoint_dir(str(out / "checkpoints"), s, shards),
@@ -200,6 +200,7 @@ class LocalRun:
 
     def finish(self, t0: float) -> dict[str, Any]:
         self.sup.stop_all(("learner",))
+        self.sup.close()
         self._drain()
         self.poll_status()
         self.sup.stop_all(("syncer",))
