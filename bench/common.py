@@ -23,6 +23,7 @@ import copy
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -187,6 +188,15 @@ def eval_curve(events: list[dict[str, Any]], tps: int) -> list[tuple[float, floa
     return curve
 
 
+def fresh_run_dir(out: Path) -> None:
+    """A bench run starts from nothing: no events, summary or checkpoints of an earlier run in
+    `out` (the product's runner would resume the job from its checkpoints)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("events.jsonl", "summary.json"):
+        (out / stale).unlink(missing_ok=True)
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+
+
 def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_seconds: float,
             late: dict[str, Any] | None = None, proxies: bool = False,
             seconds_after_join: float | None = None) -> JobResult:
@@ -201,13 +211,7 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
     from diloco.spec import parse_job
 
     job = parse_job(m)
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("events.jsonl", "summary.json"):
-        (out / stale).unlink(missing_ok=True)
-    ckpt = out / "checkpoints"
-    if ckpt.exists():
-        for f in ckpt.iterdir():
-            f.unlink()
+    fresh_run_dir(out)
 
     class BudgetRun(LocalRun):
         def __init__(self) -> None:

@@ -52,6 +52,7 @@ def job(args: argparse.Namespace) -> None:
 
     m = manifest(args.minutes, args.chaos)
     out = Path(args.out)
+    common.fresh_run_dir(out)  # never resume an earlier soak's checkpoints
     rng = random.Random(7)
     hangs: list[tuple[float, str]] = []
     max_outer = [0]
