@@ -46,12 +46,14 @@ def run(layout):
     specs = {n: str(getattr(v.sharding, "spec", "")) for n, v in params.items()}
     mu = state[1].inner_state[0].mu
     mu_specs = {n: str(getattr(v.sharding, "spec", "")) for n, v in mu.items()}
-    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}, placed
+    compiled = recipe._step._cache_size()  # host batches through the step's in_shardings: one program for every step
+    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}, placed, compiled
 
 print(jax.device_count())
 sharded = run(sharding.layout(Mesh(data=2, fsdp=2), shapes, tr.batch_size))
 plain = run(None)
 print(json.dumps({"devices": jax.device_count(), "sharded": sharded[:3], "plain": plain[0], "placed": sharded[4],
+                  "compiled": [sharded[5], plain[5]],
                   "params_close": all(np.allclose(sharded[3][n], plain[3][n], atol=1e-5) for n in plain[3])}))
 """
 
@@ -75,6 +77,7 @@ def test_a_data_by_fsdp_mesh_shards_the_model_and_trains_as_one_device_does(mode
     assert len(sharded) >= 4, specs
     assert all(mu_specs[n] == specs[n] for n in specs)
     assert r["placed"] == specs  # host arrays go straight to their shards, a whole model or one fragment
+    assert r["compiled"] == [1, 1]  # the step compiled once for host batches, sharded or not
     tol = 1e-4 if model.get("dtype") != "bfloat16" else 2e-2  # bf16 reductions regroup across shards
     assert losses == pytest.approx(r["plain"], rel=tol, abs=tol)
     if model.get("dtype") != "bfloat16":

@@ -83,9 +83,15 @@ class Recipe:
         loss = lambda p, b: model.loss_fn(cfg, p, b)  # noqa: E731
         if layout is None:
             self._step, self._loss, self._init = jax.jit(step), jax.jit(loss), jax.jit(self.tx.init)
+            self.host_args = True
             return
         state_sh = layout.state_shardings(jax.eval_shape(self.tx.init, self._shapes()))
-        self._step = jax.jit(step, out_shardings=(layout.params, state_sh, layout.replicated))
+        # In-shardings let the step take a host batch (and host parameters) straight through
+        # jit's C++ argument handling: a separate device_put of the batch costs 0.3 ms of a
+        # 60 ms CPU step, with the caches cold from the step before.
+        self._step = jax.jit(step, in_shardings=(layout.params, state_sh, layout.batch, layout.replicated),
+                             out_shardings=(layout.params, state_sh, layout.replicated))
+        self.host_args = not layout.mesh.is_multi_process  # across processes jit refuses host arrays
         self._loss = jax.jit(loss, out_shardings=layout.replicated)
         self._init = jax.jit(self.tx.init, out_shardings=state_sh)
 
@@ -105,7 +111,8 @@ class Recipe:
         return jnp.asarray(batch) if self.layout is None else self.layout.put_batch(batch)
 
     def step(self, params: Any, state: Any, batch: np.ndarray, slot: int) -> tuple[Any, Any, jax.Array]:
-        out: tuple[Any, Any, jax.Array] = self._step(params, state, self._batch(batch), self.lr(slot))
+        out: tuple[Any, Any, jax.Array] = self._step(params, state, batch if self.host_args else self._batch(batch),
+                                                     self.lr(slot))
         return out
 
     def grads(self, params: Any, batch: np.ndarray) -> tuple[jax.Array, Any]:

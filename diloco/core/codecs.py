@@ -47,7 +47,7 @@ def _body_bytes(codec: Codec, count: int, block: int) -> int:
 
 
 def encoded_size(shape: Sequence[int], codec: Codec, block_size: int = 64) -> int:
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(int(d) for d in shape)  # exact; np.prod costs 5 µs a call, on every push
     return _HEADER.size + 8 * len(shape) + _body_bytes(codec, count, block_size)
 
 
