@@ -116,33 +116,50 @@ class Ledger:
             b.steps += f.steps
             b.tokens += f.tokens
 
+    def _merged(self, p: int) -> list[InFlight]:
+        """Take the pushes the held global version already contains off the books."""
+        b = self.books[p]
+        merged = [f for f in b.in_flight if f.merged_into is not None and f.merged_into <= b.version]
+        for f in merged:
+            b.in_flight.remove(f)
+        return merged
+
     def settle(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors | None:
         """Drop the progress of pushes the held global version already contains from θ_p.
         Returns the new θ_p, or None if nothing changed."""
-        b = self.books[p]
-        merged = [f for f in b.in_flight if f.merged_into is not None and f.merged_into <= b.version]
+        merged = self._merged(p)
         if not merged:
             return None
         out = {n: np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
         for f in merged:
-            b.in_flight.remove(f)
             out = {n: out[n] + f.delta[n] for n in out}  # θ − g, and Δ = −g
         return out
 
     def adopt(self, p: int, version: int, global_values: Mapping[str, np.ndarray],
               local: Mapping[str, np.ndarray]) -> Tensors:
-        """Adopt Θ_p at `version`; returns the new θ_p."""
+        """Adopt Θ_p at `version`; returns the new θ_p,
+
+            Θ_p + (θ_p − A_p) + (the Δ of each push Θ_p already merged),
+
+        summed in that order into one array per tensor (the learner adopts at every step)."""
         b = self.books[p]
         fresh = {n: _copy(global_values[n]) for n in self.fragments[p]}
         if self.adoption == "overwrite":  # the ablation: θ_p ← Θ_p, losing unmerged progress
-            out = {n: v.copy() for n, v in fresh.items()}
             b.in_flight.clear()
             b.steps, b.tokens = 0, 0
-        else:
-            out = {n: fresh[n] + (np.asarray(local[n], dtype=np.float32) - b.anchor[n]) for n in fresh}
-        b.anchor, b.version = fresh, int(version)
-        settled = self.settle(p, out)
-        return out if settled is None else settled
+            b.anchor, b.version = fresh, int(version)
+            return {n: v.copy() for n, v in fresh.items()}
+        b.version = int(version)
+        merged = self._merged(p)
+        out = {}
+        for n, g in fresh.items():
+            x = np.subtract(np.asarray(local[n], dtype=np.float32), b.anchor[n])
+            x += g  # the same bits as g + (θ − A): float addition commutes
+            for f in merged:
+                x += f.delta[n]
+            out[n] = x
+        b.anchor = fresh
+        return out
 
     def restart(self, anchors: Mapping[str, np.ndarray] | None = None,
                 versions: Sequence[int] | None = None, only: Sequence[int] | None = None) -> None:
