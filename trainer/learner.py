@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from diloco.trainer.metrics import LearnerMetrics
     from diloco.trainer.recipe import Recipe, scalar
     from diloco.trainer.sharded_client import ShardedClient
+    from diloco.trainer.theta0 import initial_params
 
     spec = job.spec
     group = next((g for g in spec.learner_groups if g.name == args.group), None)
@@ -103,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program
     # over every device this learner has (spec.training.mesh; trainer/sharding.py).
     cfg, tr = spec.model, spec.training
-    theta0 = {n: np.asarray(v) for n, v in model.init_params(cfg, spec.data.seed).items()}  # Θ₀, as every learner has it
+    # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/theta0.py).
+    theta0 = initial_params(cfg, spec.data.seed, getattr(jax.config, "jax_compilation_cache_dir", None))
     shapes = model.shapes(theta0)  # not parameter_shapes: tracing the model again costs a restart 0.2 s of CPU
     try:
         layout = sharding.layout(tr.mesh, shapes, tr.batch_size)
