@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
-    recipe = Recipe(cfg, tr, layout)
+    recipe = Recipe(cfg, tr, layout, shapes)
 
     # Compile before joining, so the state we pull is fresh when training starts.
     params = recipe.place(theta0)
