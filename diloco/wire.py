@@ -145,8 +145,8 @@ def push(stub: Any, header: pb.PushHeader, blob: bytes, metadata: Any, timeout: 
     """One push: `PushOne` when the bundle fits one chunk (gRPC's Python client starts a thread
     for every client stream, and spends about twice the CPU: bench/push_rpc.py), `Push`
     otherwise or with `unary=False` (a syncer from before PushOne)."""
-    if unary and len(blob) <= CHUNK_BYTES:
-        return stub.PushOne(next(push_chunks(header, blob)), metadata=metadata, timeout=timeout)
+    if unary and len(blob) <= CHUNK_BYTES:  # the bundle itself, not a copy of it as a chunk
+        return stub.PushOne(pb.PushChunk(header=header, data=blob), metadata=metadata, timeout=timeout)
     return stub.Push(push_chunks(header, blob), metadata=metadata, timeout=timeout)
 
 

@@ -396,8 +396,9 @@ class SyncerClient:
             except CodecError as exc:  # resubscribing gets fresh keyframes
                 raise ConnectionError(f"malformed published fragment {msg.fragment}: {exc}") from None
             with self.lock:
-                if msg.delta:
-                    tensors = {n: self.view[n] + t for n, t in tensors.items()}
+                if msg.delta:  # Θ + δ into the freshly decoded δ where it is ours to write (the same bits)
+                    tensors = {n: np.add(t, self.view[n], out=t) if t.flags.writeable else self.view[n] + t
+                               for n, t in tensors.items()}
                 self.view.update(tensors)
                 self.known_versions[msg.fragment] = msg.version
                 self.tags[msg.fragment] = msg.tag
