@@ -140,7 +140,9 @@ def main() -> None:
                                  "clean": round(loss_at(clean["curve"], tokens), 4)},
         "final_eval_loss": {"chaos": round(cs["final_eval_loss"], 4), "clean": round(ks["final_eval_loss"], 4)},
         "kills": cs["learner_kills"], "hangs": chaos["hangs"], "readmissions": cs["readmissions"],
-        "merges_lost": {k: r["outer_steps_seen"] - r["outer_steps_in_checkpoint"] for k, r in res.items()},
+        # The final checkpoint also holds the rounds the learners' last flush closed after the last
+        # status poll, so it may hold more merges than were seen, never fewer.
+        "merges_lost": {k: max(0, r["outer_steps_seen"] - r["outer_steps_in_checkpoint"]) for k, r in res.items()},
         "tokens_unmerged": {k: r["summary"]["tokens_trained"] - r["summary"]["tokens_merged"] for k, r in res.items()},
         "seconds": round(time.monotonic() - t0, 1), **common.machine(),
     }
