@@ -83,3 +83,10 @@ def test_no_cache_directory_or_a_user_module_always_computes(tmp_path: Path, ini
     theta0.initial_params(user, 0, tmp_path)
     theta0.initial_params(user, 0, tmp_path)
     assert computed == [user.module, user.module] and not list(tmp_path.iterdir())
+
+
+def test_an_edited_model_is_another_file(tmp_path: Path, inits: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    theta0.initial_params(CFG, 0, tmp_path)
+    monkeypatch.setattr(theta0, "_code_digest", lambda: "the init was edited")
+    theta0.initial_params(CFG, 0, tmp_path)
+    assert inits == [0, 0] and len(list(tmp_path.glob("theta0-*.npz"))) == 2

@@ -4,10 +4,10 @@ A restarted learner needs Θ₀ before it joins: the syncer checks every learner
 an unseeded syncer is seeded from it. Computing it means tracing the model's init and running
 it, about a third of a restart's CPU on a small model (docs/OPERATIONS.md, startup badput);
 reading it back from the file the job's first process left costs milliseconds. The file is
-named by everything Θ₀ depends on (the model spec, the seed, the JAX and Flax versions), carries
-a SHA-256 of its arrays, and is written atomically, so a torn, stale or foreign file is never
-used: it is recomputed instead. A user's own module (`spec.model.module`) is always recomputed,
-since its code can change without its spec changing.
+named by everything Θ₀ depends on (the model spec, the seed, the JAX and Flax versions, the
+built-in model code), carries a SHA-256 of its arrays, and is written atomically, so a torn,
+stale or foreign file is never used: it is recomputed instead. A user's own module
+(`spec.model.module`) is always recomputed, since its code can change without its spec changing.
 """
 
 from __future__ import annotations
@@ -52,8 +52,20 @@ def _compute(cfg: TransformerModel, seed: int) -> dict[str, np.ndarray]:
 
 
 def _key(cfg: TransformerModel, seed: int) -> str:
-    what = {"model": cfg.model_dump(mode="json"), "seed": seed, "jax": jax.__version__, "flax": flax.__version__}
+    what = {"model": cfg.model_dump(mode="json"), "seed": seed, "jax": jax.__version__, "flax": flax.__version__,
+            "code": _code_digest()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _code_digest() -> str:
+    """The built-in families' source: an edited init is another Θ₀ (caches are shared across
+    runs by the benches and the test suite)."""
+    from diloco.trainer import gpt, llama
+
+    h = hashlib.sha256()
+    for module in (model, gpt, llama):
+        h.update(Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()
 
 
 def _digest(arrays: dict[str, np.ndarray]) -> bytes:
