@@ -29,6 +29,8 @@ import common
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "decoupled": ("the defaults: K=1, P=4 balanced, int4, RDA, token weighting, rebase, shared schedule", {}),
     "decoupled-chaos": ("... a learner killed every ~40 slots, back 10 slots later", {"scripts": "chaos"}),
+    "ablate-chaos-fresh-moments": ("... a re-joining learner starts AdamW at zero moments, not a peer's",
+                                   {"scripts": "chaos", "training": {"peerOptimizerState": False}}),
     "decoupled-slow": ("... one learner at half speed", {"scripts": "slow"}),
     "ablate-average": ("plain weighted average instead of RDA", {"syncer": {"merge": "average"}}),
     "ablate-no-token-weighting": ("uniform merge weights", {"syncer": {"tokenWeighting": False}}),
@@ -111,7 +113,8 @@ def replay_arm(m: dict[str, Any], learners: int, steps: int, seed: int, scripts:
     trainer = JaxTrainer(m, learners)
     t0 = time.monotonic()
     replay = Replay(spec.syncer, trainer.params0, trainer, scripts_for(scripts, learners, steps, seed), steps=steps,
-                    adoption=adoption, seed=seed, snapshot_every=steps / 6)
+                    adoption=adoption, seed=seed, snapshot_every=steps / 6,
+                    peer_state=spec.training.peer_optimizer_state)
     if not shared:
         replay.schedule_factory = lambda num, slot, m: _Unshared(num, m)  # type: ignore[attr-defined]
     r = replay.run()
@@ -157,7 +160,7 @@ def arm_manifest(args: argparse.Namespace, change: dict[str, Any], seed: int, lr
     syncer = common.deep(change.get("syncer") or {})
     if outer:
         syncer.update(outerLearningRate=outer[0], outerMomentum=outer[1])
-    training = {"learningRate": lr} if lr else None
+    training = {**change.get("training", {}), **({"learningRate": lr} if lr else {})} or None
     m = common.manifest("replay", steps_per_learner=args.steps, syncer=syncer, seed=seed, training=training,
                         groups=[{"name": "local", "replicas": args.learners}])
     m["spec"]["data"]["sharding"] = args.sharding

@@ -55,6 +55,7 @@ class Event(enum.StrEnum):
     REJOINED = "rejoined"  # the syncer restarted and this learner joined the new one
     READOPTED = "readopted"  # ... and rebased its progress onto the new syncer's state
     RECOVERED = "recovered"  # the new syncer adopted fragments this learner offered
+    PEER_STATE = "peer_state"  # a mid-run (re)joiner adopted (or refused) a peer's optimizer state
     DIVERGED = "diverged"
     RESYNCED = "resynced"
     FATAL = "fatal"

@@ -179,3 +179,7 @@ class Training(Model):
     eval_interval_steps: int = Field(50, ge=1)  # a smooth loss curve at a small cost
     eval_batches: int = Field(4, ge=1, le=1000)  # the same held-out sequences every eval, so evals compare
     mesh: Mesh = Field(default_factory=Mesh)  # default: data parallelism over all of a learner's devices
+    # A learner that (re)joins mid-run takes AdamW's moments from a healthy peer through the
+    # syncer instead of starting them at zero: 10% -> 3% loss cost of frequent kills, measured
+    # (docs/BENCHMARKS.md, "Re-admission"). One-host learners only.
+    peer_optimizer_state: bool = True

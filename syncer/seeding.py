@@ -163,6 +163,13 @@ class Unseeded:
     def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
         return self._waiting(context)
 
+    def FetchState(self, request: pb.FetchStateRequest, context: grpc.ServicerContext) -> Iterator[pb.StateChunk]:
+        self._waiting(context)
+        yield from ()
+
+    def ShareState(self, request_iterator: Iterator[pb.StateChunk], context: grpc.ServicerContext) -> pb.ShareStateReply:
+        return self._waiting(context)
+
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         """Up, and saying what it waits for: dashboards and the operator show it, nothing is merged."""
         self._auth(context)
@@ -197,3 +204,9 @@ class Switch:
 
     def Seed(self, request_iterator: Any, context: Any) -> Any:
         return self.current.Seed(request_iterator, context)
+
+    def FetchState(self, request: Any, context: Any) -> Any:
+        return self.current.FetchState(request, context)
+
+    def ShareState(self, request_iterator: Any, context: Any) -> Any:
+        return self.current.ShareState(request_iterator, context)

@@ -13,7 +13,9 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
+from diloco.core.codecs import encoded_size
 from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.peer_state import StateRelay
 from diloco.syncer.publisher import Update
 from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
@@ -22,10 +24,10 @@ from diloco.wire import authenticate, chunks, pb, with_bytes
 log = logging.getLogger("diloco.syncer")
 
 
-Chunk = TypeVar("Chunk", pb.PushChunk, pb.RecoverChunk)
+Chunk = TypeVar("Chunk", pb.PushChunk, pb.RecoverChunk, pb.StateChunk)
 
 
-def _assemble(first: pb.PushChunk | pb.RecoverChunk, rest: Iterator, declared: int, what: str) -> memoryview:
+def _assemble(first: pb.PushChunk | pb.RecoverChunk | pb.StateChunk, rest: Iterator, declared: int, what: str) -> memoryview:
     """Join a client stream's chunks into one buffer of the declared size (bounded by the header
     check before this), refusing a body longer or shorter than the header said. One copy per
     byte: a 1e9-parameter job's pushes are tens of MB each, several per second."""
@@ -51,6 +53,10 @@ class SyncerServicer:
         # add_syncer sends bytes as they are): the newest few, about one per fragment.
         self._wire: OrderedDict[tuple[int, int, bool], list[bytes]] = OrderedDict()
         self._wire_lock = threading.Lock()
+        self.relay = StateRelay(core.clock)  # peers' optimizer state for re-joining learners (syncer/peer_state.py)
+        # AdamW's two moments in bf16 are the model's fp32 size; the names are longer than the
+        # parameters' (optimizer tree paths), hence the slack.
+        self.max_state_bytes = sum(encoded_size(s, "fp32") + 512 for s in core.model.shapes().values()) + (1 << 20)
 
     def _messages(self, u: Update) -> list[bytes]:
         """Deltas are cached: every up-to-date subscriber takes the same one. A keyframe (fp32, 8x
@@ -127,7 +133,10 @@ class SyncerServicer:
         header = first.header
         with self._refusals(context):
             self.core.check_header(header)
-            return self.core.admit(header, _assemble(first, rest, header.total_bytes, "push"))
+            reply = self.core.admit(header, _assemble(first, rest, header.total_bytes, "push"))
+        if reply.accepted and self.relay.should_share(header.learner):
+            reply.share_state = True
+        return reply
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._auth(context)
@@ -160,6 +169,35 @@ class SyncerServicer:
         if self.core.model.init_hash and first.header.init_hash != self.core.model.init_hash:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, ANOTHER_SEED)
         return pb.SeedReply(adopted=False)
+
+    def FetchState(self, request: pb.FetchStateRequest, context: grpc.ServicerContext) -> Iterator[pb.StateChunk]:
+        self._auth(context)
+        with self._refusals(context):
+            self.core.check_session(request.learner, request.session_secret)
+        got = self.relay.fetch(request.learner, request.wait_seconds)
+        if got is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no peer shared its optimizer state in time")
+            return
+        log.info("relaying %s's optimizer state (%d bytes, step %d) to %s", got.donor, len(got.blob), got.count,
+                 request.learner)
+        header = pb.StateHeader(learner=got.donor, count=got.count, total_bytes=len(got.blob))
+        for i, part in enumerate(chunks(got.blob)):
+            yield pb.StateChunk(header=header if i == 0 else None, data=bytes(part))
+        self.core.count_sent(len(got.blob))
+
+    def ShareState(self, request_iterator: Iterator[pb.StateChunk], context: grpc.ServicerContext) -> pb.ShareStateReply:
+        first = self._opening(request_iterator, context, "state upload")
+        header = first.header
+        with self._refusals(context):
+            self.core.check_session(header.learner, header.session_secret)
+            if header.declined:
+                self.relay.decline(header.learner)
+                return pb.ShareStateReply(relayed=False)
+            if not 0 < header.total_bytes <= self.max_state_bytes:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"optimizer state of {header.total_bytes} bytes: "
+                              f"expected 1 to {self.max_state_bytes} (two moments of this model)")
+            blob = _assemble(first, request_iterator, header.total_bytes, "optimizer state")
+        return pb.ShareStateReply(relayed=self.relay.offer(header.learner, int(header.count), bytes(blob)))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)

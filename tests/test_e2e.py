@@ -70,6 +70,10 @@ def test_learners_killed_and_readmitted_while_training_goes_on(tmp_path: Path) -
         peers = [e["eval_loss"] for e in events if e["event"] == "eval" and e["source"] != j["source"] and e["t"] < j["t"]]
         if peers:
             assert abs(j["eval_loss"] - peers[-1]) < 0.35, (j, peers[-1])
+    # ... and a healthy peer's AdamW moments through the syncer (trainer/peer_state.py), not fresh ones.
+    adopted = [e for e in events if e["event"] == "peer_state" and e["adopted"]]
+    assert any(e["source"] == j["source"] and e["t"] > j["t"] for j in late for e in adopted), (late, adopted)
+    assert all(e["donor"] != e["source"] and e["count"] >= 20 for e in adopted), adopted
 
 
 def test_syncer_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> None:

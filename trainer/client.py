@@ -78,6 +78,7 @@ class SyncerClient:
         self.inbox: dict[int, Arrival] = {}
         self.accepted: list[tuple[int, int, int, bool]] = []
         self.refused: list[tuple[int, int]] = []
+        self.share_state = False  # a push reply asked for our optimizer state (a peer re-joins)
         self.rejoined: JoinState | None = None
         self.known_versions: list[int] = []
         self.stopping = threading.Event()
@@ -203,8 +204,8 @@ class SyncerClient:
         """Everything that arrived since the last step boundary: a full re-join, fragments,
         and the syncer's answers to our pushes."""
         with self.lock:
-            out = Updates(self.rejoined, self.inbox, self.accepted, self.refused)
-            self.rejoined, self.inbox, self.accepted, self.refused = None, {}, [], []
+            out = Updates(self.rejoined, self.inbox, self.accepted, self.refused, self.share_state)
+            self.rejoined, self.inbox, self.accepted, self.refused, self.share_state = None, {}, [], [], False
         return out
 
     def has_news(self) -> bool:
@@ -258,6 +259,7 @@ class SyncerClient:
                     if reply.accepted:
                         self.acked_train_seconds = max(self.acked_train_seconds, item.train_seconds)
                         self.accepted.append((item.fragment, item.push_id, int(reply.merged_into), reply.late))
+                        self.share_state |= reply.share_state
                     else:
                         self.refused.append((item.fragment, item.push_id))
                     self.lock.notify_all()

@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from diloco.trainer.client import JoinRefused, Outgoing, SyncerClient, Unauthenticated, Updates
     from diloco.trainer.hosts import Hosts, MirroredClient
     from diloco.trainer.metrics import LearnerMetrics
+    from diloco.trainer.peer_state import PeerStates
     from diloco.trainer.recipe import Recipe, scalar
     from diloco.trainer.sharded_client import ShardedClient
     from diloco.trainer.theta0 import initial_params
@@ -175,6 +176,11 @@ def run(args: argparse.Namespace) -> int:
          startup_cpu_seconds=round(time.process_time(), 3),  # this process's CPU until now, all threads
          pull_seconds=round(pull_seconds, 3), incarnation=incarnation, batch=next_batch)
     client.start()
+    # A mid-run (re)joiner asks for a peer's AdamW moments and trains on fresh ones until they
+    # arrive (trainer/peer_state.py); every one-host learner shares its own when asked.
+    peers = PeerStates(real if hosts.count == 1 and tr.peer_optimizer_state else None, emit)
+    if joined.slot > 0:
+        peers.start_fetch()
 
     def local(p: int) -> dict[str, np.ndarray]:
         return hosts.host_copy({n: params[n] for n in plan.fragments[p]})
@@ -213,8 +219,11 @@ def run(args: argparse.Namespace) -> int:
     finished = False
     last_report = time.monotonic()
     while True:
-        # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold).
-        apply(client.take_updates())
+        # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold);
+        #    share our optimizer state if a re-joining peer waits for it, or take a peer's.
+        updates = client.take_updates()
+        apply(updates)
+        opt_state = peers.at_boundary(opt_state, updates.share_state)
         if client.stop_requested or client.stopping.is_set():
             break
 

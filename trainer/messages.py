@@ -60,3 +60,13 @@ class Updates:
     published: dict[int, Arrival]
     accepted: list[tuple[int, int, int, bool]]  # (fragment, push id, version that merges it, late)
     refused: list[tuple[int, int]]  # (fragment, push id)
+    share_state: bool = False  # the syncer asks for our optimizer state: a re-joining peer waits for it
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """A peer's inner-optimizer state as the syncer relayed it (trainer/peer_state.py reads it)."""
+
+    donor: str
+    count: int  # AdamW's step count with these moments
+    blob: bytes  # the moments, a bf16 bundle

@@ -75,6 +75,7 @@ class ShardedClient:
             published={p: a for u in parts for p, a in u.published.items()},
             accepted=[a for u in parts for a in u.accepted],
             refused=[r for u in parts for r in u.refused],
+            share_state=any(u.share_state for u in parts),  # only shard 0 relays state (trainer/peer_state.py)
         )
 
     def wait_for_news(self, timeout: float) -> None:

@@ -91,10 +91,10 @@ class ReplayResult:
 
 class Replay:
     def __init__(self, spec: SyncerSpec, params0: Tensors, trainer: Trainer, scripts: list[Script], *,
-                 steps: int, latency: float = 0.05, adoption: str = "rebase",
+                 steps: int, latency: float = 0.05, adoption: str = "rebase", peer_state: bool = True,
                  snapshot_every: float | None = None, seed: int = 0) -> None:
         self.spec, self.trainer, self.steps, self.latency = spec, trainer, steps, latency
-        self.adoption = adoption
+        self.adoption, self.peer_state = adoption, peer_state
         self.model = GlobalModel.fresh(spec, params0)
         num = self.model.plan.num_fragments
         self.book = self.model.round_book()
@@ -161,6 +161,9 @@ class Replay:
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
         lr.lr_step = lr.schedule.slot
         lr.state = self.trainer.fresh_state(m, lr.params)
+        peers = [o for o in self.learners if o.alive and o.m != m and o.state is not None]
+        if self.peer_state and peers and lr.schedule.slot > 0:  # spec.training.peerOptimizerState
+            lr.state = peers[0].state  # a live peer's AdamW moments (immutable arrays: shared, not copied)
         lr.session, lr.push_seq = lr.life, 0
         lr.earlier_tokens += lr.trained_tokens  # a new process counts its tokens from zero
         lr.trained_tokens = 0
