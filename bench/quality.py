@@ -19,6 +19,8 @@ mean over the seeds (chosen per arm, so no arm is handicapped by a shared settin
   processes and a syncer over gRPC, stopped once the learners have trained the token budget.
 * decoupled-chaos: the same at decoupled's best learning rate, a learner SIGKILLed every ~15 s
   and restarted 3 s later.
+* decoupled-chaos-fresh (with --fresh-moments-arm): the same kills, with re-joining learners
+  starting AdamW at zero moments instead of a peer's (spec.training.peerOptimizerState false).
 
 Prints a table; the last line is one JSON object: decoupled_over_dp, decoupled_over_sync,
 chaos_over_dp (means over the seeds of the per-seed ratios, each arm at its best learning rate),
@@ -78,8 +80,10 @@ def in_process(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def decoupled(args: argparse.Namespace, arm: str, lr: float, seed: int) -> dict[str, Any]:
     chaos = ({"meanSecondsBetweenKills": args.chaos_mean, "restartDelaySeconds": 3, "seed": seed + 1,
-              "maxConcurrent": 1} if arm == "decoupled-chaos" else None)
+              "maxConcurrent": 1} if arm.startswith("decoupled-chaos") else None)
     m = manifest(args, seed, lr, chaos=chaos, groups=[{"name": "local", "replicas": args.learners}])
+    if arm == "decoupled-chaos-fresh":
+        m["spec"]["training"]["peerOptimizerState"] = False
     t0 = time.monotonic()
     r = common.run_job(m, args.out_dir / f"{arm}-lr{lr:g}-s{seed}", total_steps=args.learners * args.steps,
                        max_seconds=args.max_seconds)
@@ -124,6 +128,8 @@ def main() -> None:
     parser.add_argument("--sync-h", type=int, default=4, help="sync DiLoCo's H (4: the bytes per step of P = 4)")
     parser.add_argument("--no-chaos", action="store_true", help="skip the chaos arm")
     parser.add_argument("--chaos-mean", type=float, default=15.0, help="mean seconds between learner kills")
+    parser.add_argument("--fresh-moments-arm", action="store_true",
+                        help="also the chaos arm with re-joiners at zero AdamW moments (no peer's)")
     parser.add_argument("--eval-interval", type=int, default=100)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="safety stop per decoupled run")
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "quality")
@@ -151,10 +157,13 @@ def main() -> None:
     if not args.no_chaos:
         for seed in args.seeds:
             rows.append(decoupled(args, "decoupled-chaos", dec_lr, seed))
+            if args.fresh_moments_arm:  # paired: the same seed, so the same kill schedule
+                rows.append(decoupled(args, "decoupled-chaos-fresh", dec_lr, seed))
 
     import numpy as np
 
-    arms = ["data-parallel", "sync-diloco", "decoupled"] + ([] if args.no_chaos else ["decoupled-chaos"])
+    arms = (["data-parallel", "sync-diloco", "decoupled"] + ([] if args.no_chaos else ["decoupled-chaos"])
+            + (["decoupled-chaos-fresh"] if args.fresh_moments_arm and not args.no_chaos else []))
     chosen = {arm: best(rows, arm) for arm in arms}
     dp = chosen["data-parallel"][1]
     table = []
@@ -165,7 +174,7 @@ def main() -> None:
                       "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
                       "over_dp": ratio(losses, dp), "seeds": len(vals)})
     print(f"\nquality at {rows[0]['tokens']:,} training tokens; M = {args.learners}; {args.sharding} shards; "
-          f"seeds {args.seeds}; each arm at its best inner lr of {args.lrs}")
+          f"seeds {args.seeds}; each arm at its best inner lr of {sorted({r['lr'] for r in rows})}")
     print(common.table(table, [("arm", "arm", ""), ("lr", "inner lr", "g"), ("mean", "final loss", ".4f"),
                                ("std", "std", ".4f"), ("over_dp", "/ DP", ".4f"), ("seeds", "seeds", "d")]))
     result = {
@@ -181,6 +190,8 @@ def main() -> None:
     }
     if not args.no_chaos:
         result["chaos_over_dp"] = round(ratio(chosen["decoupled-chaos"][1], dp), 5)
+    if "decoupled-chaos-fresh" in chosen:
+        result["chaos_fresh_moments_over_dp"] = round(ratio(chosen["decoupled-chaos-fresh"][1], dp), 5)
     for key, target in TARGETS.items():
         verdict = "met" if result[key] <= target else f"MISSED by {100 * (result[key] - target):.2f} points"
         print(f"target {key} <= {target:.2f}: {result[key]:.4f} -> {verdict}")
