@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
-    recipe = Recipe(cfg, tr, layout, shapes)
+    recipe = Recipe(cfg, tr, layout, shapes, getattr(jax.config, "jax_compilation_cache_dir", None))
 
     # Compile before joining, so the state we pull is fresh when training starts.
     params = recipe.place(theta0)

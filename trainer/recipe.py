@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from diloco.spec import Training, TransformerModel
-from diloco.trainer import model
+from diloco.trainer import model, step_cache
 from diloco.trainer.sharding import Layout
 
 
@@ -60,9 +60,11 @@ class Recipe:
     `eval_loss(params, batches)`. Parameters and state stay where the layout puts them."""
 
     def __init__(self, cfg: TransformerModel, tr: Training, layout: Layout | None = None,
-                 shapes: dict[str, tuple[int, ...]] | None = None) -> None:
+                 shapes: dict[str, tuple[int, ...]] | None = None, cache_dir: str | None = None) -> None:
         """`shapes`: the parameters' shapes where the caller has them (a learner, from Θ₀);
-        without them the model's init is traced once more (0.1 s of a restart's CPU)."""
+        without them the model's init is traced once more (0.1 s of a restart's CPU).
+        `cache_dir`: JAX's compilation cache, where a learner keeps its lowered train step
+        (trainer/step_cache.py), so a restart neither traces nor lowers it again."""
         self.cfg, self.tr, self.layout = cfg, tr, layout
         self._param_shapes = shapes
         self.tx = optimizer(tr)
@@ -89,13 +91,19 @@ class Recipe:
             self._step, self._loss, self._init = jax.jit(step), jax.jit(loss), jax.jit(self.tx.init)
             self.host_args = True
             return
-        state_sh = layout.state_shardings(jax.eval_shape(self.tx.init, self._shapes()))
+        state_shapes = jax.eval_shape(self.tx.init, self._shapes())
+        state_sh = layout.state_shardings(state_shapes)
         # In-shardings let the step take a host batch (and host parameters) straight through
         # jit's C++ argument handling: a separate device_put of the batch costs 0.3 ms of a
         # 60 ms CPU step, with the caches cold from the step before.
-        self._step = jax.jit(step, in_shardings=(layout.params, state_sh, layout.batch, layout.replicated),
-                             out_shardings=(layout.params, state_sh, layout.replicated))
+        in_sh, out_sh = (layout.params, state_sh, layout.batch, layout.replicated), (layout.params, state_sh, layout.replicated)
+        self._step = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh)
         self.host_args = not layout.mesh.is_multi_process  # across processes jit refuses host arrays
+        if cache_dir is not None and self.host_args and cfg.module is None:
+            example = (self._shapes(), state_shapes, jax.ShapeDtypeStruct((tr.batch_size, cfg.context + 1), jnp.int32),
+                       jax.ShapeDtypeStruct((), jnp.float32))
+            settings = {"model": cfg.model_dump(mode="json"), "training": tr.model_dump(mode="json")}
+            self._step = step_cache.cached(step, example, in_sh, out_sh, settings, cache_dir)
         self._loss = jax.jit(loss, out_shardings=layout.replicated)
         self._init = jax.jit(self.tx.init, out_shardings=state_sh)
 

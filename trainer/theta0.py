@@ -14,23 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-import tempfile
-import zipfile
 from pathlib import Path
-from typing import Any
 
 import flax
 import jax
 import numpy as np
 
 from diloco.spec import TransformerModel
-from diloco.trainer import model
+from diloco.trainer import cache_file, model
 
-log = logging.getLogger("diloco.learner")
 MAX_CACHED_BYTES = 256 << 20  # larger models are not copied into the cache directory (their init is not the cost)
-DIGEST = "__sha256__"
 
 
 def initial_params(cfg: TransformerModel, seed: int, cache_dir: str | os.PathLike[str] | None) -> dict[str, np.ndarray]:
@@ -39,11 +33,11 @@ def initial_params(cfg: TransformerModel, seed: int, cache_dir: str | os.PathLik
     if cache_dir is None or cfg.module is not None:
         return _compute(cfg, seed)
     path = Path(cache_dir) / f"theta0-{_key(cfg, seed)}.npz"
-    theta0 = _read(path)
+    theta0 = cache_file.read(path, "Θ₀")
     if theta0 is None:
         theta0 = _compute(cfg, seed)
         if sum(v.nbytes for v in theta0.values()) <= MAX_CACHED_BYTES:
-            _write(path, theta0)
+            cache_file.write(path, theta0, "Θ₀")
     return theta0
 
 
@@ -62,51 +56,4 @@ def _code_digest() -> str:
     runs by the benches and the test suite)."""
     from diloco.trainer import gpt, llama
 
-    h = hashlib.sha256()
-    for module in (model, gpt, llama):
-        h.update(Path(str(module.__file__)).read_bytes())
-    return h.hexdigest()
-
-
-def _digest(arrays: dict[str, np.ndarray]) -> bytes:
-    h = hashlib.sha256()
-    for name in sorted(arrays):
-        a = np.ascontiguousarray(arrays[name])
-        h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(a.data)
-    return h.digest()
-
-
-def _read(path: Path) -> dict[str, np.ndarray] | None:
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {n: f[n] for n in f.files}
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # torn or foreign: recompute
-        log.warning("ignoring the cached Θ₀ at %s (%s); computing it", path, exc)
-        return None
-    stored = arrays.pop(DIGEST, None)
-    if stored is None or stored.tobytes() != _digest(arrays):
-        log.warning("ignoring the cached Θ₀ at %s: its checksum does not match; computing it", path)
-        return None
-    return arrays
-
-
-def _write(path: Path, theta0: dict[str, np.ndarray]) -> None:
-    """Atomically, and never fatally: a learner that cannot write the cache still trains."""
-    if any(v.dtype.kind != "f" or v.dtype.itemsize not in (4, 8) for v in theta0.values()):
-        return  # np.load without pickles reads standard dtypes only
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".theta0-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                entries: dict[str, Any] = {**theta0, DIGEST: np.frombuffer(_digest(theta0), np.uint8)}
-                np.savez(f, **entries)
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError as exc:
-        log.warning("could not cache Θ₀ at %s (%s); restarts will compute it", path, exc)
+    return cache_file.source_digest(model, gpt, llama)
