@@ -1,5 +1,6 @@
-"""The lowered train step kept beside the compilation cache (trainer/step_cache.py): the same
-bits as the traced step, read back without tracing, never trusted when damaged or foreign."""
+"""The lowered train step and eval kept beside the compilation cache (trainer/step_cache.py):
+the same bits as the traced programs, read back without tracing, never trusted when damaged or
+foreign."""
 
 from __future__ import annotations
 
@@ -31,13 +32,13 @@ def train(cfg: TransformerModel, tr: Training, cache_dir: Path | None, steps: in
     for k in range(steps):
         batch = rng.integers(0, cfg.vocab_size, (tr.batch_size, cfg.context + 1)).astype(np.int32)
         params, state, loss = recipe.step(params, state, batch, k + 5)
-        losses.append(float(loss))
+        losses += [float(loss), recipe.eval_loss(params, [batch])]
     return losses, {n: np.asarray(v) for n, v in params.items()}
 
 
 @pytest.fixture
 def exports(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the steps actually traced and exported."""
+    """Counts the programs actually traced and exported (a train step and an eval per recipe)."""
     calls: list[int] = []
     real = jax.export.export
 
@@ -56,17 +57,17 @@ def _same(a: tuple[list[float], dict], b: tuple[list[float], dict]) -> bool:
 def test_a_restart_runs_the_exported_step_bit_for_bit_without_tracing_it(tmp_path: Path, exports: list[int]) -> None:
     traced = train(CFG, TR, None)
     first = train(CFG, TR, tmp_path)
-    assert exports == [1] and len(list(tmp_path.glob("step-*.npz"))) == 1
+    assert len(exports) == 2 and len(list(tmp_path.glob("step-*.npz"))) == len(list(tmp_path.glob("loss-*.npz"))) == 1
     again = train(CFG, TR, tmp_path)
-    assert exports == [1]  # read back: nothing traced or exported again
+    assert len(exports) == 2  # read back: nothing traced or exported again
     assert _same(traced, first) and _same(first, again)
-    assert not list(tmp_path.glob(".step-*"))  # no temporary left behind
+    assert not list(tmp_path.glob(".*"))  # no temporary left behind
 
 
 def test_other_settings_are_another_program_and_a_users_module_is_never_cached(tmp_path: Path, exports: list[int]) -> None:
     train(CFG, TR, tmp_path, steps=1)
     clipped = train(CFG, TR.model_copy(update={"grad_clip": 1e-4}), tmp_path, steps=1)
-    assert exports == [1, 1] and len(list(tmp_path.glob("step-*.npz"))) == 2
+    assert len(exports) == 4 and len(list(tmp_path.glob("step-*.npz"))) == 2
     assert _same(clipped, train(CFG, TR.model_copy(update={"grad_clip": 1e-4}), None, steps=1))
     mine = CFG.model_copy(update={"module": "diloco.trainer.gpt:GPT"})
     train(mine, TR, tmp_path / "user", steps=1)
@@ -91,7 +92,7 @@ def test_a_damaged_or_foreign_file_is_traced_again_not_run(tmp_path: Path, expor
         path.write_bytes(bytes(raw))
     again = train(CFG, TR, tmp_path)
     assert _same(good, again)
-    assert len(exports) == (3 if damage == "foreign" else 2)  # traced and exported again
+    assert len(exports) == (5 if damage == "foreign" else 3)  # the step traced and exported again
 
 
 CHILD = r"""
@@ -114,7 +115,7 @@ def run(cache_dir):
     for k in range(3):
         b = rng.integers(0, cfg.vocab_size, (8, cfg.context + 1)).astype(np.int32)
         params, state, loss = recipe.step(params, state, b, k)
-        losses.append(float(loss))
+        losses += [float(loss), recipe.eval_loss(params, [b])]
     return losses, {n: str(v.sharding.spec) for n, v in params.items()}
 
 print(json.dumps([run(None), run(sys.argv[1]), run(sys.argv[1])]))
@@ -128,7 +129,7 @@ def test_a_sharded_step_is_exported_with_its_shardings(tmp_path: Path) -> None:
     traced, exported, read_back = json.loads(out.stdout.strip().splitlines()[-1])
     assert traced == exported == read_back  # losses bit for bit, and every parameter's sharding
     assert any("fsdp" in spec for spec in traced[1].values())
-    assert len(list(tmp_path.glob("step-*.npz"))) == 1
+    assert len(list(tmp_path.glob("step-*.npz"))) == len(list(tmp_path.glob("loss-*.npz"))) == 1
 
 
 def test_the_cache_key_names_the_code(monkeypatch: pytest.MonkeyPatch) -> None:

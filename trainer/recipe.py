@@ -99,13 +99,15 @@ class Recipe:
         in_sh, out_sh = (layout.params, state_sh, layout.batch, layout.replicated), (layout.params, state_sh, layout.replicated)
         self._step = jax.jit(step, in_shardings=in_sh, out_shardings=out_sh)
         self.host_args = not layout.mesh.is_multi_process  # across processes jit refuses host arrays
-        if cache_dir is not None and self.host_args and cfg.module is None:
-            example = (self._shapes(), state_shapes, jax.ShapeDtypeStruct((tr.batch_size, cfg.context + 1), jnp.int32),
-                       jax.ShapeDtypeStruct((), jnp.float32))
-            settings = {"model": cfg.model_dump(mode="json"), "training": tr.model_dump(mode="json")}
-            self._step = step_cache.cached(step, example, in_sh, out_sh, settings, cache_dir)
         self._loss = jax.jit(loss, out_shardings=layout.replicated)
         self._init = jax.jit(self.tx.init, out_shardings=state_sh)
+        if cache_dir is not None and self.host_args and cfg.module is None:
+            batch = jax.ShapeDtypeStruct((tr.batch_size, cfg.context + 1), jnp.int32)
+            settings = {"model": cfg.model_dump(mode="json"), "training": tr.model_dump(mode="json")}
+            self._step = step_cache.cached("step", step, (self._shapes(), state_shapes, batch, jax.ShapeDtypeStruct((), jnp.float32)),
+                                           in_sh, out_sh, (self._shapes(), state_shapes, 0.0), settings, cache_dir)
+            self._loss = step_cache.cached("loss", loss, (self._shapes(), batch), (layout.params, layout.batch),
+                                           layout.replicated, 0.0, settings, cache_dir)
 
     def _shapes(self) -> dict[str, Any]:
         shapes = self._param_shapes if self._param_shapes is not None else model.parameter_shapes(self.cfg)

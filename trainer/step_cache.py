@@ -1,9 +1,9 @@
-"""The train step's lowered program, kept beside JAX's compilation cache (`jax.export`).
+"""The train step's and the eval's lowered programs, kept beside JAX's compilation cache (`jax.export`).
 
 A restarted learner's first step traces the model, its gradient and AdamW in Python and lowers
 them to StableHLO before the compile, which the persistent compilation cache answers: on the
-quickstart model the trace and the lowering are 0.3 s of a restart's 1.3 s of CPU (a large
-model's trace takes seconds). The first process of a job exports the lowered step; a restart
+quickstart model the trace and the lowering are 0.3 s of a restart's 1.3 s of CPU, and the
+trace grows with the model's depth. The first process of a job exports the lowered step; a restart
 reads it back and goes straight to the (cached) compile, with the same program, so the same
 bits. The file is named by everything the program depends on (the model and training spec, the
 arguments' shapes, dtypes and shardings, the JAX, jaxlib, optax and Flax versions, and the
@@ -45,48 +45,48 @@ def _key(spec: dict[str, Any], specs: list[jax.ShapeDtypeStruct], tree: Any) -> 
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def cached(step: Callable[..., Any], example: tuple[Any, ...], shardings: tuple[Any, ...], out_shardings: Any,
-           spec: dict[str, Any], cache_dir: str | os.PathLike[str]) -> Any:
-    """`step` (params, state, batch, lr) -> (params, state, loss), jitted with `shardings` and
-    `out_shardings`, running the program exported to `cache_dir` (exporting it there first when
-    no valid file exists). `example`: abstract arguments (ShapeDtypeStruct trees); `spec`: the
-    model and training settings as plain data, part of the file's name."""
+def cached(name: str, fn: Callable[..., Any], example: tuple[Any, ...], shardings: tuple[Any, ...],
+           out_shardings: Any, out_like: Any, spec: dict[str, Any], cache_dir: str | os.PathLike[str]) -> Any:
+    """`fn` jitted with `shardings` and `out_shardings`, running the program exported to
+    `cache_dir` as `name` (exporting it there first when no valid file exists). `example`:
+    abstract arguments (ShapeDtypeStruct trees); `out_like`: any tree shaped like fn's result
+    (so the result's structure is known without tracing fn); `spec`: the model and training
+    settings as plain data, part of the file's name."""
     leaves, in_tree = jax.tree_util.tree_flatten(example)
     # `shardings` is a prefix of `example` (one sharding may stand for a whole subtree): one per leaf.
     per_leaf = jax.tree_util.tree_map(lambda s, sub: jax.tree_util.tree_map(lambda _: s, sub), shardings, example,
                                       is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
     flat_shardings = jax.tree_util.tree_leaves(per_leaf, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
     specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s) for x, s in zip(leaves, flat_shardings, strict=True)]
-    params, state = example[0], example[1]
-    out_tree = jax.tree_util.tree_structure((params, state, 0.0))
-    path = Path(cache_dir) / f"step-{_key(spec, specs, in_tree)}.npz"
+    out_tree = jax.tree_util.tree_structure(out_like)
+    path = Path(cache_dir) / f"{name}-{_key({'fn': name, **spec}, specs, in_tree)}.npz"
 
-    exported = _read(path)
+    exported = _read(path, name)
     if exported is not None and [(a.shape, a.dtype) for a in exported.in_avals] != [(s.shape, s.dtype) for s in specs]:
-        log.warning("ignoring the cached train step at %s: it is another model's program; tracing it", path)
+        log.warning("ignoring the cached %s program at %s: it is another model's; tracing it", name, path)
         exported = None
     if exported is None:
         def flat(*xs: Any) -> tuple[Any, ...]:
-            return tuple(jax.tree_util.tree_leaves(step(*jax.tree_util.tree_unflatten(in_tree, xs))))
+            return tuple(jax.tree_util.tree_leaves(fn(*jax.tree_util.tree_unflatten(in_tree, xs))))
 
         exported = jax.export.export(jax.jit(flat))(*specs)
         blob = exported.serialize()
         if len(blob) <= MAX_CACHED_BYTES:
-            cache_file.write(path, {"exported": np.frombuffer(blob, np.uint8)}, "train step")
+            cache_file.write(path, {"exported": np.frombuffer(blob, np.uint8)}, f"{name} program")
 
-    def run(params: Any, state: Any, batch: Any, lr: Any) -> Any:
-        xs = jax.tree_util.tree_leaves((params, state, batch, jnp.asarray(lr, jnp.float32)))
+    def run(*args: Any) -> Any:
+        xs = [jnp.asarray(x, s.dtype) for x, s in zip(jax.tree_util.tree_leaves(args), specs, strict=True)]
         return jax.tree_util.tree_unflatten(out_tree, exported.call(*xs))
 
     return jax.jit(run, in_shardings=shardings, out_shardings=out_shardings)
 
 
-def _read(path: Path) -> Any:
-    stored = cache_file.read(path, "train step")
+def _read(path: Path, name: str) -> Any:
+    stored = cache_file.read(path, f"{name} program")
     if stored is None or "exported" not in stored:
         return None
     try:
         return jax.export.deserialize(bytearray(stored["exported"].tobytes()))
     except Exception as exc:  # a program this JAX cannot read (the key names the version, so: damage)
-        log.warning("ignoring the cached train step at %s (%s); tracing it", path, exc)
+        log.warning("ignoring the cached %s program at %s (%s); tracing it", name, path, exc)
         return None
