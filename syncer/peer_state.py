@@ -76,9 +76,11 @@ class StateRelay:
             if self.asked == donor:
                 self.asked = None
 
-    def fetch(self, requester: str, wait: float) -> Donated | None:
-        """Wait up to `wait` seconds (at most MAX_WAIT_SECONDS) for another learner's state. The
-        wait is on the real clock (it holds a server thread); whom to ask is on `clock`."""
+    def fetch(self, requester: str, wait: float, alive: Callable[[], bool] = lambda: True) -> Donated | None:
+        """Wait up to `wait` seconds (at most MAX_WAIT_SECONDS) for another learner's state,
+        giving up within a second once `alive()` is false (the call was cancelled, the server
+        stops: a waiting handler must not hold the syncer's exit). The wait is on the real
+        clock (it holds a server thread); whom to ask is on `clock`."""
         deadline = time.monotonic() + min(max(wait, 0.0), MAX_WAIT_SECONDS)
         with self.cond:
             self.waiting[requester] += 1
@@ -89,7 +91,7 @@ class StateRelay:
                         self.relayed += 1
                         return got
                     remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    if remaining <= 0 or not alive():
                         return None
                     self.cond.wait(min(remaining, 1.0))
             finally:

@@ -174,7 +174,7 @@ class SyncerServicer:
         self._auth(context)
         with self._refusals(context):
             self.core.check_session(request.learner, request.session_secret)
-        got = self.relay.fetch(request.learner, request.wait_seconds)
+        got = self.relay.fetch(request.learner, request.wait_seconds, context.is_active)
         if got is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no peer shared its optimizer state in time")
             return

@@ -79,6 +79,15 @@ def test_an_upload_nobody_waits_for_is_dropped_and_a_fetch_times_out_empty() -> 
     assert not relay.waiting
 
 
+def test_a_cancelled_fetch_stops_waiting() -> None:
+    relay, alive = StateRelay(sh.FakeClock()), [True]
+    t = threading.Thread(target=lambda: relay.fetch("a", 30.0, lambda: alive[0]))
+    t.start()
+    alive[0] = False  # the RPC was cancelled, or the server stops
+    t.join(3)
+    assert not t.is_alive() and not relay.waiting
+
+
 def test_two_waiters_share_one_upload() -> None:
     relay = StateRelay(sh.FakeClock())
     (t1, out1), (t2, out2) = waiting(relay, "a"), waiting(relay, "b")
