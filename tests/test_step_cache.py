@@ -136,5 +136,5 @@ def test_the_cache_key_names_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = {"model": CFG.model_dump(mode="json")}
     args = [jax.ShapeDtypeStruct((2,), np.float32)]
     before = step_cache._key(spec, args, "tree")
-    monkeypatch.setattr(step_cache.cache_file, "source_digest", lambda *m: "the recipe was edited")
+    monkeypatch.setattr(step_cache, "_code", lambda: "the recipe was edited")
     assert step_cache._key(spec, args, "tree") != before

@@ -33,10 +33,19 @@ FETCH_SECONDS = 30.0  # how long a joiner waits for a donor (the syncer asks a n
 MIN_DONOR_STEPS = 20  # younger moments are hardly better than fresh ones (β₁ = 0.9 averages ~10 steps)
 
 
+def _is_count(path: Any) -> bool:
+    return getattr(path[-1], "name", None) == "count"
+
+
 def _leaves(state: Any) -> list[tuple[str, Any, bool]]:
     """(tree path, leaf, is AdamW's step count) for every leaf of an optimizer state."""
-    return [(jax.tree_util.keystr(path), leaf, getattr(path[-1], "name", None) == "count")
+    return [(jax.tree_util.keystr(path), leaf, _is_count(path))
             for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]]
+
+
+def _relay(client: Any) -> Any:
+    """The client whose syncer relays state: the only one, or shard 0's."""
+    return getattr(client, "shards", [client])[0]
 
 
 def _is_moment(leaf: Any) -> bool:
@@ -72,7 +81,7 @@ def adopt(state: Any, peer: PeerState) -> Any:
         name = jax.tree_util.keystr(path)
         if name in theirs:
             return jax.device_put(theirs[name].astype(leaf.dtype), leaf.sharding)
-        if getattr(path[-1], "name", None) == "count":
+        if _is_count(path):
             return jax.device_put(np.asarray(peer.count, leaf.dtype), leaf.sharding)
         return leaf
 
@@ -81,7 +90,7 @@ def adopt(state: Any, peer: PeerState) -> Any:
 
 def fetch(client: Any, wait: float) -> PeerState | None:
     """Wait for a peer's state through the syncer (its first shard when sharded)."""
-    c = getattr(client, "shards", [client])[0]
+    c = _relay(client)
     request = pb.FetchStateRequest(learner=c.learner, session_secret=c.secret, wait_seconds=wait)
     header, parts = None, []
     try:
@@ -101,7 +110,7 @@ def fetch(client: Any, wait: float) -> PeerState | None:
 
 def share(client: Any, count: int, blob: bytes | None) -> None:
     """Upload our moments (None: decline, so the syncer asks another learner at once)."""
-    c = getattr(client, "shards", [client])[0]
+    c = _relay(client)
     header = pb.StateHeader(learner=c.learner, session_secret=c.secret, count=count,
                             total_bytes=len(blob or b""), declined=blob is None)
     msgs = [pb.StateChunk(header=header)] if blob is None else [

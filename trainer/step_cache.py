@@ -15,6 +15,7 @@ sharded over processes is not exported here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -36,12 +37,18 @@ log = logging.getLogger("diloco.learner")
 MAX_CACHED_BYTES = 64 << 20  # a program's serialised StableHLO; far larger means something is off
 
 
-def _key(spec: dict[str, Any], specs: list[jax.ShapeDtypeStruct], tree: Any) -> str:
+@functools.cache
+def _code() -> str:
+    """The learner's model and recipe code, read once per process (the step and the eval both ask)."""
     from diloco.trainer import gpt, llama, model, recipe, sharding
 
+    return cache_file.source_digest(model, gpt, llama, recipe, sharding)
+
+
+def _key(spec: dict[str, Any], specs: list[jax.ShapeDtypeStruct], tree: Any) -> str:
     what = {"spec": spec, "args": [f"{s.shape}|{s.dtype}|{s.sharding}" for s in specs], "tree": str(tree),
             "versions": [jax.__version__, jaxlib.__version__, optax.__version__, flax.__version__],
-            "code": cache_file.source_digest(model, gpt, llama, recipe, sharding)}
+            "code": _code()}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
