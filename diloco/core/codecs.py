@@ -128,19 +128,7 @@ class Packed:
     def accumulate(self, c: float | np.floating, acc: np.ndarray, start: int = 0) -> None:
         """acc += c · values[start : start + acc.size], acc a flat fp32 array (`start` a multiple
         of the block size): no fp32 copy of the payload is made."""
-        c32, end = np.float32(c), start + acc.size
-        if self.codec in ("int4", "int8"):
-            k, b = kernels.block_kernels(self.block), self.block
-            scales = self.scales[start // b : -(-end // b)]
-            if self.codec == "int4":
-                k.int4_accumulate(scales, self.values[start // 2 : -(-end // b) * b // 2], c32, acc)
-            else:
-                k.int8_accumulate(scales, self.values[start : -(-end // b) * b], c32, acc)
-        else:
-            values = self.values[start:end]
-            if self.codec == "bf16":
-                values = (values.astype(np.uint32) << 16).view(np.float32)
-            kernels.accumulate(values, c32, acc)
+        weighted_sum_into([self], np.array([c], np.float32), acc, start)
 
     def sumsq(self) -> float:
         """‖values‖², in fp64 (from the codes alone for int codecs: a pass over a few bytes).
@@ -154,6 +142,26 @@ class Packed:
                 known = float(kernels.sumsq(self.values if self.codec == "fp32" else self.decode().reshape(-1)))
             self.__dict__["_sumsq"] = known  # a frozen dataclass: the cache bypasses __setattr__
         return known
+
+
+def weighted_sum_into(sources: Sequence[Packed], coeffs: np.ndarray, acc: np.ndarray, start: int = 0,
+                      init: bool = False) -> None:
+    """acc ← [acc +] Σ coeffs[k] · sources[k].values[start : start + acc.size]: one to four payloads
+    of one codec and block size (`start` a multiple of it), added in order in one pass over acc
+    (bit for bit one pass per payload), each decoded straight into it."""
+    first, end, c = sources[0], start + acc.size, coeffs.astype(np.float32, copy=False)
+    if len(sources) > 4 or len(c) != len(sources) or any((p.codec, p.block) != (first.codec, first.block) for p in sources):
+        raise ValueError("weighted_sum_into takes one to four payloads of one codec and block size, and a factor each")
+    if first.codec in ("int4", "int8"):
+        b = first.block
+        per = b // 2 if first.codec == "int4" else b  # code bytes per block
+        spans = [a for p in sources for a in (p.scales[start // b : -(-end // b)], p.values[start // b * per : -(-end // b) * per])]
+        k = kernels.block_kernels(b)
+        (k.int4_weighted_sum if first.codec == "int4" else k.int8_weighted_sum)(*spans, *spans[:2] * (4 - len(sources)), c, acc, init)
+        return
+    values = [p.values[start:end] if p.codec == "fp32" else (p.values[start:end].astype(np.uint32) << 16).view(np.float32)
+              for p in sources]
+    kernels.weighted_sum(*values, *values[:1] * (4 - len(values)), c, acc, init)
 
 
 def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None) -> Packed:

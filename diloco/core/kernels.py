@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 ABS_MASK = np.uint32(0x7FFFFFFF)  # clears the sign bit: |x| as bits, ordered like |x| (NaN above Inf)
 RINT = np.float32(12582912.0)  # 1.5 * 2^23: x + RINT - RINT is x rounded half to even for |x| < 2^22
+EIGHT = np.float32(8.0)  # an int4 code's offset
+GROUP = 32  # blocks an encoder takes at a time: 8 KiB of input at block 64, in L1 for its second read (measured best of 8-64)
 
 
 def _jit(fastmath: bool = False) -> Callable[[Callable[..., Any]], Any]:
@@ -52,63 +54,82 @@ class BlockKernels:
     int4_encode: Any  # (x f32[nb*B], scales f32[nb], packed u8[nb*B/2]) -> None: whole blocks
     int4_encode_delta: Any  # (target, base, scales, packed, new, add_base) -> None: encode(target − base), new = [base +] decoded
     int4_decode: Any  # (scales, packed, out f32[n]) -> None
-    int4_accumulate: Any  # (scales, packed, c f32, acc f32[n]) -> None: acc += c * decode
+    int4_weighted_sum: Any  # (s0, q0, .., s3, q3, c f32[1..4], acc f32[n], init) -> None: acc [+]= Σ c_k * decode_k
     int4_sumsq: Any  # (scales, packed) -> float: ‖decode‖², from the packed bytes alone
     int8_encode: Any  # (x f32[nb*B], scales, q i8[nb*B]) -> None: whole blocks
     int8_encode_delta: Any  # (target, base, scales, q, new, add_base) -> None
     int8_decode: Any  # (scales, q, out) -> None
-    int8_accumulate: Any  # (scales, q, c, acc) -> None
+    int8_weighted_sum: Any  # the same for int8 codes
     int8_sumsq: Any  # (scales, q) -> float
 
 
 @functools.cache
 def block_kernels(block: int) -> BlockKernels:
-    """Kernels specialised to `block` (even, >= 2; checked by the codec)."""
+    """Kernels specialised to `block` (even, >= 2; checked by the codec).
+
+    Encoders take GROUP blocks at a time: their maxima, then all their scales and reciprocals
+    in one vector pass (two scalar divisions per block had cost a third of the encode), then
+    their codes. Decoders convert codes through int32 (numba widens integer arithmetic to
+    int64, which halves the lanes of every vector operation): (q & 15) as a float minus 8 is
+    exactly the float of q − 8, so the values are bit for bit those of the plain formula."""
     B, H = block, block // 2
 
     @_jit()
     def int4_encode(x: Any, scales: Any, packed: Any) -> None:
         """Whole blocks only (the caller pads a last, partial one)."""
-        bits, tmp = x.view(np.uint32), np.empty(1, np.uint32)
-        absmax = tmp.view(np.float32)
-        for b in range(x.size // B):
-            lo, m = b * B, np.uint32(0)
-            for i in range(B):  # max |x| from the bits: NaN or Inf input gives a scale decode refuses
-                m = max(m, bits[lo + i] & ABS_MASK)
-            tmp[0] = m
-            s = absmax[0] / np.float32(7.0)
-            scales[b] = s
-            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            for j in range(H):  # floor(v + 8.5) rounds to nibbles 1..15; 0 (= -8) is never written
-                lo_q = np.int32(x[lo + j] * inv + np.float32(8.5))
-                hi_q = np.int32(x[lo + H + j] * inv + np.float32(8.5))
-                packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
+        bits, nb = x.view(np.uint32), x.size // B
+        top, inv = np.empty(GROUP, np.uint32), np.empty(GROUP, np.float32)
+        absmax = top.view(np.float32)
+        for g in range(-(-nb // GROUP)):
+            g0, n = g * GROUP, min(GROUP, nb - g * GROUP)
+            for k in range(n):  # max |x| from the bits: NaN or Inf input gives a scale decode refuses
+                lo, m = (g0 + k) * B, np.uint32(0)
+                for i in range(B):
+                    m = max(m, np.uint32(bits[lo + i] & ABS_MASK))
+                top[k] = m
+            for k in range(n):
+                s = absmax[k] / np.float32(7.0)
+                scales[g0 + k] = s
+                inv[k] = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for k in range(n):  # floor(v + 8.5) rounds to nibbles 1..15; 0 (= -8) is never written
+                lo, iv, out = (g0 + k) * B, inv[k], (g0 + k) * H
+                for j in range(H):
+                    lo_q = np.int32(x[lo + j] * iv + np.float32(8.5))
+                    hi_q = np.int32(x[lo + H + j] * iv + np.float32(8.5))
+                    packed[out + j] = np.uint8(lo_q | np.int32(hi_q << np.int32(4)))
 
     @_jit()
     def int4_encode_delta(target: Any, base: Any, scales: Any, packed: Any, new: Any, add_base: bool) -> None:
         """int4_encode(target − base), and new = base + its decoded values (what a subscriber
         computes from the bytes, bit for bit), or with `add_base` false the decoded values
         alone (what the syncer decodes from a learner's push), in one pass. Whole blocks only."""
-        d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
-        bits, absmax = d.view(np.uint32), tmp.view(np.float32)
-        for b in range(target.size // B):
-            lo, m = b * B, np.uint32(0)
-            for i in range(B):
-                d[i] = target[lo + i] - base[lo + i]
-            for i in range(B):
-                m = max(m, bits[i] & ABS_MASK)
-            tmp[0] = m
-            s = absmax[0] / np.float32(7.0)
-            scales[b] = s
-            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            for j in range(H):
-                lo_q = np.int32(d[j] * inv + np.float32(8.5))
-                hi_q = np.int32(d[H + j] * inv + np.float32(8.5))
-                packed[b * H + j] = np.uint8(lo_q | (hi_q << 4))
-                lo_d, hi_d = np.float32((lo_q & 15) - 8) * s, np.float32((hi_q & 15) - 8) * s
-                if add_base:  # loop-invariant: LLVM unswitches it
-                    lo_d, hi_d = base[lo + j] + lo_d, base[lo + H + j] + hi_d
-                new[lo + j], new[lo + H + j] = lo_d, hi_d
+        d, nb = np.empty(GROUP * B, np.float32), target.size // B
+        top, inv = np.empty(GROUP, np.uint32), np.empty(GROUP, np.float32)
+        bits, absmax = d.view(np.uint32), top.view(np.float32)
+        for g in range(-(-nb // GROUP)):
+            g0, n = g * GROUP, min(GROUP, nb - g * GROUP)
+            for i in range(n * B):
+                d[i] = target[g0 * B + i] - base[g0 * B + i]
+            for k in range(n):
+                m = np.uint32(0)
+                for i in range(B):
+                    m = max(m, np.uint32(bits[k * B + i] & ABS_MASK))
+                top[k] = m
+            for k in range(n):
+                s = absmax[k] / np.float32(7.0)
+                scales[g0 + k] = s
+                inv[k] = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for k in range(n):
+                lo, iv, s = (g0 + k) * B, inv[k], scales[g0 + k]
+                for j in range(H):
+                    lo_q = np.int32(d[k * B + j] * iv + np.float32(8.5))
+                    hi_q = np.int32(d[k * B + H + j] * iv + np.float32(8.5))
+                    packed[(g0 + k) * H + j] = np.uint8(lo_q | np.int32(hi_q << np.int32(4)))
+                    lo_d = (np.float32(np.int32(lo_q & np.int32(15))) - EIGHT) * s
+                    hi_d = (np.float32(np.int32(hi_q & np.int32(15))) - EIGHT) * s
+                    if add_base:  # loop-invariant: LLVM unswitches it
+                        lo_d, hi_d = base[lo + j] + lo_d, base[lo + H + j] + hi_d
+                    new[lo + j], new[lo + H + j] = lo_d, hi_d
 
     @_jit()
     def int4_decode(scales: Any, packed: Any, out: Any) -> None:
@@ -117,28 +138,49 @@ def block_kernels(block: int) -> BlockKernels:
             s, lo = scales[b], b * B
             for j in range(H):
                 byte = np.int32(packed[b * H + j])
-                out[lo + j] = np.float32((byte & 15) - 8) * s
-                out[lo + H + j] = np.float32((byte >> 4) - 8) * s
+                out[lo + j] = (np.float32(np.int32(byte & np.int32(15))) - EIGHT) * s
+                out[lo + H + j] = (np.float32(np.int32(byte >> np.int32(4))) - EIGHT) * s
         if full < scales.size:
             s, lo = scales[full], full * B
             for j in range(out.size - lo):
                 byte = np.int32(packed[full * H + j % H])
-                out[lo + j] = np.float32(((byte >> 4) if j >= H else (byte & 15)) - 8) * s
+                out[lo + j] = (np.float32(np.int32((byte >> 4) if j >= H else (byte & 15))) - EIGHT) * s
 
     @_jit()
-    def int4_accumulate(scales: Any, packed: Any, c: np.float32, acc: Any) -> None:
-        full = acc.size // B
+    def int4_weighted_sum(s0: Any, q0: Any, s1: Any, q1: Any, s2: Any, q2: Any, s3: Any, q3: Any,
+                          c: Any, acc: Any, init: bool) -> None:
+        """acc ← [acc +] Σ c[k]·decode(s_k, q_k) over the first c.size (1 to 4) payloads, added in
+        order: bit for bit one accumulating pass per payload, in one pass over acc."""
+        m, full = c.size, acc.size // B
+        c0, c1, c2, c3 = c[0], c[min(1, m - 1)], c[min(2, m - 1)], c[min(3, m - 1)]
         for b in range(full):
-            s, lo = scales[b] * c, b * B
+            f0, f1, f2, f3, lo, at = s0[b] * c0, s1[b] * c1, s2[b] * c2, s3[b] * c3, b * B, b * H
             for j in range(H):
-                byte = np.int32(packed[b * H + j])
-                acc[lo + j] += np.float32((byte & 15) - 8) * s
-                acc[lo + H + j] += np.float32((byte >> 4) - 8) * s
-        if full < scales.size:
-            s, lo = scales[full] * c, full * B
+                v0, v1 = np.int32(q0[at + j]), np.int32(q1[at + j])
+                v2, v3 = np.int32(q2[at + j]), np.int32(q3[at + j])
+                lo_v = np.float32(0.0) if init else acc[lo + j]
+                hi_v = np.float32(0.0) if init else acc[lo + H + j]
+                lo_v += (np.float32(np.int32(v0 & np.int32(15))) - EIGHT) * f0
+                hi_v += (np.float32(np.int32(v0 >> np.int32(4))) - EIGHT) * f0
+                if m > 1:
+                    lo_v += (np.float32(np.int32(v1 & np.int32(15))) - EIGHT) * f1
+                    hi_v += (np.float32(np.int32(v1 >> np.int32(4))) - EIGHT) * f1
+                if m > 2:
+                    lo_v += (np.float32(np.int32(v2 & np.int32(15))) - EIGHT) * f2
+                    hi_v += (np.float32(np.int32(v2 >> np.int32(4))) - EIGHT) * f2
+                if m > 3:
+                    lo_v += (np.float32(np.int32(v3 & np.int32(15))) - EIGHT) * f3
+                    hi_v += (np.float32(np.int32(v3 >> np.int32(4))) - EIGHT) * f3
+                acc[lo + j], acc[lo + H + j] = lo_v, hi_v
+        lo = full * B
+        if init:
+            acc[lo:] = 0.0
+        for k in range(m if lo < acc.size else 0):  # the last, partial block: payload by payload
+            s, q = (s0, q0) if k == 0 else (s1, q1) if k == 1 else (s2, q2) if k == 2 else (s3, q3)
+            f = s[full] * c[k]
             for j in range(acc.size - lo):
-                byte = np.int32(packed[full * H + j % H])
-                acc[lo + j] += np.float32(((byte >> 4) if j >= H else (byte & 15)) - 8) * s
+                byte = np.int32(q[full * H + j % H])
+                acc[lo + j] += (np.float32(np.int32((byte >> 4) if j >= H else (byte & 15))) - EIGHT) * f
 
     @_jit()
     def int4_sumsq(scales: Any, packed: Any) -> float:
@@ -156,42 +198,54 @@ def block_kernels(block: int) -> BlockKernels:
     @_jit()
     def int8_encode(x: Any, scales: Any, q: Any) -> None:
         """Whole blocks only (the caller pads a last, partial one)."""
-        bits, tmp = x.view(np.uint32), np.empty(1, np.uint32)
-        absmax = tmp.view(np.float32)
-        for b in range(x.size // B):
-            lo, m = b * B, np.uint32(0)
-            for i in range(B):
-                m = max(m, bits[lo + i] & ABS_MASK)
-            tmp[0] = m
-            s = absmax[0] / np.float32(127.0)
-            scales[b] = s
-            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            for j in range(B):  # adding and subtracting 1.5 * 2^23 rounds half to even, as np.rint does
-                v = (x[lo + j] * inv + RINT) - RINT
-                q[lo + j] = np.int8(np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0))))
+        bits, nb = x.view(np.uint32), x.size // B
+        top, inv = np.empty(GROUP, np.uint32), np.empty(GROUP, np.float32)
+        absmax = top.view(np.float32)
+        for g in range(-(-nb // GROUP)):
+            g0, n = g * GROUP, min(GROUP, nb - g * GROUP)
+            for k in range(n):
+                lo, m = (g0 + k) * B, np.uint32(0)
+                for i in range(B):
+                    m = max(m, np.uint32(bits[lo + i] & ABS_MASK))
+                top[k] = m
+            for k in range(n):
+                s = absmax[k] / np.float32(127.0)
+                scales[g0 + k] = s
+                inv[k] = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for k in range(n):  # adding and subtracting 1.5 * 2^23 rounds half to even, as np.rint does
+                lo, iv = (g0 + k) * B, inv[k]
+                for j in range(B):
+                    v = (x[lo + j] * iv + RINT) - RINT
+                    q[lo + j] = np.int8(np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0))))
 
     @_jit()
     def int8_encode_delta(target: Any, base: Any, scales: Any, q: Any, new: Any, add_base: bool) -> None:
         """int8_encode(target − base), and new = base + its decoded values (or, with `add_base`
         false, the decoded values alone), in one pass."""
-        d, tmp = np.empty(B, np.float32), np.empty(1, np.uint32)
-        bits, absmax = d.view(np.uint32), tmp.view(np.float32)
-        for b in range(target.size // B):
-            lo, m = b * B, np.uint32(0)
-            for i in range(B):
-                d[i] = target[lo + i] - base[lo + i]
-            for i in range(B):
-                m = max(m, bits[i] & ABS_MASK)
-            tmp[0] = m
-            s = absmax[0] / np.float32(127.0)
-            scales[b] = s
-            inv = np.float32(1.0) / s if s > 0 else np.float32(0.0)
-            for j in range(B):
-                v = (d[j] * inv + RINT) - RINT
-                code = np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0)))
-                q[lo + j] = np.int8(code)
-                d_j = np.float32(code) * s
-                new[lo + j] = base[lo + j] + d_j if add_base else d_j
+        d, nb = np.empty(GROUP * B, np.float32), target.size // B
+        top, inv = np.empty(GROUP, np.uint32), np.empty(GROUP, np.float32)
+        bits, absmax = d.view(np.uint32), top.view(np.float32)
+        for g in range(-(-nb // GROUP)):
+            g0, n = g * GROUP, min(GROUP, nb - g * GROUP)
+            for i in range(n * B):
+                d[i] = target[g0 * B + i] - base[g0 * B + i]
+            for k in range(n):
+                m = np.uint32(0)
+                for i in range(B):
+                    m = max(m, np.uint32(bits[k * B + i] & ABS_MASK))
+                top[k] = m
+            for k in range(n):
+                s = absmax[k] / np.float32(127.0)
+                scales[g0 + k] = s
+                inv[k] = np.float32(1.0) / s if s > 0 else np.float32(0.0)
+            for k in range(n):
+                lo, iv, s = (g0 + k) * B, inv[k], scales[g0 + k]
+                for j in range(B):
+                    v = (d[k * B + j] * iv + RINT) - RINT
+                    code = np.int32(min(max(v, np.float32(-127.0)), np.float32(127.0)))
+                    q[lo + j] = np.int8(code)
+                    d_j = np.float32(code) * s
+                    new[lo + j] = base[lo + j] + d_j if add_base else d_j
 
     @_jit()
     def int8_decode(scales: Any, q: Any, out: Any) -> None:
@@ -201,11 +255,23 @@ def block_kernels(block: int) -> BlockKernels:
                 out[lo + j] = np.float32(q[lo + j]) * s
 
     @_jit()
-    def int8_accumulate(scales: Any, q: Any, c: np.float32, acc: Any) -> None:
-        for b in range(scales.size):
-            s, lo = scales[b] * c, b * B
-            for j in range(min(B, acc.size - lo)):
-                acc[lo + j] += np.float32(q[lo + j]) * s
+    def int8_weighted_sum(s0: Any, q0: Any, s1: Any, q1: Any, s2: Any, q2: Any, s3: Any, q3: Any,
+                          c: Any, acc: Any, init: bool) -> None:
+        """int4_weighted_sum for int8 codes."""
+        m = c.size
+        c0, c1, c2, c3 = c[0], c[min(1, m - 1)], c[min(2, m - 1)], c[min(3, m - 1)]
+        for b in range(-(-acc.size // B)):
+            f0, f1, f2, f3, lo = s0[b] * c0, s1[b] * c1, s2[b] * c2, s3[b] * c3, b * B
+            for j in range(lo, min(lo + B, acc.size)):
+                v = np.float32(0.0) if init else acc[j]
+                v += np.float32(q0[j]) * f0
+                if m > 1:
+                    v += np.float32(q1[j]) * f1
+                if m > 2:
+                    v += np.float32(q2[j]) * f2
+                if m > 3:
+                    v += np.float32(q3[j]) * f3
+                acc[j] = v
 
     @_jit()
     def int8_sumsq(scales: Any, q: Any) -> float:
@@ -219,8 +285,8 @@ def block_kernels(block: int) -> BlockKernels:
             total += s * s * q2
         return total
 
-    return BlockKernels(int4_encode, int4_encode_delta, int4_decode, int4_accumulate, int4_sumsq,
-                        int8_encode, int8_encode_delta, int8_decode, int8_accumulate, int8_sumsq)
+    return BlockKernels(int4_encode, int4_encode_delta, int4_decode, int4_weighted_sum, int4_sumsq,
+                        int8_encode, int8_encode_delta, int8_decode, int8_weighted_sum, int8_sumsq)
 
 
 @_jit()
@@ -233,28 +299,41 @@ def valid_scales(scales: Any) -> bool:
     return ok
 
 
-@_jit(fastmath=True)  # reassociation lets the fp64 sum vectorise; the order of a sum is not a contract
+SUMSQ_BLOCK = 4096  # values summed in fp32 before their sum joins the fp64 total: 1.4x the all-fp64 loop's speed, relative error ~1e-9 measured
+
+
+@_jit(fastmath=True)  # reassociation lets the sums vectorise; the order of a sum is not a contract
 def sumsq(x: Any) -> float:
-    """Σ x², accumulated in fp64."""
-    total = 0.0
-    for i in range(x.size):
+    """Σ x²: fp32 within blocks of SUMSQ_BLOCK values (vector lanes of a few hundred terms
+    each), fp64 across blocks, so the error does not grow with the tensor's size."""
+    total, full = 0.0, x.size // SUMSQ_BLOCK
+    for b in range(full):
+        part = np.float32(0.0)
+        for i in range(b * SUMSQ_BLOCK, (b + 1) * SUMSQ_BLOCK):
+            part += x[i] * x[i]
+        total += float(part)
+    for i in range(full * SUMSQ_BLOCK, x.size):
         v = np.float64(x[i])
         total += v * v
     return total
 
 
 @_jit()
-def scale_into(x: Any, c: np.float32, out: Any) -> None:
-    """out = c · x (the first contribution of a merge, written without zeroing first)."""
-    for i in range(x.size):
-        out[i] = x[i] * c
-
-
-@_jit()
-def accumulate(x: Any, c: np.float32, acc: Any) -> None:
-    """acc += c · x."""
-    for i in range(x.size):
-        acc[i] += x[i] * c
+def weighted_sum(x0: Any, x1: Any, x2: Any, x3: Any, c: Any, acc: Any, init: bool) -> None:
+    """acc ← [acc +] c[0]·x0 + c[1]·x1 + ...: the first c.size (1 to 4) of the x's, added in order
+    (so bit for bit one pass per contribution, `acc[i] += x[i] * c`) in one pass over acc.
+    The branches are loop-invariant: LLVM compiles a loop per case."""
+    m = c.size
+    c0, c1, c2, c3 = c[0], c[min(1, m - 1)], c[min(2, m - 1)], c[min(3, m - 1)]
+    for i in range(acc.size):
+        v = x0[i] * c0 if init else acc[i] + x0[i] * c0
+        if m > 1:
+            v += x1[i] * c1
+        if m > 2:
+            v += x2[i] * c2
+        if m > 3:
+            v += x3[i] * c3
+        acc[i] = v
 
 
 @_jit()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
 from diloco.core import kernels
-from diloco.core.codecs import Packed
+from diloco.core.codecs import Packed, weighted_sum_into
 
 MergeMethod = Literal["rda", "average"]
 
@@ -72,32 +72,44 @@ def _sumsq(src: Source) -> float:
 CHUNK = 1 << 16  # values per pass: 256 KiB of accumulator stays in L2 while every contribution adds into it
 
 
+def _kind(src: Source) -> tuple[str, int]:
+    """Contributions of one kind add together in one kernel pass."""
+    return (src.codec, src.block) if isinstance(src, Packed) else ("array", 0)
+
+
 def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int,
                   acc: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Σ c_m · src_m in one fp32 accumulator (`acc`, n values, when the caller lends one), and its
     squared norm. Chunk by chunk, so each contribution streams through once and the accumulator
-    never leaves the cache; encoded sources decode straight into it."""
+    never leaves the cache; encoded sources decode straight into it, and up to four fp32 ones
+    in a row add in one pass (`kernels.weighted_sum`), in the same order."""
     acc = np.empty(n, np.float32) if acc is None else acc
-    live = [(src, np.float32(c)) for src, c in zip(sources, coeffs, strict=True) if c != 0.0]
+    live = [(src if isinstance(src, Packed) else _flat(src), c) for src, c in zip(sources, coeffs, strict=True) if c != 0.0]
     if not live:
         acc[:] = 0.0
         return acc, 0.0
     blocks = [src.block for src, _ in live if isinstance(src, Packed) and src.codec in ("int4", "int8")]
     step = CHUNK if not blocks else max(1, CHUNK // math.lcm(*blocks)) * math.lcm(*blocks)
-    flats = [src if isinstance(src, Packed) else _flat(src) for src, _ in live]
+    runs: list[tuple[list[Source], list[float]]] = []  # up to four contributions of one kind in a row
+    for src, c in live:
+        if runs and len(runs[-1][0]) < 4 and _kind(runs[-1][0][0]) == _kind(src):
+            runs[-1][0].append(src)
+            runs[-1][1].append(c)
+        else:
+            runs.append(([src], [c]))
+    factors = [np.array(cs, np.float32) for _, cs in runs]
+    if len(runs) == 1 and n <= 4 * CHUNK:  # one pass over a small accumulator: chunks would only add calls
+        step = n
     total = 0.0
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         part = acc[lo:hi]
-        for k, (src, (_, c)) in enumerate(zip(flats, live)):
-            if isinstance(src, Packed):
-                if k == 0:
-                    part[:] = 0.0
-                src.accumulate(c, part, lo)
-            elif k == 0:
-                kernels.scale_into(src[lo:hi], c, part)
+        for k, ((srcs, _), f) in enumerate(zip(runs, factors)):
+            if isinstance(srcs[0], Packed):
+                weighted_sum_into(cast(list[Packed], srcs), f, part, lo, init=k == 0)
             else:
-                kernels.accumulate(src[lo:hi], c, part)
+                xs = [x[lo:hi] for x in cast(list[np.ndarray], srcs)]
+                kernels.weighted_sum(*xs, *xs[:1] * (4 - len(xs)), f, part, k == 0)
         total += float(kernels.sumsq(part))  # while the chunk is still in cache
     return acc, total
 
