@@ -124,6 +124,49 @@ def test_merging_encoded_contributions_equals_merging_their_values(m, n, codec, 
         merge.CHUNK = old_chunk
 
 
+def _term(src, c: float, n: int) -> np.ndarray:
+    """c · one contribution's values, computed as the kernels must: code · (scale · c) for int codecs."""
+    from diloco.core.codecs import Packed
+
+    c32 = np.float32(c)
+    if not isinstance(src, Packed):
+        return src * c32
+    if src.codec in ("fp32", "bf16"):
+        values = src.values if src.codec == "fp32" else (src.values.astype(np.uint32) << 16).view(np.float32)
+        return values * c32
+    codes = src.values.astype(np.int32)
+    if src.codec == "int4":
+        half = src.block // 2
+        codes = np.concatenate([(codes & 15).reshape(-1, half), (codes >> 4).reshape(-1, half)], axis=1) - 8
+    return codes.reshape(-1)[:n].astype(np.float32) * (src.scales * c32).repeat(src.block)[:n]
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=st.lists(st.sampled_from(["array", "fp32", "bf16", "int8", "int4"]), min_size=1, max_size=9),
+       n=st.integers(1, 700), chunk=st.sampled_from([64, 128, 1 << 16]), seed=st.integers(0, 2**32 - 1))
+def test_the_weighted_sum_adds_every_kind_in_order_bit_for_bit(kinds, n, chunk, seed) -> None:
+    """Up to four contributions of one kind add in one kernel pass, chunk by chunk: the result is
+    the plain sequence acc = c₀x₀, acc += c₁x₁, ... of numpy, bit for bit, whatever the mix."""
+    from diloco.core import merge
+    from diloco.core.codecs import encode, parse
+
+    rng = np.random.default_rng(seed)
+    sources = [x if kind == "array" else parse(encode(x, kind, 64))
+               for kind in kinds for x in [rng.standard_normal(n).astype(np.float32)]]
+    coeffs = [0.0 if i == 1 and len(kinds) > 2 else float(rng.uniform(0.1, 2.0)) for i in range(len(kinds))]
+    want = None
+    for src, c in zip(sources, coeffs):
+        if c != 0.0:
+            want = _term(src, c, n) if want is None else want + _term(src, c, n)
+    old_chunk, merge.CHUNK = merge.CHUNK, chunk
+    try:
+        got, sumsq = merge._weighted_sum(sources, coeffs, n)
+    finally:
+        merge.CHUNK = old_chunk
+    assert np.array_equal(got, want)
+    assert sumsq == pytest.approx(float(np.sum(want.astype(np.float64) ** 2)), rel=1e-6)
+
+
 def test_the_fused_nesterov_step_is_the_numpy_formula_bit_for_bit() -> None:
     rng = np.random.default_rng(3)
     theta = {"w": rng.standard_normal((7, 9)).astype(np.float32)}
