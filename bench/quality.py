@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +49,19 @@ def manifest(args: argparse.Namespace, seed: int, lr: float, **kw: Any) -> dict[
     return m
 
 
-def outer_defaults() -> tuple[float, float]:
+def outer_step(args: argparse.Namespace) -> tuple[float, float]:
+    """The outer lr and momentum of the synchronous and decoupled arms: the product's defaults,
+    or --outer-lr for both."""
     from diloco.spec import Syncer
 
     s = Syncer()
-    return s.outer_learning_rate, s.outer_momentum
+    return args.outer_lr or s.outer_learning_rate, s.outer_momentum
 
 
-def in_process(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Data-parallel and synchronous DiLoCo at every (lr, seed), two at a time (one per core)."""
-    outer_lr, outer_mu = outer_defaults()
+def in_process(args: argparse.Namespace, skip: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Data-parallel and synchronous DiLoCo (but the arms in `skip`) at every (lr, seed), two at a
+    time (one per core)."""
+    outer_lr, outer_mu = outer_step(args)
     jobs = []
     for lr in args.lrs:
         for seed in args.seeds:
@@ -66,6 +70,7 @@ def in_process(args: argparse.Namespace) -> list[dict[str, Any]]:
             jobs.append(("sync-diloco", lr, seed, "sync", m, {
                 "learners": args.learners, "steps": args.steps, "inner_steps": args.sync_h,
                 "outer_lr": outer_lr, "outer_momentum": outer_mu}))
+    jobs = [j for j in jobs if j[0] not in skip]
     rows = []
     for i in range(0, len(jobs), 2):
         pair = jobs[i:i + 2]
@@ -84,6 +89,8 @@ def decoupled(args: argparse.Namespace, arm: str, lr: float, seed: int) -> dict[
     m = manifest(args, seed, lr, chaos=chaos, groups=[{"name": "local", "replicas": args.learners}])
     if arm == "decoupled-chaos-fresh":
         m["spec"]["training"]["peerOptimizerState"] = False
+    if args.outer_lr:
+        m["spec"].setdefault("syncer", {})["outerLearningRate"] = args.outer_lr
     t0 = time.monotonic()
     r = common.run_job(m, args.out_dir / f"{arm}-lr{lr:g}-s{seed}", total_steps=args.learners * args.steps,
                        max_seconds=args.max_seconds)
@@ -130,11 +137,15 @@ def main() -> None:
     parser.add_argument("--chaos-mean", type=float, default=15.0, help="mean seconds between learner kills")
     parser.add_argument("--fresh-moments-arm", action="store_true",
                         help="also the chaos arm with re-joiners at zero AdamW moments (no peer's)")
+    parser.add_argument("--outer-lr", type=float, help="the synchronous and decoupled arms' outer lr (default: the spec's)")
     parser.add_argument("--eval-interval", type=int, default=100)
     parser.add_argument("--max-seconds", type=float, default=900.0, help="safety stop per decoupled run")
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "quality")
     parser.add_argument("--baseline-from", type=Path,
                         help="reuse the data-parallel and synchronous DiLoCo rows of an earlier result JSON")
+    parser.add_argument("--baseline-arms", type=lambda s: s.split(","), default=["data-parallel", "sync-diloco"],
+                        help="which in-process arms --baseline-from reuses; the others run again (synchronous "
+                             "DiLoCo takes the product's default outer step, so it runs again when that changes)")
     parser.add_argument("--smoke", action="store_true", help="seconds, not minutes: 2 learners, 24 steps")
     args = parser.parse_args()
     if args.smoke:
@@ -147,7 +158,8 @@ def main() -> None:
     if args.baseline_from:
         import json
 
-        rows = [r for r in json.loads(args.baseline_from.read_text()) if r["arm"] in ("data-parallel", "sync-diloco")]
+        rows = [r for r in json.loads(args.baseline_from.read_text()) if r["arm"] in args.baseline_arms]
+        rows += in_process(args, skip=args.baseline_arms)
     else:
         rows = in_process(args)
     for lr in args.decoupled_lrs or args.lrs:
@@ -180,7 +192,7 @@ def main() -> None:
     result = {
         "bench": "quality", "learners": args.learners, "steps_per_learner": args.steps, "sharding": args.sharding,
         "tokens": rows[0]["tokens"], "seeds": args.seeds, "lrs": args.lrs, "sync_h": args.sync_h,
-        "outer_step": dict(zip(("lr", "momentum"), outer_defaults())),
+        "outer_step": dict(zip(("lr", "momentum"), outer_step(args))),
         "decoupled_over_dp": round(ratio(chosen["decoupled"][1], dp), 5),
         "decoupled_over_sync": round(ratio(chosen["decoupled"][1], chosen["sync-diloco"][1]), 5),
         "best_lr": {t["arm"]: t["lr"] for t in table},
