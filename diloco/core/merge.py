@@ -81,8 +81,8 @@ def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int,
                   acc: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Σ c_m · src_m in one fp32 accumulator (`acc`, n values, when the caller lends one), and its
     squared norm. Chunk by chunk, so each contribution streams through once and the accumulator
-    never leaves the cache; encoded sources decode straight into it, and up to four fp32 ones
-    in a row add in one pass (`kernels.weighted_sum`), in the same order."""
+    never leaves the cache; encoded sources decode straight into it, and up to four in a row of
+    one kind (fp32 arrays, or payloads of one codec and block) add in one pass, in order."""
     acc = np.empty(n, np.float32) if acc is None else acc
     live = [(src if isinstance(src, Packed) else _flat(src), c) for src, c in zip(sources, coeffs, strict=True) if c != 0.0]
     if not live:
