@@ -79,6 +79,7 @@ class JaxTrainer:
         train, held_out = data.split(data.corpus_bytes(), spec.data.held_out_fraction)
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.window = spec.model.context + 1
+        self.tokens_per_step = spec.training.batch_size * spec.model.context
         self.evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, self.window)
         self.recipe = Recipe(spec.model, spec.training)
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
@@ -92,12 +93,11 @@ class JaxTrainer:
     def fresh_state(self, m: int, params: dict[str, Any]) -> Any:
         return self.recipe.init_state(self.recipe.place(params))
 
-    def step(self, m: int, params: dict[str, Any], state: Any, slot: int) -> tuple[dict[str, Any], Any, int]:
-        tr = self.spec.training
+    def step(self, m: int, params: dict[str, Any], state: Any, position: int) -> tuple[dict[str, Any], Any, int]:
         batch = self.batches[m].batch(self.taken[m])
         self.taken[m] += 1
-        p, state, _ = self.recipe.step(self.recipe.place(params), state, batch, slot)
-        return {k: self.np.asarray(v) for k, v in p.items()}, state, tr.batch_size * self.spec.model.context
+        p, state, _ = self.recipe.step(self.recipe.place(params), state, batch, position)
+        return {k: self.np.asarray(v) for k, v in p.items()}, state, self.tokens_per_step
 
     def eval_loss(self, params: dict[str, Any]) -> float:
         return self.recipe.eval_loss(self.recipe.place(params), self.evals)

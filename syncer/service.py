@@ -80,6 +80,9 @@ class SyncerCore:
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
     exclusive_waiting: int = 0  # checkpoints and Recovers waiting for `merging`
     shard: int = 0  # of spec.shards: this process merges, checkpoints and publishes its fragments only
+    # Per learner process ("learner/session"): the cumulative trained tokens of its newest
+    # accepted push. Not checkpointed: after a restart the merged count stands in until pushes come.
+    reported: dict[str, int] = field(default_factory=dict)
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -132,6 +135,8 @@ class SyncerCore:
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
+            key = f"{c.learner}/{c.session}"
+            self.reported[key] = max(self.reported.get(key, 0), c.trained_tokens)
             info.contributions += 1
             info.bytes_received += len(blob)
             info.staleness += offer.lag
@@ -145,6 +150,14 @@ class SyncerCore:
             self.lock.notify_all()
             return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into,
                                 late=offer.late)
+
+    def job_tokens(self) -> int:
+        """The job's trained tokens as accepted pushes report them: the merged count plus what
+        pushes in open rounds carry beyond it. Learners set their learning-rate schedule by it
+        (diloco/core/schedule.py, JobProgress); the merged count alone trails training by the
+        merge's latency, 4-7 steps measured, and that lag cost about 1% of held-out loss."""
+        with self.lock:
+            return self.model.tokens_trained(self.reported)
 
     def open_session(self, learner: str, process: int, supersede: bool) -> bytes:
         """The joining process's session secret (see `Admission.open_session`)."""
@@ -350,7 +363,7 @@ class SyncerCore:
             info = self.learners.setdefault(learner, LearnerInfo())
             info.region, info.last_seen = region, self.clock()
             info.joins += 1
-            slot = self.book.next_slot
+            slot, job_tokens = self.book.next_slot, self.job_tokens()
         held, blob, tagged = self.publisher.snapshot()
         versions = [held.get(p, 0) for p in range(self.model.plan.num_fragments)]
         tags = [tagged.get(p, b"") for p in range(self.model.plan.num_fragments)]
@@ -361,7 +374,7 @@ class SyncerCore:
             fragments=[pb.FragmentNames(names=list(f)) for f in self.model.plan.fragments],
             codec=self.spec.compression, block_size=self.spec.block_size, slot=slot, tags=tags,
             session_secret=secret, shard=self.shard, shards=self.spec.shards,
-            resume_tokens=self.model.credited_to(learner),
+            resume_tokens=self.model.credited_to(learner), job_tokens=job_tokens,
         )
         return header, blob
 

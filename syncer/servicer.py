@@ -80,7 +80,7 @@ class SyncerServicer:
             last = sent >= len(u.blob)
             head = pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), last=last,
                                 incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
-                                tag=u.tag if last else b"")
+                                tag=u.tag if last else b"", job_tokens=self.core.job_tokens())
             parts.append(with_bytes(head, "data", part))
         return parts
 

@@ -97,6 +97,11 @@ class GlobalModel:
         held = self.held()
         self.params = {n: v if n in held else np.broadcast_to(np.float32(0), v.shape) for n, v in self.params.items()}
 
+    def tokens_trained(self, reported: Mapping[str, int]) -> int:
+        """The job's trained tokens: those merged, plus what accepted pushes carry beyond their
+        process's credit (`reported`: per "learner/session", its newest push's cumulative count)."""
+        return self.tokens_merged + sum(max(0, t - self.credited.get(k, 0)) for k, t in reported.items())
+
     def credited_to(self, learner: str) -> int:
         """Tokens credited to every process that was `learner` (where its data resumes)."""
         return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)

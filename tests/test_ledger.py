@@ -6,7 +6,7 @@ import numpy as np
 
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
 from diloco.core.rounds import Contribution, RoundBook
-from diloco.core.schedule import Schedule
+from diloco.core.schedule import JobProgress, Schedule
 from tests.helpers import policy
 
 FRAGMENTS = [["a"], ["b"]]
@@ -101,6 +101,22 @@ def test_schedule_jumps_forward_never_back() -> None:
     assert s.observe(14) == 3 and s.take() == (14, 2) and s.skipped == 3
     s.skip()
     assert s.take() == (16, 0) and s.skipped == 4
+
+
+def test_the_learning_rate_follows_the_jobs_tokens_not_our_slots() -> None:
+    job = JobProgress(learners=4, tokens_per_step=10)
+    for _ in range(8):
+        job.stepped()
+    assert job.position() == 2  # alone so far: our 8 steps are 2 steps of a 4-learner job
+    job.observe(4 * 10 * 20)  # the syncer: every learner's 20 steps merged
+    assert job.position() == 20
+    for _ in range(4):
+        job.stepped()
+    assert job.position() == 21
+    job.observe(4 * 10 * 20 + 10)  # news holding fewer of our steps than we counted: never back
+    assert job.position() == 21
+    job.observe(0)  # older news changes nothing
+    assert job.position() == 21 and job.merged == 4 * 10 * 20 + 10
 
 
 def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int = 4) -> Contribution[int]:

@@ -107,6 +107,19 @@ def test_kills_lose_only_unpushed_work_and_tokens_stay_exact() -> None:
     assert res.tokens_trained - 2 * 8 <= res.tokens_merged < res.tokens_trained
 
 
+def test_a_learner_down_does_not_make_the_others_decay_ahead_of_the_job() -> None:
+    # Learner 3 is down for 40 slots: the others keep filling slots, so slots run ahead of
+    # the job's tokens; every learner's learning rate, the re-joiner's too, follows the tokens.
+    scripts = [Script(), Script(), Script(), Script(outages=[(20.5, 60.5)])]
+    r = replay(scripts)
+    res = r.result  # type: ignore[attr-defined]
+    job_steps = res.tokens_merged / M  # the toy trains one token a step
+    for lr in r.learners:
+        assert lr.progress is not None and lr.schedule is not None
+        assert abs(lr.progress.position() - job_steps) <= 3
+        assert lr.progress.position() <= lr.schedule.slot - 5  # a slot-driven schedule was ~10 ahead
+
+
 def test_stale_downweighting_is_an_absolute_factor() -> None:
     from diloco.core.rounds import Closed, Contribution
     from diloco.syncer.state import GlobalModel

@@ -105,16 +105,22 @@ def test_a_sharded_client_joins_pushes_to_owners_and_adopts_from_all(shards: lis
             h.core.merge_ready(flush=True)
         assert [h.core.model.versions for h in shards] == [[1, 0, 1, 0], [0, 1, 0, 1]]
         got: dict[int, int] = {}
+        tokens: dict[int, int] = {}
         accepted: list[tuple[int, int, int, bool]] = []
 
         def arrived() -> bool:
             u = client.take_updates()
             got.update({p: a.version for p, a in u.published.items()})
+            tokens.update({p: a.job_tokens for p, a in u.published.items()})
             accepted.extend(u.accepted)
             return len(got) == 4 and len(accepted) == 4
 
         wait_for(arrived)
         assert got == {0: 1, 1: 1, 2: 1, 3: 1}
+        # Each publish carries its shard's count of the job's tokens (every push carries its
+        # learner's cumulative count, so each shard sees them all): 2 and 4 pushes' worth here.
+        assert max(tokens[0], tokens[2]) == shards[0].core.model.tokens_merged == 3 * 2048
+        assert max(tokens[1], tokens[3]) == shards[1].core.model.tokens_merged == 4 * 2048
         assert sorted(f for f, *_ in accepted) == [0, 1, 2, 3]
         status = aggregate([h.core.status() for h in shards])
         assert list(status.versions) == [1, 1, 1, 1] and status.outer_steps == 4 and status.shards == 2

@@ -257,12 +257,18 @@ def test_the_final_flush_closes_rounds_below_quorum(syncer: sh.Harness) -> None:
     assert syncer.core.merge_ready(flush=True) == [1] and syncer.core.model.versions == [0, 1]
 
 
-def test_join_reports_the_schedule_position(syncer: sh.Harness) -> None:
-    assert syncer.push(1, syncer.fragment_tensors(1), slot=41).accepted
+def test_join_reports_the_schedule_position_and_the_jobs_tokens(syncer: sh.Harness) -> None:
+    assert syncer.push(1, syncer.fragment_tensors(1), slot=41, trained_tokens=3 * 2048).accepted
+    syncer.clock.now += 10
+    assert syncer.core.merge_ready() == [1]
+    assert syncer.push(0, syncer.fragment_tensors(0), slot=44, trained_tokens=5 * 2048).accepted  # not merged yet
     req = pb.JoinRequest(learner="b-0", region="r",
                          tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
     header = next(iter(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))).header
-    assert header.slot == 42
+    assert header.slot == 45
+    # Where the joiner's learning-rate schedule resumes: every token accepted pushes report,
+    # merged (3 x 2048) or in an open round (2 x 2048 more).
+    assert syncer.core.model.tokens_merged == 3 * 2048 and header.job_tokens == 5 * 2048
 
 
 def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Harness) -> None:

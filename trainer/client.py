@@ -165,7 +165,7 @@ class SyncerClient:
             self.outbox.clear()
         return JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
                          params, codec, header.block_size, int(header.slot), owned, header.shard, shards,
-                         int(header.resume_tokens))
+                         int(header.resume_tokens), int(header.job_tokens))
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: InitialModel | None = None) -> JoinState:
         if initial is not None:
@@ -404,5 +404,5 @@ class SyncerClient:
                 self.view.update(tensors)
                 self.known_versions[msg.fragment] = msg.version
                 self.tags[msg.fragment] = msg.tag
-                self.inbox[msg.fragment] = Arrival(int(msg.version), tensors, int(msg.slot))
+                self.inbox[msg.fragment] = Arrival(int(msg.version), tensors, int(msg.slot), int(msg.job_tokens))
                 self.lock.notify_all()

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from diloco.core.fragments import plan_fragments, specs_from_shapes
     from diloco.core.ledger import Ledger, absorb, prepare_push
-    from diloco.core.schedule import Schedule
+    from diloco.core.schedule import JobProgress, Schedule
     from diloco.core.seed import InitialModel
     from diloco.shards import syncer_addresses
     from diloco.trainer import data, model, sharding
@@ -163,9 +163,10 @@ def run(args: argparse.Namespace) -> int:
     opt_state = recipe.init_state(params)
     tokens_per_step = tr.batch_size * spec.model.context
     next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
-    # The learning rate follows our own steps from the slot we joined at: a learner that skips
-    # slots (behind the schedule) must not decay faster than the training it has done.
-    lr_step = schedule.slot
+    # The learning rate follows the job's tokens, not slots (core/schedule.py, JobProgress): a
+    # (re)joiner resumes the decay where the job is, and no learner decays faster than the job trains.
+    job_progress = JobProgress(spec.shard_count, tokens_per_step)
+    job_progress.observe(joined.job_tokens)
     pull_seconds = time.monotonic() - t_join
     metrics.mark_joined()
     metrics.badput("startup", t_join - t_process)
@@ -197,9 +198,12 @@ def run(args: argparse.Namespace) -> int:
             write({n: u.rejoined.params[n] + (current[n] - anchors[n]) for n in u.rejoined.params})
             ledger.restart(u.rejoined.params, u.rejoined.versions, u.rejoined.owned)
             schedule.observe(u.rejoined.slot)
+            job_progress.observe(u.rejoined.job_tokens)
             incarnation = u.rejoined.incarnation
             emit(Event.READOPTED, incarnation=incarnation, versions=ledger.versions)
         absorb(ledger, schedule, local, write, u.refused, u.accepted, u.published)
+        for arrival in u.published.values():
+            job_progress.observe(arrival.job_tokens)
 
     push_seq = 0
     trained_tokens = 0
@@ -231,8 +235,8 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.monotonic()
         batch = batches.batch(next_batch)
         next_batch += 1
-        params, opt_state, loss = recipe.step(params, opt_state, batch, lr_step)
-        lr_step += 1
+        params, opt_state, loss = recipe.step(params, opt_state, batch, job_progress.position())
+        job_progress.stepped()
         loss_value = scalar(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
@@ -275,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
             metrics.network(client.bytes_sent, client.bytes_received)
             metrics.productive(client.acked_train_seconds)
             emit(Event.PROGRESS, step=step, slot=schedule.slot, epoch=round(batches.epoch(next_batch), 4),
-                 loss=loss_value, step_seconds=step_ema,
+                 loss=loss_value, step_seconds=step_ema, learning_rate=float(recipe.lr(job_progress.at)),
+                 lr_position=job_progress.at,  # the job's progress in steps of one learner (JobProgress)
                  train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
                  bytes_received=client.bytes_received, versions=ledger.versions)

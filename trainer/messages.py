@@ -34,6 +34,7 @@ class JoinState:
     shard: int = 0
     shards: int = 1
     resume_tokens: int = 0  # this learner's tokens already merged: where its data resumes
+    job_tokens: int = 0  # the job's trained tokens: where its learning-rate schedule stands (core/schedule.py JobProgress)
 
 
 @dataclass

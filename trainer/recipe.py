@@ -2,10 +2,10 @@
 held-out eval, as the learner, every benchmark and the run report use them.
 
 AdamW with global-norm clipping; the learning rate follows linear warmup then cosine decay
-and is passed in each step at a schedule position the caller keeps (the learner: the shared
-schedule's slot it joined at plus its own steps since), so a learner that (re)joins mid-job
-resumes the job's schedule instead of warming up again (AdamW's own bias correction restarts
-with its moments, as it must). With a `Layout` (trainer/sharding.py) the step runs
+and is passed in each step at a schedule position the caller keeps (the learner: the job's
+trained tokens in steps of one learner, diloco/core/schedule.py JobProgress), so a learner
+that (re)joins mid-job resumes the job's schedule instead of warming up again (AdamW's own
+bias correction restarts with its moments, as it must). With a `Layout` (trainer/sharding.py) the step runs
 as one SPMD program over the learner's mesh; without one, on the default device.
 """
 
@@ -125,9 +125,9 @@ class Recipe:
     def _batch(self, batch: np.ndarray) -> jax.Array:
         return jnp.asarray(batch) if self.layout is None else self.layout.put_batch(batch)
 
-    def step(self, params: Any, state: Any, batch: np.ndarray, slot: int) -> tuple[Any, Any, jax.Array]:
+    def step(self, params: Any, state: Any, batch: np.ndarray, position: int) -> tuple[Any, Any, jax.Array]:
         out: tuple[Any, Any, jax.Array] = self._step(params, state, batch if self.host_args else self._batch(batch),
-                                                     self.lr(slot))
+                                                     self.lr(position))
         return out
 
     def grads(self, params: Any, batch: np.ndarray) -> tuple[jax.Array, Any]:

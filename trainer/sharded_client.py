@@ -105,4 +105,5 @@ def merge_states(states: Sequence[JoinState]) -> JoinState:
         params={k: v for st in states for k, v in st.params.items()}, codec=first.codec,
         block_size=first.block_size, slot=max(st.slot for st in states), owned=owned, shard=0, shards=n,
         resume_tokens=max(st.resume_tokens for st in states),  # each shard credits every push it merges
+        job_tokens=max(st.job_tokens for st in states),  # so does each shard's count of the job's
     )

@@ -195,12 +195,13 @@ def _copy(x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Arrival:
-    """A published fragment as the learner holds it: version, values, and the schedule
-    position it implies (one past the newest slot merged)."""
+    """A published fragment as the learner holds it: version, values, the schedule position
+    it implies (one past the newest slot merged), and the job's trained tokens when it was sent."""
 
     version: int
     tensors: Tensors
     next_slot: int
+    job_tokens: int = 0
 
 
 def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], write: Callable[[Tensors], None],

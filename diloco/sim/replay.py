@@ -26,7 +26,7 @@ import numpy as np
 
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
 from diloco.core.rounds import Contribution, Verdict
-from diloco.core.schedule import Schedule
+from diloco.core.schedule import JobProgress, Schedule
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.state import GlobalModel, Outer
 
@@ -36,11 +36,13 @@ Tensors = dict[str, np.ndarray]
 class Trainer(Protocol):
     """The learners' inner computation, `m` naming the learner (its data shard)."""
 
+    tokens_per_step: int  # what one inner step trains
+
     def fresh_state(self, m: int, params: Tensors) -> Any: ...
 
-    def step(self, m: int, params: Tensors, state: Any, slot: int) -> tuple[Tensors, Any, int]:
-        """One inner step with the learning rate of schedule position `slot`: (new params, new
-        state, tokens trained)."""
+    def step(self, m: int, params: Tensors, state: Any, position: int) -> tuple[Tensors, Any, int]:
+        """One inner step with the learning rate of schedule position `position` (the job's
+        progress: JobProgress): (new params, new state, tokens trained)."""
         ...
 
 
@@ -71,7 +73,7 @@ class _Learner:
     trained_tokens: int = 0  # this life's (the push header's cumulative counter)
     earlier_tokens: int = 0  # earlier lives'
     steps: int = 0
-    lr_step: int = 0  # where the learning-rate schedule stands: the join slot plus steps since (as the learner's)
+    progress: JobProgress | None = None  # where the learning-rate schedule stands (as the learner's)
     refused: list[tuple[int, int]] = field(default_factory=list)
     accepted: list[tuple[int, int, int, bool]] = field(default_factory=list)
     inbox: dict[int, Arrival] = field(default_factory=dict)
@@ -111,6 +113,7 @@ class Replay:
         self.refused = 0
         self.ticks: set[float] = set()  # deadlines with a tick scheduled
         self.killed_at: dict[tuple[int, int], float] = {}  # (learner, life) -> when it was killed
+        self.reported: dict[str, int] = {}  # per learner process: its newest accepted push's trained tokens
         self.snapshot_every = snapshot_every
         self.curve: list[tuple[float, int, Tensors]] = []
 
@@ -159,7 +162,8 @@ class Replay:
         lr.params = {n: v.copy() for n, v in self.model.params.items()}
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
-        lr.lr_step = lr.schedule.slot
+        lr.progress = JobProgress(len(self.learners), self.trainer.tokens_per_step)
+        lr.progress.observe(self.model.tokens_trained(self.reported))  # the Join reply's count
         lr.state = self.trainer.fresh_state(m, lr.params)
         peers = [o for o in self.learners if o.alive and o.m != m and o.state is not None]
         if self.peer_state and peers and lr.schedule.slot > 0:  # spec.training.peerOptimizerState
@@ -182,13 +186,13 @@ class Replay:
         lr = self.learners[m]
         if not lr.alive or lr.life != life:
             return
-        assert lr.ledger is not None and lr.schedule is not None
+        assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
         self._absorb(lr)
         if lr.schedule.slot >= self.steps:
             self._flush(lr)
             return
-        lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.lr_step)
-        lr.lr_step += 1
+        lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.progress.position())
+        lr.progress.stepped()
         lr.ledger.stepped(tokens)
         lr.trained_tokens += tokens
         lr.steps += 1
@@ -209,6 +213,9 @@ class Replay:
 
         absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, write,
                lr.refused, lr.accepted, lr.inbox)
+        for arrival in lr.inbox.values():
+            assert lr.progress is not None
+            lr.progress.observe(arrival.job_tokens)
         lr.refused, lr.accepted, lr.inbox = [], [], {}
 
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
@@ -242,6 +249,8 @@ class Replay:
         reply: tuple[Any, ...]
         if offer.verdict is Verdict.ACCEPTED:
             reply = ("accepted", p, c.push_id, self.model.versions[p] + 1, offer.late)
+            key = f"{c.learner}/{c.session}"
+            self.reported[key] = max(self.reported.get(key, 0), c.trained_tokens)
         else:
             self.refused += 1
             reply = ("refused", p, c.push_id)
@@ -260,7 +269,8 @@ class Replay:
             self.model.apply(closed, active=max(len(active), 1))
             self.published_slot[p] = closed.slot
             self.rounds.append(len({c.learner for c in closed.contributions}))
-            arrival = Arrival(self.model.versions[p], self.model.fragment(p), closed.slot + 1)
+            arrival = Arrival(self.model.versions[p], self.model.fragment(p), closed.slot + 1,
+                              self.model.tokens_trained(self.reported))
             for lr in self.learners:
                 if lr.alive:
                     self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
@@ -290,10 +300,12 @@ def toy_trainer(directions: list[Tensors]) -> Trainer:
     so conservation of progress can be checked exactly."""
 
     class Toy:
+        tokens_per_step = 1
+
         def fresh_state(self, m: int, params: Tensors) -> Any:
             return None
 
-        def step(self, m: int, params: Tensors, state: Any, slot: int) -> tuple[Tensors, Any, int]:
+        def step(self, m: int, params: Tensors, state: Any, position: int) -> tuple[Tensors, Any, int]:
             return {n: v + directions[m][n] for n, v in params.items()}, None, 1
 
     return Toy()
