@@ -48,6 +48,35 @@ def test_identical_inputs_give_that_input(case) -> None:
     np.testing.assert_allclose(weighted_average([d] * m, w), d, rtol=1e-5, atol=1e-6)
 
 
+@given(m=st.integers(1, 4), n=st.integers(1, 9000), seed=st.integers(0, 2**16), opposite=st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_rda_of_up_to_four_fp32_arrays_from_their_gram_matrix_is_the_formula(m: int, n: int, seed: int,
+                                                                            opposite: bool) -> None:
+    """Up to four fp32 contributions take their norms and the direction's from one Gram pass
+    (the formula in fp64, to fp32 round-off, opposite directions cancelling to zero); int8
+    payloads take the general path and agree with RDA of their decoded values."""
+    from diloco.core.codecs import encode, parse
+    from diloco.core.merge import merge_updates
+
+    rng = np.random.default_rng(seed)
+    deltas = [rng.standard_normal(n).astype(np.float32) for _ in range(m)]
+    if opposite and m > 1:
+        deltas[1] = -deltas[0]
+    w = rng.uniform(0.1, 2.0, m)
+    d64 = [d.astype(np.float64) for d in deltas]
+    norms = np.array([np.linalg.norm(d) for d in d64])
+    direction = sum(wi / nr * d for wi, nr, d in zip(w / w.sum(), norms, d64, strict=True))
+    dn = np.linalg.norm(direction)
+    want = direction * (np.dot(w / w.sum(), norms) / dn) if dn >= 1e-6 else np.zeros(n)
+    got = merge_updates([{"x": d} for d in deltas], w)["x"]
+    tol = 1e-5 * np.abs(want).max() + 1e-6 if dn > 1e-3 else 1e-5
+    np.testing.assert_allclose(got.values * got.factor, want, atol=tol)
+    assert got.factor == 1.0 and np.isclose(got.sumsq, float(np.vdot(got.values, got.values)), rtol=1e-4, atol=1e-9)
+    int8 = merge_updates([{"x": parse(encode(d, "int8"))} for d in deltas], w)["x"]
+    ref = rda([parse(encode(d, "int8")).decode() for d in deltas], w)  # the same values, decoded first
+    np.testing.assert_allclose(int8.values * int8.factor, ref, atol=1e-5 * max(np.abs(ref).max(), 1e-3))
+
+
 def test_rda_keeps_norm_where_average_shrinks() -> None:
     rng = np.random.default_rng(0)
     deltas = [rng.standard_normal(10_000).astype(np.float32) for _ in range(16)]  # ~orthogonal
@@ -181,20 +210,25 @@ def test_the_fused_nesterov_step_is_the_numpy_formula_bit_for_bit() -> None:
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_a_merge_left_as_factor_times_accumulator_steps_like_the_scaled_array(momentum: float) -> None:
+@pytest.mark.parametrize("codec", ["int8", None], ids=["payloads", "fp32 arrays"])
+def test_a_merge_left_as_factor_times_accumulator_steps_like_the_scaled_array(momentum: float, codec: str | None) -> None:
     """The syncer applies RDA's scale and participation's share inside the outer step's pass
     (`merge_updates` + `factors`): the same Θ as stepping on the materialised merge, and the
-    update's norm from the merge's own sum of squares."""
+    update's norm from the merge's own sum of squares. RDA of encoded payloads leaves its scale
+    as the factor; RDA of up to four fp32 contributions knows it before summing and folds it in."""
+    from diloco.core.codecs import encode, parse
     from diloco.core.merge import merge_updates
 
     rng = np.random.default_rng(5)
     contributions = [{"w": rng.standard_normal((33, 7)).astype(np.float32),
                       "embed": rng.standard_normal(50).astype(np.float32)} for _ in range(3)]
+    if codec is not None:
+        contributions = [{n: parse(encode(v, codec)) for n, v in c.items()} for c in contributions]  # type: ignore[misc]
     theta = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in contributions[0].items()}
     w, share = [1.0, 2.0, 0.5], 0.75
     arrays = merge_fragment(contributions, w, "rda", {"embed"})
     updates = merge_updates(contributions, w, "rda", {"embed"})
-    assert updates["w"].factor != 1.0 and updates["embed"].factor == 1.0  # RDA's scale; a plain average has none
+    assert (updates["w"].factor != 1.0) == (codec is not None) and updates["embed"].factor == 1.0
     factors = {n: share * u.factor for n, u in updates.items()}
     norm = np.sqrt(sum(f**2 * updates[n].sumsq for n, f in factors.items()))
     np.testing.assert_allclose(norm, np.sqrt(sum(float(np.vdot(share * v, share * v)) for v in arrays.values())), rtol=1e-5)

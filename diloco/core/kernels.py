@@ -320,6 +320,49 @@ def sumsq(x: Any) -> float:
     return total
 
 
+@_jit(fastmath=True)  # as sumsq: the ten sums vectorise only when they may be reassociated
+def gram(x0: Any, x1: Any, x2: Any, x3: Any, out: Any) -> None:
+    """out[i, j] = <x_i, x_j> (4 x 4, fp64, symmetric) in one pass over the four arrays, blocked
+    like `sumsq`: RDA of up to four fp32 contributions takes their norms and the merged
+    direction's norm from it, so it reads each input twice (this pass, the weighted sum) and
+    never re-reads its accumulator (merge.py). Pass an array twice when there are fewer."""
+    n, full = x0.size, x0.size // SUMSQ_BLOCK
+    t = np.zeros(10)
+    for b in range(full):
+        s00 = s01 = s02 = s03 = s11 = s12 = s13 = s22 = s23 = s33 = np.float32(0.0)
+        for i in range(b * SUMSQ_BLOCK, (b + 1) * SUMSQ_BLOCK):
+            a, c, d, e = x0[i], x1[i], x2[i], x3[i]
+            s00 += a * a
+            s01 += a * c
+            s02 += a * d
+            s03 += a * e
+            s11 += c * c
+            s12 += c * d
+            s13 += c * e
+            s22 += d * d
+            s23 += d * e
+            s33 += e * e
+        for k, v in enumerate((s00, s01, s02, s03, s11, s12, s13, s22, s23, s33)):
+            t[k] += float(v)
+    for i in range(full * SUMSQ_BLOCK, n):
+        a, c, d, e = np.float64(x0[i]), np.float64(x1[i]), np.float64(x2[i]), np.float64(x3[i])
+        t[0] += a * a
+        t[1] += a * c
+        t[2] += a * d
+        t[3] += a * e
+        t[4] += c * c
+        t[5] += c * d
+        t[6] += c * e
+        t[7] += d * d
+        t[8] += d * e
+        t[9] += e * e
+    k = 0
+    for i in range(4):
+        for j in range(i, 4):
+            out[i, j] = out[j, i] = t[k]
+            k += 1
+
+
 @_jit()
 def weighted_sum(x0: Any, x1: Any, x2: Any, x3: Any, c: Any, acc: Any, init: bool) -> None:
     """acc ← [acc +] c[0]·x0 + c[1]·x1 + ...: the first c.size (1 to 4) of the x's, added in order
