@@ -116,7 +116,7 @@ def test_the_learning_rate_follows_the_jobs_tokens_not_our_slots() -> None:
     job.observe(4 * 10 * 20 + 10)  # news holding fewer of our steps than we counted: never back
     assert job.position() == 21
     job.observe(0)  # older news changes nothing
-    assert job.position() == 21 and job.merged == 4 * 10 * 20 + 10
+    assert job.position() == 21 and job.tokens == 4 * 10 * 20 + 10
 
 
 def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int = 4) -> Contribution[int]:

@@ -50,9 +50,10 @@ class Schedule:
 
 @dataclass
 class JobProgress:
-    """Where the job's learning-rate schedule stands, in steps of one learner: the tokens the
-    job has merged (the syncer says, with every publish and in the Join reply), plus our own
-    tokens since it last said, over the tokens all M learners train in one step each.
+    """Where the job's learning-rate schedule stands, in steps of one learner: the job's trained
+    tokens (the syncer says, with every publish and in the Join reply: merged, plus what accepted
+    pushes report), plus our own tokens since it last said, over the tokens all M learners
+    train in one step each.
 
     In a healthy job this is every learner's slot. While a learner is down its peers keep
     filling slots (on shared cores, faster), so slots run ahead of the job's tokens; a schedule
@@ -62,18 +63,18 @@ class JobProgress:
 
     learners: int  # M: the job's learners (its data shards)
     tokens_per_step: int  # one learner's batch x context
-    merged: int = 0  # the job's tokens merged, as the syncer last said
+    tokens: int = 0  # the job's trained tokens, as the syncer last said
     since: int = 0  # our own steps since then
     at: int = 0
 
-    def observe(self, tokens_merged: int) -> None:
-        if tokens_merged > self.merged:
-            self.merged, self.since = tokens_merged, 0
+    def observe(self, job_tokens: int) -> None:
+        if job_tokens > self.tokens:
+            self.tokens, self.since = job_tokens, 0
 
     def stepped(self) -> None:
         self.since += 1
 
     def position(self) -> int:
         own = self.since * self.tokens_per_step
-        self.at = max(self.at, (self.merged + own) // (self.learners * self.tokens_per_step))
+        self.at = max(self.at, (self.tokens + own) // (self.learners * self.tokens_per_step))
         return self.at

@@ -206,7 +206,7 @@ class Replay:
         self.at(t_done, "step", m, life)
 
     def _absorb(self, lr: _Learner) -> None:
-        assert lr.ledger is not None and lr.schedule is not None
+        assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
 
         def write(values: Tensors) -> None:
             lr.params.update(values)
@@ -214,7 +214,6 @@ class Replay:
         absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, write,
                lr.refused, lr.accepted, lr.inbox)
         for arrival in lr.inbox.values():
-            assert lr.progress is not None
             lr.progress.observe(arrival.job_tokens)
         lr.refused, lr.accepted, lr.inbox = [], [], {}
 
