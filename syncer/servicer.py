@@ -74,13 +74,13 @@ class SyncerServicer:
             return parts
 
     def _serialise(self, u: Update) -> list[bytes]:
-        parts, sent = [], 0
+        parts, sent, job_tokens = [], 0, self.core.job_tokens()  # once per message, not per chunk
         for part in chunks(u.blob):
             sent += len(part)
             last = sent >= len(u.blob)
             head = pb.Published(fragment=u.fragment, version=u.version, total_bytes=len(u.blob), last=last,
                                 incarnation=self.core.incarnation, delta=u.is_delta, slot=u.slot + 1,
-                                tag=u.tag if last else b"", job_tokens=self.core.job_tokens())
+                                tag=u.tag if last else b"", job_tokens=job_tokens)
             parts.append(with_bytes(head, "data", part))
         return parts
 
