@@ -6,7 +6,8 @@ The syncer checks and merges every contribution and learners encode one fragment
 the codec must run near memory speed (target: int4 and int8 >= 0.5 of memcpy on 4-64 MiB).
 Measured as the system runs them: encode to a payload, decode into a buffer the caller owns (the
 syncer decodes straight into its merge accumulator); the `_alloc` figures decode into a fresh
-array each time, for comparison. Each size's memcpy copies the same bytes in the same run.
+array each time, for comparison. Each codec's memcpy copies the same bytes in the same run,
+its repeats taken in turn with the codec's (`_timing.side_by_side`).
 Last line: one JSON object; the top-level ratios are the worst over the sizes.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import best_seconds
+from _timing import side_by_side
 
 from diloco.core.codecs import CODECS, decode, encode, parse
 from diloco.launch import keep_freed_memory
@@ -30,19 +31,21 @@ def measure(mib: float) -> dict[str, float]:
     n = int(mib * (1 << 20) / 4)
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     dst = np.empty_like(x)
-    copy_s = best_seconds(lambda: np.copyto(dst, x))
-    row: dict[str, float] = {"memcpy_gb_s": x.nbytes / copy_s / 1e9}
+    out = np.empty_like(x)
+    row: dict[str, float] = {}
+    copies = []
     for codec in CODECS:
-        payload = encode(x, codec)
-        packed = parse(payload)
-        enc_s = best_seconds(lambda: encode(x, codec), repeats=5)
-        dec_s = best_seconds(lambda: packed.decode(dst), repeats=5)
-        alloc_s = best_seconds(lambda: decode(encode(x, codec)), repeats=5)
+        packed = parse(encode(x, codec))
+        t = side_by_side({"memcpy": lambda: np.copyto(dst, x), "encode": lambda: encode(x, codec),
+                          "decode": lambda: packed.decode(out), "alloc": lambda: decode(encode(x, codec))})
+        copy_s, enc_s, dec_s, alloc_s = t["memcpy"], t["encode"], t["decode"], t["alloc"]
+        copies.append(copy_s)
         row[f"{codec}_ratio_to_memcpy"] = copy_s / (enc_s + dec_s)
         row[f"{codec}_encode_ratio"] = copy_s / enc_s
         row[f"{codec}_decode_ratio"] = copy_s / dec_s
         row[f"{codec}_alloc_ratio_to_memcpy"] = copy_s / alloc_s
         row[f"{codec}_rel_l2_error"] = float(np.linalg.norm(packed.decode() - x) / np.linalg.norm(x))
+    row["memcpy_gb_s"] = x.nbytes / min(copies) / 1e9
     return row
 
 

@@ -65,9 +65,9 @@ class TransformerModel(Model):
     def _apply_preset(cls, raw: Any) -> Any:
         if not isinstance(raw, dict) or raw.get("preset") is None:
             return raw
-        preset = PRESETS.get(raw["preset"])
+        preset = PRESETS.get(raw["preset"]) if isinstance(raw["preset"], str) else None
         if preset is None:
-            return raw  # the Literal check names the allowed presets
+            return raw  # the Literal check names the allowed presets (and refuses a list or a map)
         given = {to_snake(k) for k in raw}
         return {**{to_camel(k): v for k, v in preset.items() if k not in given}, **raw}
 

@@ -126,7 +126,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
+def chunks(blob: bytes | memoryview, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
     view = memoryview(blob)
     for start in range(0, len(view), size):
         yield view[start : start + size]
@@ -134,19 +134,19 @@ def chunks(blob: bytes, size: int = CHUNK_BYTES) -> Iterator[memoryview]:
         yield view
 
 
-def push_chunks(header: pb.PushHeader, blob: bytes) -> Iterator[pb.PushChunk]:
+def push_chunks(header: pb.PushHeader, blob: bytes | memoryview) -> Iterator[pb.PushChunk]:
     """A push's messages: the header with the first chunk of the bundle, then the rest."""
     for i, part in enumerate(chunks(blob)):
         yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
 
 
-def push(stub: Any, header: pb.PushHeader, blob: bytes, metadata: Any, timeout: float,
+def push(stub: Any, header: pb.PushHeader, blob: bytes | memoryview, metadata: Any, timeout: float,
          unary: bool = True) -> pb.PushReply:
     """One push: `PushOne` when the bundle fits one chunk (gRPC's Python client starts a thread
     for every client stream, and spends about twice the CPU: bench/push_rpc.py), `Push`
     otherwise or with `unary=False` (a syncer from before PushOne)."""
-    if unary and len(blob) <= CHUNK_BYTES:  # the bundle itself, not a copy of it as a chunk
-        return stub.PushOne(pb.PushChunk(header=header, data=blob), metadata=metadata, timeout=timeout)
+    if unary and len(blob) <= CHUNK_BYTES:  # protobuf takes only `bytes`: the one copy (an encoder's blob is a view)
+        return stub.PushOne(pb.PushChunk(header=header, data=bytes(blob)), metadata=metadata, timeout=timeout)
     return stub.Push(push_chunks(header, blob), metadata=metadata, timeout=timeout)
 
 

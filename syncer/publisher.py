@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diloco.core.codecs import Codec, encode_delta_tensors, encode_tensors
+from diloco.core.codecs import Blob, Codec, encode_delta_tensors, encode_tensors
 
 Tensors = dict[str, np.ndarray]
 CHAIN = 2  # deltas kept per fragment: a subscriber one publish behind catches up without a keyframe;
@@ -33,7 +33,7 @@ class Edition:
 
     version: int
     slot: int
-    delta: bytes
+    delta: Blob
     tag: bytes
 
 
@@ -43,7 +43,7 @@ class Update:
 
     fragment: int
     version: int
-    blob: bytes
+    blob: Blob
     is_delta: bool
     slot: int
     tag: bytes
@@ -56,7 +56,7 @@ class _Head:
     view: Tensors  # V_p: replaced, never mutated, so a reference taken under the lock is a snapshot
     tag: bytes
     chain: deque[Edition]
-    keyframe: bytes | None = None  # fp32 of `view`, encoded when a subscriber first needs it
+    keyframe: Blob | None = None  # fp32 of `view`, encoded when a subscriber first needs it
 
 
 class Publisher:
@@ -98,7 +98,7 @@ class Publisher:
             self.heads[p] = _Head(version, slot, view, tag, head.chain)
             self.cond.notify_all()
 
-    def snapshot(self) -> tuple[dict[int, int], bytes, dict[int, bytes]]:
+    def snapshot(self) -> tuple[dict[int, int], Blob, dict[int, bytes]]:
         """What a joining learner receives exactly: per fragment published here its version and
         tag, and V of them all (fp32)."""
         with self.cond:

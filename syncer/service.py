@@ -355,7 +355,7 @@ class SyncerCore:
 
     # -- learners and status -------------------------------------------------------
 
-    def join(self, learner: str, region: str, process: int, supersede: bool) -> tuple[pb.JoinHeader, bytes]:
+    def join(self, learner: str, region: str, process: int, supersede: bool) -> tuple[pb.JoinHeader, bytes | memoryview]:
         """Admit a (re)joining learner: its session, and the global model as every subscriber
         holds it (the broadcast view), so its subscription continues the shared delta chain."""
         secret = self.open_session(learner, process, supersede)

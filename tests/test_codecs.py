@@ -68,7 +68,7 @@ def test_truncated_payload_refused(cut: int) -> None:
 
 
 def test_oversized_and_mismatched_refused() -> None:
-    payload = encode(np.ones((4, 4), np.float32), "int8", 8)
+    payload = bytes(encode(np.ones((4, 4), np.float32), "int8", 8))
     with pytest.raises(CodecError, match="oversized"):
         decode(payload + b"\0")
     with pytest.raises(CodecError, match="expected"):
@@ -92,7 +92,9 @@ def test_random_bytes_never_crash(data: bytes) -> None:
 
 def test_bundle_round_trip_and_checks() -> None:
     tensors = {"a/kernel": np.ones((2, 3), np.float32), "b/bias": np.arange(4, dtype=np.float32)}
-    blob = encode_tensors(tensors, "fp32")
+    sealed = encode_tensors(tensors, "fp32")
+    assert sealed.readonly  # a view of the encoder's own buffer, not a copy, and nobody writes it again
+    blob = bytes(sealed)
     out = decode_tensors(blob, {"a/kernel": (2, 3), "b/bias": (4,)})
     assert all(np.array_equal(out[k], v) for k, v in tensors.items())
     with pytest.raises(CodecError, match="unknown tensor"):

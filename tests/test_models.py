@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from diloco.spec import TransformerModel
 from diloco.trainer import model
@@ -24,6 +25,9 @@ def test_presets_have_the_sizes_they_are_named_for_and_fields_beside_them_win() 
     assert n_params(TransformerModel(preset="llama-125m")) == pytest.approx(1.10e8, rel=0.01)  # tied embeddings
     assert TransformerModel.model_validate({"preset": "llama-125m", "layers": 3}).layers == 3
     assert TransformerModel(preset="llama-tiny").hidden == 384  # SwiGLU: 2/3 of 4 x 128, rounded up to 64
+    for bad in ([], {"name": "llama-tiny"}, "llama-2t"):  # found by tests/test_fuzz.py: a list crashed the parser
+        with pytest.raises(ValidationError, match="preset"):
+            TransformerModel.model_validate({"preset": bad})
 
 
 def test_the_gpt_keeps_its_parameter_names_and_tying_drops_the_head() -> None:

@@ -75,7 +75,7 @@ def test_bad_pushes_refused_with_clear_status(syncer: sh.Harness, unary: bool) -
     wrong_shape = dict(good, **{name: np.zeros((3, 3), np.float32)})
     nan = dict(good, **{name: np.full(good[name].shape, np.nan, np.float32)})
     inf = dict(good, **{name: np.full(good[name].shape, np.inf, np.float32)})
-    blob = encode_tensors(good, "int4")
+    blob = bytes(encode_tensors(good, "int4"))  # bytes, to splice bad ones from
 
     def push(*args, **kwargs) -> pb.PushReply:  # type: ignore[no-untyped-def]
         return syncer.push(*args, unary=unary, **kwargs)

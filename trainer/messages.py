@@ -45,7 +45,7 @@ class Outgoing:
     tokens: int
     step_seconds: float
     loss: float
-    blob: bytes
+    blob: bytes | memoryview  # an encoder's read-only view (codecs.Blob)
     train_seconds: float  # the learner's cumulative training time when this was made
     incarnation: str  # the syncer incarnation whose anchors the outer gradient is against
     push_id: int = 0

@@ -108,7 +108,7 @@ def fetch(client: Any, wait: float) -> PeerState | None:
     return PeerState(header.learner, int(header.count), blob)
 
 
-def share(client: Any, count: int, blob: bytes | None) -> None:
+def share(client: Any, count: int, blob: bytes | memoryview | None) -> None:
     """Upload our moments (None: decline, so the syncer asks another learner at once)."""
     c = _relay(client)
     header = pb.StateHeader(learner=c.learner, session_secret=c.secret, count=count,

@@ -23,7 +23,7 @@ from typing import Literal
 
 import numpy as np
 
-from diloco.core.codecs import Codec, encode_difference
+from diloco.core.codecs import Blob, Codec, encode_difference
 from diloco.core.schedule import Schedule
 
 Tensors = dict[str, np.ndarray]
@@ -228,7 +228,7 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
 
 
 def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: Codec,
-                 block_size: int) -> tuple[bytes, InFlight]:
+                 block_size: int) -> tuple[Blob, InFlight]:
     """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
     the compression error stays in θ − A and leaves with the next push (error feedback).
     Δ = A_p − ledger.carried(p, θ_p) (`outer_gradient`), encoded and decoded in one fused pass."""

@@ -77,7 +77,7 @@ class _Learner:
 def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[str]], seed: int = 0) -> list[bytes]:
     """One int4 payload per fragment, encoded once: pushing costs the syncer what a real push does."""
     rng = np.random.default_rng(seed)
-    return [encode_tensors({n: (1e-3 * rng.standard_normal(shapes[n])).astype(np.float32) for n in names}, "int4")
+    return [bytes(encode_tensors({n: (1e-3 * rng.standard_normal(shapes[n])).astype(np.float32) for n in names}, "int4"))
             for names in fragments]
 
 
