@@ -80,9 +80,6 @@ class SyncerCore:
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
     exclusive_waiting: int = 0  # checkpoints and Recovers waiting for `merging`
     shard: int = 0  # of spec.shards: this process merges, checkpoints and publishes its fragments only
-    # Per learner process ("learner/session"): the cumulative trained tokens of its newest
-    # accepted push. Not checkpointed: after a restart the merged count stands in until pushes come.
-    reported: dict[str, int] = field(default_factory=dict)
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -135,8 +132,7 @@ class SyncerCore:
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
-            key = f"{c.learner}/{c.session}"
-            self.reported[key] = max(self.reported.get(key, 0), c.trained_tokens)
+            self.model.report(f"{c.learner}/{c.session}", c.trained_tokens)
             info.contributions += 1
             info.bytes_received += len(blob)
             info.staleness += offer.lag
@@ -157,7 +153,7 @@ class SyncerCore:
         (diloco/core/schedule.py, JobProgress); the merged count alone trails training by the
         merge's latency, 4-7 steps measured, and that lag cost about 1% of held-out loss."""
         with self.lock:
-            return self.model.tokens_trained(self.reported)
+            return self.model.tokens_trained()
 
     def open_session(self, learner: str, process: int, supersede: bool) -> bytes:
         """The joining process's session secret (see `Admission.open_session`)."""

@@ -56,6 +56,12 @@ class GlobalModel:
     # carries its process's cumulative count, so a token is credited by the first merge
     # of any fragment that follows it, exactly once.
     credited: dict[str, int] = field(default_factory=dict)
+    # Per learner process, its newest accepted push's cumulative trained tokens (not
+    # checkpointed: a restarted syncer learns them again from the next pushes), and the sum of
+    # what they carry beyond `credited`, kept up to date instead of summed over every process
+    # the job ever had on each publish.
+    reported: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    _unmerged: int = field(default=0, init=False, compare=False, repr=False)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
     # The MAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.
@@ -97,10 +103,19 @@ class GlobalModel:
         held = self.held()
         self.params = {n: v if n in held else np.broadcast_to(np.float32(0), v.shape) for n, v in self.params.items()}
 
-    def tokens_trained(self, reported: Mapping[str, int]) -> int:
+    def report(self, key: str, trained_tokens: int) -> None:
+        """An accepted push of process `key` ("learner/session") says it has trained this many."""
+        if trained_tokens > self.reported.get(key, 0):
+            self._unmerged += self._beyond_credit(key, trained_tokens) - self._beyond_credit(key, self.reported.get(key, 0))
+            self.reported[key] = trained_tokens
+
+    def tokens_trained(self) -> int:
         """The job's trained tokens: those merged, plus what accepted pushes carry beyond their
-        process's credit (`reported`: per "learner/session", its newest push's cumulative count)."""
-        return self.tokens_merged + sum(max(0, t - self.credited.get(k, 0)) for k, t in reported.items())
+        process's credit."""
+        return self.tokens_merged + self._unmerged
+
+    def _beyond_credit(self, key: str, tokens: int) -> int:
+        return max(0, tokens - self.credited.get(key, 0))
 
     def credited_to(self, learner: str) -> int:
         """Tokens credited to every process that was `learner` (where its data resumes)."""
@@ -171,7 +186,9 @@ class GlobalModel:
             key = f"{c.learner}/{c.session}"
             credit = max(0, c.trained_tokens - self.credited.get(key, 0))
             if credit:
+                before = self._beyond_credit(key, self.reported.get(key, 0))
                 self.credited[key] = c.trained_tokens
+                self._unmerged += self._beyond_credit(key, self.reported.get(key, 0)) - before
                 credits[c.learner] = credits.get(c.learner, 0) + credit
         tokens = sum(credits.values())
         self.tokens_merged += tokens

@@ -180,3 +180,26 @@ def test_state_bytes_is_what_a_checkpoint_of_a_trained_model_holds(tmp_path: Pat
     path = CheckpointStore(tmp_path).save(*model.state())
     assert held < path.stat().st_size < held + (64 << 10)
     assert GlobalModel.state_bytes(SHAPES) >= held  # the volume is sized for momentum turned on later
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a-0/1", "a-0/2", "b-0/1"]), st.integers(0, 5), st.booleans()),
+                min_size=1, max_size=12))
+def test_the_jobs_trained_tokens_are_merged_plus_what_pushes_report_beyond_their_credit(
+        events: list[tuple[str, int, bool]]) -> None:
+    """`tokens_trained` keeps a running total; it must equal the formula over every process,
+    whatever order reports and merges come in (a merge credits a push it holds, and a stale
+    report never lowers a process's count)."""
+    model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
+    newest: dict[str, int] = {}
+    for key, thousands, merge in events:
+        tokens = 1000 * thousands
+        model.report(key, tokens)
+        newest[key] = max(newest.get(key, 0), tokens)
+        if merge:
+            learner, _, session = key.partition("/")
+            delta = {n: np.full(s, 0.01, np.float32) for n, s in model.shapes(0).items()}
+            c = Contribution(learner, 0, model.versions[0], 4, 1000, delta, session=int(session), trained_tokens=tokens)
+            model.apply(Closed(0, model.versions[0], [c], [1.0], 0.0))
+        expected = model.tokens_merged + sum(max(0, t - model.credited.get(k, 0)) for k, t in newest.items())
+        assert model.tokens_trained() == expected

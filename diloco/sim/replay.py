@@ -113,7 +113,6 @@ class Replay:
         self.refused = 0
         self.ticks: set[float] = set()  # deadlines with a tick scheduled
         self.killed_at: dict[tuple[int, int], float] = {}  # (learner, life) -> when it was killed
-        self.reported: dict[str, int] = {}  # per learner process: its newest accepted push's trained tokens
         self.snapshot_every = snapshot_every
         self.curve: list[tuple[float, int, Tensors]] = []
 
@@ -163,7 +162,7 @@ class Replay:
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
         lr.progress = JobProgress(len(self.learners), self.trainer.tokens_per_step)
-        lr.progress.observe(self.model.tokens_trained(self.reported))  # the Join reply's count
+        lr.progress.observe(self.model.tokens_trained())  # the Join reply's count
         lr.state = self.trainer.fresh_state(m, lr.params)
         peers = [o for o in self.learners if o.alive and o.m != m and o.state is not None]
         if self.peer_state and peers and lr.schedule.slot > 0:  # spec.training.peerOptimizerState
@@ -248,8 +247,7 @@ class Replay:
         reply: tuple[Any, ...]
         if offer.verdict is Verdict.ACCEPTED:
             reply = ("accepted", p, c.push_id, self.model.versions[p] + 1, offer.late)
-            key = f"{c.learner}/{c.session}"
-            self.reported[key] = max(self.reported.get(key, 0), c.trained_tokens)
+            self.model.report(f"{c.learner}/{c.session}", c.trained_tokens)
         else:
             self.refused += 1
             reply = ("refused", p, c.push_id)
@@ -269,7 +267,7 @@ class Replay:
             self.published_slot[p] = closed.slot
             self.rounds.append(len({c.learner for c in closed.contributions}))
             arrival = Arrival(self.model.versions[p], self.model.fragment(p), closed.slot + 1,
-                              self.model.tokens_trained(self.reported))
+                              self.model.tokens_trained())
             for lr in self.learners:
                 if lr.alive:
                     self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
