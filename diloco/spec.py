@@ -7,6 +7,7 @@ Every default says why it is that value; cross-field rules live in `_check_job`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, ClassVar, Final, Literal
 
@@ -293,10 +294,25 @@ class JobSpec(Model):
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
+        derived = derived_decay_steps(self)
+        if derived is not None and "decay_steps" not in self.training.model_fields_set:
+            # Frozen: the one write, while the model is still being built.
+            object.__setattr__(self, "training", self.training.model_copy(update={"decay_steps": derived}))
         problems = list(_cross_field_problems(self))
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+
+def derived_decay_steps(spec: JobSpec) -> int | None:
+    """spec.training.decaySteps where a manifest leaves it out. The learning rate's position is
+    the job's trained tokens over M learners' batch (core/schedule.py JobProgress), so
+    tokenBudget / (M x batchSize x context) ends the cosine exactly with the budget; a job
+    stopped by step count ends it at its last slot. None: the default stands."""
+    tr = spec.training
+    if tr.token_budget is not None:
+        return max(1, math.ceil(tr.token_budget / (spec.shard_count * tr.batch_size * spec.model.context)))
+    return tr.steps
 
 
 class ObjectMeta(Model):
@@ -349,7 +365,8 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
     if spec.training.warmup_steps >= spec.training.decay_steps:
         yield (
             f"spec.training.warmupSteps: {spec.training.warmup_steps} must be below "
-            f"spec.training.decaySteps ({spec.training.decay_steps})"
+            f"spec.training.decaySteps ({spec.training.decay_steps}; left out, it is derived from tokenBudget "
+            "or steps); lower warmupSteps or set decaySteps"
         )
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)

@@ -162,14 +162,18 @@ class Mesh(Model):
         return data, fsdp
 
 
+DEFAULT_DECAY_STEPS = 2000  # a job with neither a token budget nor a step count: a short local run
+
+
 class Training(Model):
     batch_size: int = Field(8, ge=1, le=65536)  # sequences per step (per learner): small enough for one CPU core
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)  # AdamW peak; small models like it high
     warmup_steps: int = Field(50, ge=0)  # AdamW's moments settle within tens of steps
     # Cosine decay length in steps of one learner: the schedule stands at the job's trained
-    # tokens over M learners' batch (core/schedule.py JobProgress), so with a token budget,
-    # budget / (M x batchSize x context) ends the decay with the budget.
-    decay_steps: int = Field(2000, ge=1)
+    # tokens over M learners' batch (core/schedule.py JobProgress). Left out, a job derives it
+    # (diloco/spec.py `derived_decay_steps`): tokenBudget / (M x batchSize x context) with a
+    # token budget, so the decay ends with the budget; else the job's `steps`; else 2000.
+    decay_steps: int = Field(DEFAULT_DECAY_STEPS, ge=1)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # cosine to 10% of peak, as in most LLM recipes
     weight_decay: float = Field(0.1, ge=0.0)  # the usual AdamW setting for transformers
     grad_clip: float = Field(1.0, gt=0.0)  # global-norm clip: guards against rare loss spikes

@@ -156,3 +156,20 @@ def test_syncer_shards_are_at_most_the_fragments_and_local_to_one_cluster() -> N
     assert problems(minimal(syncer={"shards": 2, "expose": {"tls": {"enabled": False}}}))[0].startswith(
         "spec.syncer.shards: a sharded syncer is not yet reachable from other clusters")
     assert problems(minimal(syncer={"shards": 0}))[0].startswith("spec.syncer.shards:")
+
+
+def test_decay_steps_left_out_end_the_cosine_with_the_token_budget_or_the_last_step() -> None:
+    """The schedule's position is the job's tokens over M learners' batch, so a budget of
+    M x batch x context x 700 tokens decays over exactly 700 steps; an explicit value wins."""
+    tokens_per_job_step = 4 * 8 * 256  # M learners x batchSize x context
+    budget = parse_job(minimal(model={"context": 256}, training={"batchSize": 8, "tokenBudget": 700 * tokens_per_job_step}))
+    assert budget.spec.training.decay_steps == 700
+    one_more = minimal(model={"context": 256}, training={"tokenBudget": 700 * tokens_per_job_step + 1})
+    assert parse_job(one_more).spec.training.decay_steps == 701  # rounded up: the cosine never ends early
+    assert parse_job(minimal(training={"steps": 900})).spec.training.decay_steps == 900
+    assert parse_job(minimal(training={"steps": 900, "decaySteps": 1500})).spec.training.decay_steps == 1500
+    assert parse_job(minimal()).spec.training.decay_steps == 2000
+    assert parse_job(dump_job(budget)) == budget  # the derived value round-trips
+    assert problems(minimal(training={"steps": 30})) == [
+        "spec.training.warmupSteps: 50 must be below spec.training.decaySteps (30; left out, it is derived from "
+        "tokenBudget or steps); lower warmupSteps or set decaySteps"]
