@@ -11,6 +11,7 @@ as one SPMD program over the learner's mesh; without one, on the default device.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,23 +30,21 @@ def scalar(x: jax.Array) -> float:
     return float(np.asarray(x.addressable_data(0)))
 
 
-LR_BLOCK = 4096  # schedule positions evaluated at once: ~1 ms per block, once per 4096 steps
-
-
 def learning_rate(tr: Training) -> Callable[[int], float]:
-    """The learning rate at a schedule position, read from blocks of the schedule evaluated
-    once: optax's schedule called per step runs a dozen eager JAX operations (0.3 ms, 0.5% of a
-    quickstart step on the CPU). Blocks start at multiples of LR_BLOCK, so a position's value
-    never depends on which process or step asked first."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, tr.learning_rate, tr.warmup_steps, tr.decay_steps, tr.learning_rate * tr.min_lr_ratio)
-    blocks: dict[int, np.ndarray] = {}
+    """The learning rate at a schedule position: linear warmup from 0 to the peak over
+    warmupSteps, then a cosine to peak x minLrRatio at decaySteps (optax's
+    `warmup_cosine_decay_schedule`, its formula on Python floats). optax's schedule is a dozen
+    eager JAX operations, each a small compiled program: a restarted learner loaded them all from
+    the compilation cache, half a second of its CPU (a quarter of a chaos restart's)."""
+    peak, warmup, alpha = tr.learning_rate, tr.warmup_steps, tr.min_lr_ratio
+    span = max(1, tr.decay_steps - warmup)  # the job spec keeps warmup below decay
 
-    def lr(slot: int) -> float:
-        k, i = divmod(max(0, int(slot)), LR_BLOCK)
-        if k not in blocks:
-            blocks[k] = np.asarray(schedule(np.arange(k * LR_BLOCK, (k + 1) * LR_BLOCK)))
-        return float(blocks[k][i])
+    def lr(position: int) -> float:
+        step = max(0, int(position))
+        if step < warmup:
+            return peak * step / warmup
+        done = min(step - warmup, span) / span
+        return peak * ((1.0 - alpha) * 0.5 * (1.0 + math.cos(math.pi * done)) + alpha)
 
     return lr
 
