@@ -117,6 +117,10 @@ class GlobalModel:
     def _beyond_credit(self, key: str, tokens: int) -> int:
         return max(0, tokens - self.credited.get(key, 0))
 
+    def reported_by(self, learner: str) -> int:
+        """Trained tokens every process that was `learner` reported in its newest accepted push."""
+        return sum(v for k, v in self.reported.items() if k.rpartition("/")[0] == learner)
+
     def credited_to(self, learner: str) -> int:
         """Tokens credited to every process that was `learner` (where its data resumes)."""
         return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)

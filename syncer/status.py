@@ -17,7 +17,7 @@ def status_reply(core: SyncerCore) -> pb.StatusReply:
         learners = [
             pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
                              tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
-                             bytes_received=i.bytes_received)
+                             bytes_received=i.bytes_received, tokens_trained=core.model.reported_by(n))
             for n, i in sorted(core.learners.items())
         ]
         return pb.StatusReply(

@@ -269,6 +269,8 @@ def test_join_reports_the_schedule_position_and_the_jobs_tokens(syncer: sh.Harne
     # Where the joiner's learning-rate schedule resumes: every token accepted pushes report,
     # merged (3 x 2048) or in an open round (2 x 2048 more).
     assert syncer.core.model.tokens_merged == 3 * 2048 and header.job_tokens == 5 * 2048
+    status = syncer.stub.Status(pb.StatusRequest(), metadata=auth_metadata(sh.TOKEN))
+    assert {ls.learner: ls.tokens_trained for ls in status.learners}["a-0"] == 5 * 2048  # its newest push's count
 
 
 def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Harness) -> None:

@@ -48,3 +48,27 @@ def test_publish_gap_only_counts_while_someone_is_up() -> None:
     tr.observe(ev(4, "kill", "runner", target="a"))
     tr.observe(ev(40, "status", "runner", seconds_since_publish=70.0, **status))
     assert tr.max_publish_gap == pytest.approx(2.0)
+
+
+def test_tokens_trained_takes_a_killed_processs_last_pushes_from_the_syncer() -> None:
+    """Progress events come once a second: a learner killed between two of them trained steps
+    that only its pushes reported. The syncer's per-learner count covers them; a lower one (a
+    restarted syncer forgets) never lowers what the events showed."""
+    tr = RunTracker(["a", "b"])
+    stream = [
+        ev(0, "joined", "a", restart=0), ev(0, "joined", "b", restart=0),
+        ev(1, "progress", "a", trained_tokens=4096), ev(1, "progress", "b", trained_tokens=4096),
+        ev(1.9, "status", "runner", incarnation="s1", tokens_merged=8192, versions=[2], outer_steps=2,
+           active_learners=2, seconds_since_publish=0.1, learners_trained={"a": 6144, "b": 4096}),
+        ev(2, "kill", "runner", target="a"),  # a trained 2 more steps after its last progress event
+        ev(3, "joined", "a", restart=1), ev(4, "exit", "a", trained_tokens=2048),
+        ev(4, "exit", "b", trained_tokens=8192),
+        ev(5, "status", "runner", incarnation="s2", tokens_merged=8192, versions=[2], outer_steps=2,
+           active_learners=0, seconds_since_publish=0.1, learners_trained={"a": 2048, "b": 1024}),
+    ]
+    for e in stream:
+        tr.observe(e)
+    assert tr.tokens_trained == max(4096 + 2048, 6144) + 8192
+    tr.observe(ev(6, "status", "runner", incarnation="s2", tokens_merged=9000, versions=[2], outer_steps=2,
+                  active_learners=0, seconds_since_publish=0.1, learners_trained={"a": 9216}))
+    assert tr.tokens_trained == 9216 + 8192

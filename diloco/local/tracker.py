@@ -39,6 +39,7 @@ class Slot:
     down_at: float | None = None
     spawned_at: float | None = None  # set while a process runs that has not joined yet
     unjoined_seconds: float = 0.0  # processes that died before joining: all startup
+    reported_tokens: int = 0  # trained tokens its processes' pushes reported to the syncer (the largest seen)
     intervals: list[tuple[float, float, str]] = field(default_factory=list)  # (start, end, state)
 
     @property
@@ -146,6 +147,9 @@ class RunTracker:
         self.active_learners = int(e["active_learners"])
         self.refused = int(e.get("refused", 0))
         self.max_norm_ratio = max(self.max_norm_ratio, float(e.get("max_norm_ratio", 0.0)))
+        for name, tokens in dict(e.get("learners_trained", {})).items():
+            if name in self.slots:
+                self.slots[name].reported_tokens = max(self.slots[name].reported_tokens, int(tokens))
         self.status.append((t, self.tokens_merged, self.outer_versions))
         # A publishing gap counts only while the syncer and at least one joined learner are up.
         if self.up_count and self.syncer_up_since is not None and self.some_up_since is not None:
@@ -174,8 +178,12 @@ class RunTracker:
 
     @property
     def tokens_trained(self) -> int:
-        """Tokens the learners trained, every incarnation included (a kill's lost work too)."""
-        return sum(inc.trained_tokens for s in self.slots.values() for inc in s.incarnations)
+        """Tokens the learners trained, every incarnation included (a kill's lost work too). Per
+        learner, its progress events' count or what its pushes reported to the syncer, whichever
+        is larger: a killed process's steps after its last progress event (up to a second of
+        them) reached the syncer with its pushes."""
+        return sum(max(sum(inc.trained_tokens for inc in s.incarnations), s.reported_tokens)
+                   for s in self.slots.values())
 
     def readmissions(self) -> int:
         return sum(1 for s in self.slots.values() for inc in s.incarnations if inc.restart > 0)
