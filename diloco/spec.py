@@ -308,11 +308,16 @@ def derived_decay_steps(spec: JobSpec) -> int | None:
     """spec.training.decaySteps where a manifest leaves it out. The learning rate's position is
     the job's trained tokens over M learners' batch (core/schedule.py JobProgress), so
     tokenBudget / (M x batchSize x context) ends the cosine exactly with the budget; a job
-    stopped by step count ends it at its last slot. None: the default stands."""
+    stopped by step count ends it at its last slot. Never before the warmup ends (a budget too
+    small to finish warming up then never decays). None: the default stands."""
     tr = spec.training
     if tr.token_budget is not None:
-        return max(1, math.ceil(tr.token_budget / (spec.shard_count * tr.batch_size * spec.model.context)))
-    return tr.steps
+        steps = math.ceil(tr.token_budget / (spec.shard_count * tr.batch_size * spec.model.context))
+    elif tr.steps is not None:
+        steps = tr.steps
+    else:
+        return None
+    return max(steps, tr.warmup_steps + 1)
 
 
 class ObjectMeta(Model):
@@ -365,8 +370,7 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
     if spec.training.warmup_steps >= spec.training.decay_steps:
         yield (
             f"spec.training.warmupSteps: {spec.training.warmup_steps} must be below "
-            f"spec.training.decaySteps ({spec.training.decay_steps}; left out, it is derived from tokenBudget "
-            "or steps); lower warmupSteps or set decaySteps"
+            f"spec.training.decaySteps ({spec.training.decay_steps})"
         )
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)

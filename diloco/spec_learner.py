@@ -172,7 +172,8 @@ class Training(Model):
     # Cosine decay length in steps of one learner: the schedule stands at the job's trained
     # tokens over M learners' batch (core/schedule.py JobProgress). Left out, a job derives it
     # (diloco/spec.py `derived_decay_steps`): tokenBudget / (M x batchSize x context) with a
-    # token budget, so the decay ends with the budget; else the job's `steps`; else 2000.
+    # token budget, so the decay ends with the budget; else the job's `steps`; else 2000 (and
+    # never before warmupSteps end).
     decay_steps: int = Field(DEFAULT_DECAY_STEPS, ge=1)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)  # cosine to 10% of peak, as in most LLM recipes
     weight_decay: float = Field(0.1, ge=0.0)  # the usual AdamW setting for transformers
