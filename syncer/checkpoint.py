@@ -14,13 +14,14 @@ the syncer holds numpy arrays and needs a checksum orbax does not write).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 
 MAGIC = b"DDCK1\n"
 _NAME = re.compile(r"^ckpt-(\d{12})\.ddck$")
+_TORN = re.compile(r"^\.ckpt-\d{12}\.ddck\.tmp-\d+$")
 MAX_HEADER = 64 << 20
 DTYPES = {"float32", "float64", "int64", "int32", "uint8"}
 
@@ -44,28 +46,40 @@ class Loaded:
     meta: dict[str, object]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def write_into(directory: int, name: str, data: bytes) -> None:
+    """Write `data` to a temporary name in the open `directory`, fsync, rename it over `name`,
+    fsync the directory: after a crash `name` holds either its old contents or all of `data`.
+    Every step names the directory by its descriptor, so a path swapped mid-write (a volume
+    remounted or replaced) cannot split one write over two directories."""
+    tmp = f".{name}.tmp-{os.getpid()}"
     try:
-        os.fsync(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=directory)
+        with open(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+        os.fsync(directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=directory)
+        raise
+
+
+@contextlib.contextmanager
+def opened(directory: Path) -> Iterator[int]:
+    """The directory as a descriptor, closed on exit (ENOTDIR when the path is no directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield fd
     finally:
         os.close(fd)
 
 
 def write_atomically(final: Path, data: bytes) -> None:
-    """Write `data` to a temporary name, fsync, rename over `final`, fsync the directory:
-    after a crash `final` holds either its old contents or all of `data`."""
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """`write_into` the directory that holds `final`."""
+    with opened(final.parent) as directory:
+        write_into(directory, final.name, data)
 
 
 def serialize(arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> bytes:
@@ -143,23 +157,23 @@ class CheckpointStore:
         return sorted(found, reverse=True)
 
     def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> Path:
-        """Write the next checkpoint atomically; raise OSError (disk full, read-only) untouched."""
+        """Write the next checkpoint atomically; raise OSError (disk full, read-only) untouched.
+        The directory is opened once, so a save lands whole in one directory or fails."""
+        data = serialize(arrays, meta)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._remove_torn()
-        files = self._files()
-        seq = files[0][0] + 1 if files else 1
-        final = self.dir / f"ckpt-{seq:012d}.ddck"
-        write_atomically(final, serialize(arrays, meta))
-        for _, old in self._files()[self.keep :]:
-            old.unlink(missing_ok=True)
-        return final
-
-    def _remove_torn(self) -> None:
-        """Temporary files of writers that died mid-write (one syncer writes here at a time)."""
-        for tmp in self.dir.glob(".ckpt-*.ddck.tmp-*"):
-            pid = tmp.name.rsplit("-", 1)[-1]
-            if not (pid.isdigit() and int(pid) == os.getpid()):
-                tmp.unlink(missing_ok=True)
+        with opened(self.dir) as directory:
+            names = os.listdir(directory)
+            for tmp in names:  # temporary files of writers that died mid-write (one syncer writes here)
+                if _TORN.match(tmp) and not tmp.endswith(f"-{os.getpid()}"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=directory)
+            seqs = sorted((int(m.group(1)) for n in names if (m := _NAME.match(n))), reverse=True)
+            name = f"ckpt-{(seqs[0] if seqs else 0) + 1:012d}.ddck"
+            write_into(directory, name, data)
+            for seq in seqs[self.keep - 1 :]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"ckpt-{seq:012d}.ddck", dir_fd=directory)
+        return self.dir / name
 
     def load_latest(self) -> tuple[Loaded | None, list[str]]:
         """The newest valid checkpoint (or None) and one line per corrupt file skipped."""

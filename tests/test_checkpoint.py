@@ -95,6 +95,34 @@ def test_unwritable_directory_is_a_clear_error(tmp_path: Path) -> None:
         CheckpointStore(blocker / "ckpt").save(*trained_model().state())
 
 
+def test_a_directory_swapped_mid_save_takes_the_whole_save_or_none(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path turns into a regular file while a save is in flight (a volume gone bad): that
+    save lands whole in the directory it started in, and reports it, and the next one fails."""
+    volume, blocker, path = tmp_path / "volume", tmp_path / "not-a-dir", tmp_path / "ckpt"
+    volume.mkdir()
+    blocker.write_text("x")
+    path.symlink_to(volume)
+    store = CheckpointStore(path)
+    store.save(*trained_model().state())
+    real_fsync = os.fsync
+
+    def swap_then_fsync(fd: int) -> None:
+        swap = tmp_path / "swap"
+        swap.symlink_to(blocker)
+        os.replace(swap, path)
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", swap_then_fsync)
+    second = store.save(*trained_model().state())
+    assert second.name == "ckpt-000000000002.ddck"
+    assert sorted(p.name for p in volume.iterdir()) == ["ckpt-000000000001.ddck", "ckpt-000000000002.ddck"]
+    with pytest.raises(OSError):
+        store.save(*trained_model().state())
+    assert CheckpointStore(volume).load_latest()[0].sequence == 2  # type: ignore[union-attr]
+
+
 def test_keeps_the_newest_three(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=3)
     for _ in range(5):
