@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diloco.launch import keep_freed_memory
+from diloco.launch import learner_runtime
 from diloco.testing.relay import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -470,7 +470,7 @@ def lockstep_worker(rank: int, m: dict[str, Any], learners: int, inner_steps: in
     write θ_m, barrier; rank 0 averages Δ and takes the Nesterov step; barrier; everyone adopts Θ.
     Used for throughput (heterogeneous.py): the fast learners wait for the slowest every round."""
     os.sched_setaffinity(0, {cpu})
-    keep_freed_memory()  # the learner's allocator settings, so the two schemes compare fairly
+    learner_runtime()  # the learner's allocator and XLA settings, so the two schemes compare fairly
     s = _Setup(m, learners)
     np, jnp = s.np, s.jnp
     from diloco.core.outer import NesterovSGD
@@ -591,7 +591,7 @@ def deep(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _main() -> None:
-    keep_freed_memory()  # before JAX, as the learner does: plain loops then run as fast as its steps
+    learner_runtime()  # before JAX, as the learner does: plain loops then run as fast as its steps
     parser = argparse.ArgumentParser(description="internal: run one in-process arm and print its JSON")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("inproc")

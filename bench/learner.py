@@ -40,8 +40,8 @@ PEAK_FLOPS = {
 PLAIN = r"""
 import json, os, signal, sys, time
 os.sched_setaffinity(0, {0})
-from diloco.launch import keep_freed_memory
-keep_freed_memory()  # as the learner does: the same allocator on both sides
+from diloco.launch import learner_runtime
+learner_runtime()  # as the learner does: the same allocator and XLA settings on both sides
 import jax, numpy as np
 from diloco.spec import load_job
 from diloco.trainer import data, model, sharding

@@ -34,8 +34,8 @@ CHILD = r"""
 import json, os, statistics, sys, time
 pid, port, args = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 os.sched_setaffinity(0, {pid % os.cpu_count()})
-from diloco.launch import keep_freed_memory
-keep_freed_memory()
+from diloco.launch import learner_runtime
+learner_runtime()
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from diloco.launch import keep_freed_memory
+from diloco.launch import learner_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 PORT, REDUCER_PORT = 50200, 50201
@@ -88,7 +88,7 @@ def reducer(learners: int) -> None:
 def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
     """A dp or sync learner: real JAX training, exchanging through the reducer."""
     os.sched_setaffinity(0, {index % 2})
-    keep_freed_memory()  # as the learner does
+    learner_runtime()  # as the learner does
     import jax.numpy as jnp
     import numpy as np
 

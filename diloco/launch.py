@@ -77,6 +77,31 @@ def keep_freed_memory() -> None:
         log.info("mallopt is not available; large allocations stay memory-mapped")
 
 
+# XLA:CPU settings a learner runs with (docs/BENCHMARKS.md §6, "A learner's restart"). XLA hands
+# dots to YNNPACK by default, and each YNNPACK fusion builds its runtime (a slinky pipeline) at
+# its first execution in every process, which no compilation cache keeps: 0.1 s of CPU on the
+# quickstart's first step, a sixth of a restart's, while steps after it ran no faster than
+# XLA's own dots (measured 0.5M to 7M parameters).
+XLA_CPU_FLAGS = ("--xla_cpu_experimental_ynn_fusion_type=",)
+
+
+def xla_cpu_flags() -> None:
+    """Add XLA_CPU_FLAGS to $XLA_FLAGS, each unless the user set that flag. Call before JAX's
+    first computation (importing JAX is fine: XLA reads its flags when the backend starts)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    given = {f.split("=", 1)[0] for f in flags.split()}
+    extra = [f for f in XLA_CPU_FLAGS if f.split("=", 1)[0] not in given]
+    if extra:
+        os.environ["XLA_FLAGS"] = " ".join([*flags.split(), *extra])
+
+
+def learner_runtime() -> None:
+    """The allocator and XLA:CPU settings of a learner; benches call it in every JAX process
+    they compare with one, so both sides run alike."""
+    keep_freed_memory()
+    xla_cpu_flags()
+
+
 def read_pem(path: str | None, flag: str) -> bytes | None:
     """A PEM file named by a flag, or None; a missing or non-PEM file is a clear error."""
     if not path:

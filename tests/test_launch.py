@@ -1,4 +1,5 @@
-"""What every process does at start (diloco/launch.py): the allocator keeps freed memory.
+"""What every process does at start (diloco/launch.py): the allocator keeps freed memory, and a
+learner's XLA:CPU leaves dots to XLA instead of YNNPACK.
 
 Each check runs in a fresh interpreter: glibc's settings are process-wide and fixed for a
 thread at its first allocation, so they cannot be toggled inside the test process.
@@ -7,8 +8,13 @@ thread at its first allocation, so they cannot be toggled inside the test proces
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
+
+from diloco.launch import XLA_CPU_FLAGS, xla_cpu_flags
 
 CHILD = r"""
 import json, resource, sys, threading
@@ -46,3 +52,39 @@ def test_freed_memory_is_reused_without_faulting_pages_in_again() -> None:
     # glibc's default maps fresh memory for every round; kept, only the first round faults.
     assert min(default[1:]) >= huge_pages, default
     assert max(kept[1:]) < 20, kept
+
+
+XLA_CHILD = r"""
+import sys
+import jax, jax.numpy as jnp
+if sys.argv[1] == "learner":
+    from diloco.launch import learner_runtime
+    learner_runtime()  # after importing JAX, as a forked learner does: XLA reads its flags at first use
+f = jax.jit(lambda a, b: jnp.tanh(a @ b))
+print(f.lower(jnp.ones((64, 64)), jnp.ones((64, 64))).compile().as_text())
+"""
+
+
+def _compiled(mode: str, xla_flags: str = "") -> str:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | ({"XLA_FLAGS": xla_flags} if xla_flags else {})
+    out = subprocess.run([sys.executable, "-P", "-c", XLA_CHILD, mode], capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_a_learner_runs_dots_without_ynnpack_fusions_unless_the_user_says_otherwise() -> None:
+    assert "__ynn_fusion" in _compiled("default")  # XLA's default, which costs every restart its first step
+    assert "__ynn_fusion" not in _compiled("learner")
+    assert "__ynn_fusion" not in _compiled("learner", "--xla_force_host_platform_device_count=2")
+    assert "__ynn_fusion" in _compiled("learner", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
+
+
+def test_xla_cpu_flags_keep_the_users_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    xla_cpu_flags()
+    xla_cpu_flags()  # idempotent
+    assert os.environ["XLA_FLAGS"].split() == ["--xla_force_host_platform_device_count=4", *XLA_CPU_FLAGS]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
+    xla_cpu_flags()
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT"

@@ -44,11 +44,11 @@ def _warm_codecs(syncer: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diloco.contract import Event, Exit, LearnerId
-    from diloco.launch import keep_freed_memory, load_config, pin_cpus, read_pem, read_token
+    from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token
 
     t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools
-    keep_freed_memory()  # before XLA's first buffers: fresh mmaps per step cost a third of a CPU step
+    learner_runtime()  # before XLA's first buffers and computation (diloco/launch.py)
     job = load_config(args.config)
     token = read_token(args)
     tls_ca = read_pem(args.tls_ca, "--tls-ca")
