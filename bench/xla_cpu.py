@@ -7,8 +7,9 @@ A restarted learner loads its train step from the persistent compilation cache, 
 first step; with XLA's default, every dot that XLA hands to YNNPACK builds its runtime during
 that first execution, in every new process. Each round starts one fresh process per setting
 (XLA's default, then the learner's flags; the first round of each fills its cache and is not
-counted), all on core 0, and measures what a restart pays: the CPU to build the recipe (loading
-its cached programs), place Θ, initialise AdamW and dispatch the first step, and the CPU of that
+counted), all on core 0, and measures what a restart pays: the CPU to build the recipe (reading
+its exported programs, trainer/step_cache.py), place Θ, initialise AdamW and dispatch the first
+step (lowering it and loading the executable from the compilation cache), and the CPU of that
 step's execution; then the steady step, as wall time
 per step over `--steps` steps. Last line: JSON with the medians per setting and
 `first_step_cpu_ratio`, `restart_cpu_ratio` and `steady_step_ratio` (learner flags ÷ default).
@@ -46,7 +47,7 @@ batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, 0, 0)
 shapes = model.parameter_shapes(cfg)
 theta0 = model.init_params(cfg, 0)
 jax.block_until_ready(theta0)
-t = time.process_time()  # what a restart does: the recipe (its cached programs), Θ placed, AdamW, the step
+t = time.process_time()  # what a restart does: the recipe (its exported programs), Θ placed, AdamW, the step
 recipe = Recipe(cfg, tr, sharding.layout(tr.mesh, shapes, tr.batch_size), shapes, os.environ["JAX_COMPILATION_CACHE_DIR"])
 params = recipe.place(theta0)
 opt = recipe.init_state(params)

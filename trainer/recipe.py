@@ -62,8 +62,8 @@ class Recipe:
                  shapes: dict[str, tuple[int, ...]] | None = None, cache_dir: str | None = None) -> None:
         """`shapes`: the parameters' shapes where the caller has them (a learner, from Θ₀);
         without them the model's init is traced once more (0.1 s of a restart's CPU).
-        `cache_dir`: JAX's compilation cache, where a learner keeps its compiled train step and
-        eval (trainer/step_cache.py), so a restart neither traces, lowers nor compiles them again."""
+        `cache_dir`: JAX's compilation cache, where a learner keeps its lowered train step
+        (trainer/step_cache.py), so a restart neither traces nor lowers it again."""
         self.cfg, self.tr, self.layout = cfg, tr, layout
         self._param_shapes = shapes
         self.tx = optimizer(tr)
@@ -126,7 +126,7 @@ class Recipe:
 
     def step(self, params: Any, state: Any, batch: np.ndarray, position: int) -> tuple[Any, Any, jax.Array]:
         out: tuple[Any, Any, jax.Array] = self._step(params, state, batch if self.host_args else self._batch(batch),
-                                                     np.float32(self.lr(position)))
+                                                     self.lr(position))
         return out
 
     def grads(self, params: Any, batch: np.ndarray) -> tuple[jax.Array, Any]:
