@@ -13,6 +13,7 @@ are opaque here: the joiner checks them against its own state before adopting th
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -40,19 +41,22 @@ class StateRelay:
     waiting: Counter[str] = field(default_factory=Counter)  # requester -> open FetchState calls
     asked: str | None = None
     asked_at: float = 0.0
-    declined: set[str] = field(default_factory=set)  # asked and had nothing to share, this time round
+    # Asked, and had nothing to share (too few steps of its own), and when: asked again only
+    # ASK_SECONDS later. Learners that all (re)joined at once all decline at first; if a decline
+    # stood while anybody waited, nobody would ever be asked again.
+    declined: dict[str, float] = field(default_factory=dict)
     latest: Donated | None = None
     relayed: int = 0
 
     def should_share(self, learner: str) -> bool:
         """Called for each accepted push: whether to ask its learner for its state now. One
-        donor at a time; never a learner for itself, nor one that declined this time round."""
+        donor at a time; never a learner for itself, nor one that declined in the last ASK_SECONDS."""
         with self.cond:
-            if not any(r != learner for r in self.waiting) or learner in self.declined:
+            now = self.clock()
+            if not any(r != learner for r in self.waiting) or now - self.declined.get(learner, -math.inf) < ASK_SECONDS:
                 return False
             if self.latest is not None and any(r != self.latest.donor for r in self.waiting):
                 return False  # a copy is on hand for the waiters
-            now = self.clock()
             if self.asked is not None and now - self.asked_at < ASK_SECONDS:
                 return False
             self.asked, self.asked_at = learner, now
@@ -72,7 +76,7 @@ class StateRelay:
     def decline(self, donor: str) -> None:
         """The donor had nothing worth sharing (it re-joined recently itself): ask another at once."""
         with self.cond:
-            self.declined.add(donor)
+            self.declined[donor] = self.clock()
             if self.asked == donor:
                 self.asked = None
 

@@ -71,6 +71,30 @@ def test_a_silent_donor_is_given_up_after_the_ask_window_and_a_declining_one_at_
     assert out[0].donor == "d" and out[0].count == 99
 
 
+def test_learners_that_all_joined_at_once_and_declined_are_asked_again_once_they_have_trained() -> None:
+    """CI found it: three learners all (re)joined mid-run together, all waited, and each one
+    asked declined (too few steps of its own); declines then stood while anybody waited, so
+    nobody was asked again all run and no re-admitted learner got a peer's moments."""
+    clock = sh.FakeClock()
+    relay = StateRelay(clock)
+    fetches = [waiting(relay, name, wait=30.0) for name in ("a", "b", "c")]
+    for name in ("a", "b", "c"):
+        assert relay.should_share(name)
+        relay.decline(name)  # young: fewer than MIN_DONOR_STEPS of its own
+    assert not any(relay.should_share(name) for name in ("a", "b", "c"))
+    clock.now += ASK_SECONDS  # they have trained since
+    assert relay.should_share("b")
+    assert relay.offer("b", 120, b"moments")
+    for (t, out), name in zip(fetches, ("a", "b", "c")):
+        if name != "b":
+            t.join(5)
+            assert out and out[0].donor == "b"
+    assert relay.should_share("a")  # b waits too, and cannot take its own copy
+    assert relay.offer("a", 130, b"theirs")
+    fetches[1][0].join(5)
+    assert fetches[1][1][0].donor == "a"
+
+
 def test_an_upload_nobody_waits_for_is_dropped_and_a_fetch_times_out_empty() -> None:
     relay = StateRelay(sh.FakeClock())
     assert not relay.offer("b", 40, b"late")
