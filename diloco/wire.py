@@ -11,12 +11,14 @@ import hmac
 import importlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: per-message overhead is negligible, and far below gRPC's message caps
 MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
@@ -82,7 +84,8 @@ else:
 def add_syncer(servicer: Any, server: grpc.Server) -> None:
     """`rpc.add_SyncerServicer_to_server`, except that Subscribe may also yield `Published`
     messages already serialised (bytes), which go on the wire as they are: the syncer then
-    serialises each publish once for all its subscribers instead of once per subscriber."""
+    serialises each publish once for all its subscribers instead of once per subscriber; and
+    Push, PushOne, Recover and ShareState receive `Chunk`s, parsed without upb."""
 
     class Capture:  # takes the generated method handlers instead of a server
         def __init__(self) -> None:
@@ -98,8 +101,82 @@ def add_syncer(servicer: Any, server: grpc.Server) -> None:
     rpc.add_SyncerServicer_to_server(servicer, capture)
     handlers = capture.handlers
     handlers["Subscribe"] = handlers["Subscribe"]._replace(response_serializer=_serialised)  # type: ignore[attr-defined]
+    for method, header in (("Push", pb.PushHeader), ("PushOne", pb.PushHeader), ("Recover", pb.RecoverHeader),
+                           ("ShareState", pb.StateHeader)):  # client streams of chunks: parsed by hand (Chunk)
+        handlers[method] = handlers[method]._replace(request_deserializer=chunk_parser(header))  # type: ignore[attr-defined]
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("diloco.v1.Syncer", handlers),))
     server.add_registered_method_handlers("diloco.v1.Syncer", handlers)  # type: ignore[attr-defined]  # grpcio >= 1.63
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One message of a client stream (PushChunk, RecoverChunk, StateChunk: the header in the
+    first, then bytes), parsed by hand on the syncer. `data` is a view of the received message.
+    Parsed by protobuf's upb, every pushed byte was copied into the message's arena and out again
+    as `bytes`, and every message's arena counted towards the malloc_trim(0) upb calls once per
+    10,000 frees: at 1e9 parameters that handed GBs of the syncer's free heap back to the kernel
+    about once a minute, to be faulted in again (docs/BENCHMARKS.md §5)."""
+
+    header: Any  # the header message, None if the chunk has none
+    data: memoryview
+    error: str = ""  # why the bytes are not a valid chunk; "" when they are
+
+
+def chunk_parser(header_type: Any) -> Callable[[bytes], Chunk]:
+    """A request deserializer for chunks whose header (field 1) is a `header_type`. It never
+    raises: a malformed message comes back with `error` set, so the servicer refuses it with a
+    reason instead of gRPC's bare "Exception deserializing request". Unknown fields are skipped,
+    as protobuf skips them, and repeated ones merge (header) or replace (data) as protobuf's do."""
+
+    def parse(raw: bytes) -> Chunk:
+        buf = memoryview(raw)
+        header, data, pos = None, buf[:0], 0
+        try:
+            while pos < len(buf):
+                key, pos = _read_varint(buf, pos)
+                field, kind = key >> 3, key & 7
+                if not 0 < field < 1 << 29:
+                    raise ValueError(f"field number {field} is outside protobuf's range")
+                if kind == 2:
+                    size, pos = _read_varint(buf, pos)
+                    end = pos + size
+                    if end > len(buf):
+                        raise ValueError(f"field {field} runs past the end of the message")
+                    if field == 1:
+                        header = header or header_type()
+                        header.MergeFromString(buf[pos:end])
+                    elif field == 2:
+                        data = buf[pos:end]
+                    pos = end
+                elif field in (1, 2):
+                    raise ValueError(f"field {field} has wire type {kind}, not length-delimited")
+                elif kind == 0:
+                    _, pos = _read_varint(buf, pos)
+                elif kind in (1, 5):
+                    pos += 8 if kind == 1 else 4
+                else:
+                    raise ValueError(f"unsupported wire type {kind}")
+            if pos > len(buf):
+                raise ValueError("the last field runs past the end of the message")
+        except (ValueError, DecodeError) as exc:
+            return Chunk(None, buf[:0], f"malformed {header_type.__name__.removesuffix('Header')}Chunk: {exc}")
+        return Chunk(header, data)
+
+    return parse
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("varint longer than 10 bytes")
 
 
 def _serialised(message: Any) -> bytes:
@@ -113,8 +190,13 @@ def with_bytes(message: Any, field: str, data: bytes | memoryview) -> bytes:
     the field, unset in `message`, is appended by hand; its number comes from the schema."""
     if getattr(message, field):
         raise ValueError(f"{field} is already set in the {type(message).__name__}")
-    number = message.DESCRIPTOR.fields_by_name[field].number
-    return b"".join((message.SerializeToString(), _varint(number << 3 | 2), _varint(len(data)), data))
+    return framed(message.SerializeToString(), message.DESCRIPTOR.fields_by_name[field].number, data)
+
+
+def framed(head: bytes, number: int, data: bytes | memoryview) -> bytes:
+    """A serialised message `head` (without field `number`) followed by `data` as that bytes field:
+    one head serialised once can frame many chunks."""
+    return b"".join((head, _varint(number << 3 | 2), _varint(len(data)), data))
 
 
 def _varint(n: int) -> bytes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diloco.core.codecs import Blob, Codec, encode_delta_tensors, encode_tensors
+from diloco.core.codecs import Blob, Codec, Pieces, encode_delta_tensors, encode_tensors, fp32_pieces
 
 Tensors = dict[str, np.ndarray]
 CHAIN = 2  # deltas kept per fragment: a subscriber one publish behind catches up without a keyframe;
@@ -98,14 +98,14 @@ class Publisher:
             self.heads[p] = _Head(version, slot, view, tag, head.chain)
             self.cond.notify_all()
 
-    def snapshot(self) -> tuple[dict[int, int], Blob, dict[int, bytes]]:
+    def snapshot(self) -> tuple[dict[int, int], Pieces, dict[int, bytes]]:
         """What a joining learner receives exactly: per fragment published here its version and
-        tag, and V of them all (fp32)."""
+        tag, and V of them all (fp32), read from the views themselves as it is sent (they are
+        replaced, never mutated, so these references stay this snapshot)."""
         with self.cond:
             heads = dict(self.heads)
         views = {n: v for head in heads.values() for n, v in head.view.items()}
-        return ({p: h.version for p, h in heads.items()}, encode_tensors(views, "fp32"),
-                {p: h.tag for p, h in heads.items()})
+        return {p: h.version for p, h in heads.items()}, fp32_pieces(views), {p: h.tag for p, h in heads.items()}
 
     def stop(self) -> None:
         with self.cond:

@@ -24,7 +24,7 @@ from diloco.core.seed import seed_hash
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.state import GlobalModel
-from diloco.wire import authenticate, chunks, pb
+from diloco.wire import Chunk, authenticate, chunks, pb
 
 UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
 ANOTHER_SEED = "seed: the syncer was seeded with another Θ₀ (different spec.model or spec.data.seed)"
@@ -150,24 +150,24 @@ class Unseeded:
         self._auth(context)
         context.abort(grpc.StatusCode.UNAVAILABLE, "the syncer waits for its first learner's initial model")
 
-    def Push(self, request_iterator: Iterator[pb.PushChunk], context: grpc.ServicerContext) -> pb.PushReply:
+    def Push(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> pb.PushReply:
         return self._waiting(context)
 
-    def PushOne(self, request: pb.PushChunk, context: grpc.ServicerContext) -> pb.PushReply:
+    def PushOne(self, request: Chunk, context: grpc.ServicerContext) -> pb.PushReply:
         return self._waiting(context)
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._waiting(context)
         yield from ()
 
-    def Recover(self, request_iterator: Iterator[pb.RecoverChunk], context: grpc.ServicerContext) -> pb.RecoverReply:
+    def Recover(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> pb.RecoverReply:
         return self._waiting(context)
 
     def FetchState(self, request: pb.FetchStateRequest, context: grpc.ServicerContext) -> Iterator[pb.StateChunk]:
         self._waiting(context)
         yield from ()
 
-    def ShareState(self, request_iterator: Iterator[pb.StateChunk], context: grpc.ServicerContext) -> pb.ShareStateReply:
+    def ShareState(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> pb.ShareStateReply:
         return self._waiting(context)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encoded_size
+from diloco.core.codecs import CodecError, Pieces, decode_tensors, encoded_size
 from diloco.core.fragments import owned_by, owner
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
@@ -351,7 +351,7 @@ class SyncerCore:
 
     # -- learners and status -------------------------------------------------------
 
-    def join(self, learner: str, region: str, process: int, supersede: bool) -> tuple[pb.JoinHeader, bytes | memoryview]:
+    def join(self, learner: str, region: str, process: int, supersede: bool) -> tuple[pb.JoinHeader, Pieces]:
         """Admit a (re)joining learner: its session, and the global model as every subscriber
         holds it (the broadcast view), so its subscription continues the shared delta chain."""
         secret = self.open_session(learner, process, supersede)
@@ -366,7 +366,7 @@ class SyncerCore:
         self.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
         log.info("learner %s joined (%s, join #%d)", learner, region, info.joins)
         header = pb.JoinHeader(
-            incarnation=self.incarnation, versions=versions, total_bytes=len(blob),
+            incarnation=self.incarnation, versions=versions, total_bytes=blob.size,
             fragments=[pb.FragmentNames(names=list(f)) for f in self.model.plan.fragments],
             codec=self.spec.compression, block_size=self.spec.block_size, slot=slot, tags=tags,
             session_secret=secret, shard=self.shard, shards=self.spec.shards,

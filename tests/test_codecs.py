@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.core.codecs import CodecError, decode, decode_tensors, encode, encode_tensors, encoded_size
+from diloco.core.codecs import CodecError, decode, decode_tensors, encode, encode_tensors, encoded_size, fp32_pieces
 
 # Relative L2 error bounds on Gaussian data, per codec (measured ~0.11 for int4, ~0.006 int8).
 GAUSSIAN_BOUND = {"fp32": 0.0, "bf16": 4e-3, "int8": 0.01, "int4": 0.13}
@@ -185,3 +185,18 @@ def test_the_fused_delta_encode_is_encode_then_decode_bit_for_bit(n, codec, bloc
     pushed, sent = encode_difference(target, base, codec, block)  # type: ignore[arg-type]
     assert pushed == blob
     assert all(np.array_equal(sent[k], decoded[k]) for k in target)
+
+
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=4), st.integers(1, 300))
+@settings(max_examples=40, deadline=None)
+def test_fp32_pieces_stream_exactly_the_encoded_bundle(sizes: list[int], chunk: int) -> None:
+    """A Join streams the model from the views (no 4 GB copy at 1e9 parameters): the chunks must
+    be the bytes `encode_tensors` writes, whatever the chunk size."""
+    rng = np.random.default_rng(len(sizes) * 1000 + chunk)
+    tensors = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
+    tensors["scalar"] = np.float32(2.5) * np.ones((), np.float32)
+    pieces = fp32_pieces(tensors)
+    parts = list(pieces.chunks(chunk))
+    assert b"".join(parts) == bytes(encode_tensors(tensors, "fp32")) == pieces.join()
+    assert pieces.size == len(pieces.join())
+    assert all(len(p) == chunk for p in parts[:-1]) and 0 < len(parts[-1]) <= chunk

@@ -120,7 +120,8 @@ def test_a_subscriber_behind_gets_the_chain_or_else_a_keyframe() -> None:
         publish(h, 0, rng)  # now version 0 is CHAIN + 1 behind: beyond the chain
         u = next(further)
         assert (u.fragment, u.version, u.is_delta) == (0, CHAIN + 1, False)
-        version, blob, tags = h.core.publisher.snapshot()  # what Join sends: the same view, exactly
+        version, model, tags = h.core.publisher.snapshot()  # what Join sends: the same view, exactly
+        blob = model.join()
         assert version == {0: CHAIN + 1, 1: 0} and tags[0] == u.tag
         assert all(np.array_equal(decode_tensors(blob)[n], t) for n, t in decode_tensors(u.blob).items())
     finally:

@@ -366,6 +366,19 @@ def test_a_push_one_without_its_header_is_refused(syncer: sh.Harness) -> None:
     assert_unchanged(syncer, before)
 
 
+def test_a_malformed_push_is_refused_with_the_reason(syncer: sh.Harness) -> None:
+    """Chunks are parsed by hand (diloco.wire.Chunk), so a malformed one must still be refused
+    by name, not crash the handler or pass as an empty push."""
+    before = snapshot(syncer)
+    good = pb.PushChunk(header=pb.PushHeader(learner="a-0", fragment=0, total_bytes=3), data=b"abc").SerializeToString()
+    raw = syncer.channel.unary_unary("/diloco.v1.Syncer/PushOne", request_serializer=lambda b: b,
+                                     response_deserializer=pb.PushReply.FromString)
+    for bad in (good[:-1], b"\x08\x01" + good, b"\x0a\x02\xff\xff"):
+        code, details = code_of(lambda: raw(bad, metadata=auth_metadata(sh.TOKEN), timeout=10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed PushChunk" in details, details
+    assert_unchanged(syncer, before)
+
+
 class Counting(SyncerServicer):
     """Counts which push RPC the client used; `push_one=False` plays a syncer from before PushOne."""
 
