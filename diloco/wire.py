@@ -183,19 +183,11 @@ def _serialised(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def with_bytes(message: Any, field: str, data: bytes | memoryview) -> bytes:
-    """`message` serialised with its bytes field `field` set to `data`, which is copied once
-    (setting it and serialising would copy it three times: a fragment of a 1e9-parameter model
-    is 44 MB per publish). A protobuf parser takes concatenated encodings as one message, so
-    the field, unset in `message`, is appended by hand; its number comes from the schema."""
-    if getattr(message, field):
-        raise ValueError(f"{field} is already set in the {type(message).__name__}")
-    return framed(message.SerializeToString(), message.DESCRIPTOR.fields_by_name[field].number, data)
-
-
 def framed(head: bytes, number: int, data: bytes | memoryview) -> bytes:
-    """A serialised message `head` (without field `number`) followed by `data` as that bytes field:
-    one head serialised once can frame many chunks."""
+    """A serialised message `head` (without field `number`) followed by `data` as that bytes
+    field, which is copied once (setting it and serialising would copy it three times: a
+    fragment of a 1e9-parameter model is 44 MB per publish). A protobuf parser takes
+    concatenated encodings as one message, so one head serialised once frames every chunk."""
     return b"".join((head, _varint(number << 3 | 2), _varint(len(data)), data))
 
 

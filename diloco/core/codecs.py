@@ -57,7 +57,7 @@ Blob = memoryview  # an encoded payload or bundle: read-only bytes, written once
 def _sealed(out: np.ndarray) -> Blob:
     """The buffer an encoder wrote, read-only, without copying it into `bytes` (a copy of every
     byte: 15 µs of a 4 MiB int4 encode's 120). Where a protobuf field needs `bytes`, the caller
-    copies; the syncer's publishes are framed by hand (`wire.with_bytes`) and never do."""
+    copies; the syncer's publishes are framed by hand (`wire.framed`) and never do."""
     return out.data.toreadonly()
 
 
