@@ -370,10 +370,24 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
 
         # Stale, as an older chart's crds/ left it (written by another manager, as Helm does).
         stale = copy.deepcopy(crd.crd(cel=False))  # crd() shares PRINTER_COLUMNS
-        stale["metadata"]["resourceVersion"] = created["metadata"]["resourceVersion"]
         stale["spec"]["names"]["shortNames"] = ["old"]
         del stale["spec"]["versions"][0]["additionalPrinterColumns"][-1]
-        admin.request("PUT", path, stale, params={"fieldManager": "helm"})
+
+        def make_stale() -> None:
+            """PUT `stale` over the newest version: the API server's CRD controller updates the
+            status (names accepted, established) on its own, so a version read a moment ago can
+            be gone by the PUT (409); read it again then, as any client of an update does."""
+            for attempt in range(5):
+                latest = admin.request("GET", path)["metadata"]["resourceVersion"]
+                try:
+                    admin.request("PUT", path, {**stale, "metadata": {**stale["metadata"], "resourceVersion": latest}},
+                                  params={"fieldManager": "helm"})
+                    return
+                except ApiError as exc:
+                    if exc.status != 409 or attempt == 4:
+                        raise
+
+        make_stale()
         done = diloco_crd_apply()
         assert done.returncode == 0, done.stderr
         upgraded = admin.request("GET", path)
@@ -382,9 +396,7 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
         assert [c["name"] for c in columns] == [c["name"] for c in crd.PRINTER_COLUMNS]
 
         # The manual path for servers before 1.23 (docs/KUBERNETES.md), over a stale CRD.
-        admin.request("PUT", path, {**stale, "metadata": {**stale["metadata"],
-                                                          "resourceVersion": upgraded["metadata"]["resourceVersion"]}},
-                      params={"fieldManager": "helm"})
+        make_stale()
         admin_env = {**env, "KUBECONFIG": str(plane.kubeconfig(tmp_path / "admin.kubeconfig", plane.admin_token))}
         printed = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "crd", "--no-cel"], capture_output=True,
                                  text=True, timeout=60, cwd=ROOT / "tests", check=True).stdout
