@@ -197,6 +197,6 @@ def test_fp32_pieces_stream_exactly_the_encoded_bundle(sizes: list[int], chunk: 
     tensors["scalar"] = np.float32(2.5) * np.ones((), np.float32)
     pieces = fp32_pieces(tensors)
     parts = list(pieces.chunks(chunk))
-    assert b"".join(parts) == bytes(encode_tensors(tensors, "fp32")) == pieces.join()
-    assert pieces.size == len(pieces.join())
+    assert b"".join(parts) == bytes(encode_tensors(tensors, "fp32")) == b"".join(pieces.parts)
+    assert pieces.size == len(b"".join(pieces.parts))
     assert all(len(p) == chunk for p in parts[:-1]) and 0 < len(parts[-1]) <= chunk

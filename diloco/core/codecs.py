@@ -29,6 +29,7 @@ CODECS: tuple[Codec, ...] = ("fp32", "bf16", "int8", "int4")
 MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see kernels
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
 MAX_NDIM = 8
+BUNDLE_MAGIC = b"DDB1"
 
 
 class CodecError(ValueError):
@@ -80,11 +81,28 @@ def _checked_input(x: np.ndarray, codec: Codec, block_size: int) -> np.ndarray:
     return arr
 
 
+def _payload_header(shape: tuple[int, ...], codec: Codec, block: int) -> bytes:
+    """A payload's header: magic, codec, rank, block size, element count, then the shape."""
+    return _HEADER.pack(MAGIC, CODECS.index(codec), len(shape), block, math.prod(shape)) + struct.pack(
+        f"<{len(shape)}Q", *shape)
+
+
+def _write_header(out: memoryview, shape: tuple[int, ...], codec: Codec, block: int) -> memoryview:
+    """Write a payload's header at the start of `out`; returns the body's part of `out`."""
+    head = _payload_header(shape, codec, block)
+    out[: len(head)] = head
+    return out[len(head) :]
+
+
+def _entry_header(name: str, size: int) -> bytes:
+    """A bundle entry's header: the name's length and bytes, then the payload's length."""
+    raw = name.encode()
+    return struct.pack(f"<H{len(raw)}sQ", len(raw), raw, size)
+
+
 def _encode_into(arr: np.ndarray, codec: Codec, block: int, out: memoryview) -> None:
     """Write header and body into `out` (exactly `encoded_size` bytes): no temporaries but bf16's."""
-    _HEADER.pack_into(out, 0, MAGIC, CODECS.index(codec), arr.ndim, block, arr.size)
-    struct.pack_into(f"<{arr.ndim}Q", out, _HEADER.size, *arr.shape)
-    body, flat = out[_HEADER.size + 8 * arr.ndim :], arr.reshape(-1)
+    body, flat = _write_header(out, arr.shape, codec, block), arr.reshape(-1)
     if codec == "fp32":
         np.frombuffer(body, np.float32)[:] = flat
     elif codec == "bf16":
@@ -237,12 +255,12 @@ def _bundle(shapes: Mapping[str, tuple[int, ...]], codec: Codec, block: int,
     sizes = {name: encoded_size(shapes[name], codec, block) for name in sorted(shapes)}
     out = np.empty(8 + sum(2 + len(n.encode()) + 8 + size for n, size in sizes.items()), np.uint8)
     view = out.data
-    struct.pack_into("<4sI", view, 0, b"DDB1", len(sizes))
+    struct.pack_into("<4sI", view, 0, BUNDLE_MAGIC, len(sizes))
     pos = 8
     for name, size in sizes.items():
-        raw = name.encode()
-        struct.pack_into(f"<H{len(raw)}sQ", view, pos, len(raw), raw, size)
-        pos += 2 + len(raw) + 8
+        head = _entry_header(name, size)
+        view[pos : pos + len(head)] = head
+        pos += len(head)
         write(name, view[pos : pos + size])
         pos += size
     return _sealed(out)
@@ -285,21 +303,15 @@ class Pieces:
         if pending or self.size == 0:
             yield b"".join(pending)
 
-    def join(self) -> bytes:
-        return b"".join(self.parts)
-
 
 def fp32_pieces(tensors: Mapping[str, np.ndarray]) -> Pieces:
     """`encode_tensors(tensors, "fp32")` as `Pieces`: the headers written, the bodies referenced.
     The arrays must not change while the pieces are read (the publisher's views never do)."""
     arrays = {name: _checked_input(tensors[name], "fp32", 64) for name in sorted(tensors)}
-    parts = [memoryview(struct.pack("<4sI", b"DDB1", len(arrays)))]
+    parts = [memoryview(struct.pack("<4sI", BUNDLE_MAGIC, len(arrays)))]
     for name, arr in arrays.items():
-        raw = name.encode()
-        head = bytearray(struct.pack(f"<H{len(raw)}sQ", len(raw), raw, encoded_size(arr.shape, "fp32")))
-        head += _HEADER.pack(MAGIC, CODECS.index("fp32"), arr.ndim, 64, arr.size)
-        head += struct.pack(f"<{arr.ndim}Q", *arr.shape)
-        parts += [memoryview(bytes(head)), arr.reshape(-1).data.cast("B")]
+        head = _entry_header(name, encoded_size(arr.shape, "fp32")) + _payload_header(arr.shape, "fp32", 64)
+        parts += [memoryview(head), arr.reshape(-1).data.cast("B")]
     return Pieces(tuple(parts))
 
 
@@ -336,9 +348,7 @@ def _encode_difference(target: Mapping[str, np.ndarray], base: Mapping[str, np.n
         if t.shape != b.shape:
             raise CodecError(f"tensor {name!r}: target and base shapes differ")
         n = new[name].reshape(-1)
-        _HEADER.pack_into(out, 0, MAGIC, CODECS.index(codec), pairs[name][0].ndim, block_size, t.size)
-        struct.pack_into(f"<{pairs[name][0].ndim}Q", out, _HEADER.size, *pairs[name][0].shape)
-        body = out[_HEADER.size + 8 * pairs[name][0].ndim :]
+        body = _write_header(out, pairs[name][0].shape, codec, block_size)
         nblocks, full = -(-t.size // block_size), t.size // block_size
         scales = np.frombuffer(body[: 4 * nblocks], np.float32)
         codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
@@ -360,7 +370,7 @@ def parse_tensors(blob: bytes | memoryview, expect: Mapping[str, Sequence[int]] 
     if len(buf) < 8:
         raise CodecError("bundle is shorter than its 8-byte header")
     magic, count = struct.unpack_from("<4sI", buf)
-    if magic != b"DDB1":
+    if magic != BUNDLE_MAGIC:
         raise CodecError("bundle does not start with the bundle magic")
     if expect is not None and count != len(expect):
         raise CodecError(f"bundle has {count} tensors, expected {len(expect)}")
