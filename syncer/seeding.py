@@ -10,6 +10,7 @@ hash the same (docs/ALGORITHM.md, "Models, devices and hosts").
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -18,12 +19,12 @@ from typing import Any
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, decode_tensors, encode_tensors
+from diloco.core.codecs import CodecError, bundle_size, decode_tensors, encode_tensors
 from diloco.core.fragments import owned_by, plan_fragments, specs_from_shapes
 from diloco.core.seed import seed_hash
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import MAX_ID, Refused
-from diloco.syncer.state import GlobalModel
+from diloco.syncer.state import GlobalModel, placeholders
 from diloco.wire import Chunk, authenticate, chunks, pb
 
 UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
@@ -58,40 +59,63 @@ def seed_chunks(learner: str, shapes: Mapping[str, Sequence[int]], tensors: Mapp
         yield pb.SeedChunk(header=header if i == 0 else None, data=bytes(part))
 
 
-def seeded_model(spec: SyncerSpec, shard: int, header: pb.SeedHeader, blob: bytes) -> GlobalModel:
-    """The global model Θ₀ a Seed describes, or Refused naming what is wrong with it."""
-    def bad(why: str) -> Refused:
-        return Refused(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {why}", outcome="malformed")
+def _bad(why: str) -> Refused:
+    return Refused(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {why}", outcome="malformed")
 
+
+def seed_layout(spec: SyncerSpec, shard: int, header: pb.SeedHeader
+                ) -> tuple[dict[str, tuple[int, ...]], list[int], dict[str, tuple[int, ...]]]:
+    """(every tensor's shape, this shard's fragments, the shapes of the tensors it holds) that a
+    Seed's header describes, or Refused naming what is wrong with it: checked before a byte of
+    the model is received, so the syncer knows the bundle's exact size."""
     if not header.learner or len(header.learner) > MAX_ID:
-        raise bad("learner id must be 1-128 characters")
+        raise _bad("learner id must be 1-128 characters")
     shapes = {t.name: tuple(int(d) for d in t.shape) for t in header.tensors}
     if not shapes or len(shapes) != len(header.tensors) or len(shapes) > MAX_TENSORS:
-        raise bad(f"{len(header.tensors)} tensors with {len(shapes)} distinct names; send each tensor once")
+        raise _bad(f"{len(header.tensors)} tensors with {len(shapes)} distinct names; send each tensor once")
     if any(not n or not s or min(s) < 1 for n, s in shapes.items()):
-        raise bad("every tensor needs a name and a shape of positive sizes")
+        raise _bad("every tensor needs a name and a shape of positive sizes")
     if sum(math.prod(s) for s in shapes.values()) > MAX_ELEMENTS:
-        raise bad("the model is larger than one syncer can hold")
+        raise _bad("the model is larger than one syncer can hold")
     try:
         plan = plan_fragments(specs_from_shapes(shapes), spec.fragments, spec.fragmentation)
     except ValueError as exc:
-        raise bad(f"the tensors give no plan of spec.syncer.fragments {spec.fragments}: {exc}") from None
+        raise _bad(f"the tensors give no plan of spec.syncer.fragments {spec.fragments}: {exc}") from None
     owned = list(owned_by(shard, plan.num_fragments, spec.shards))
-    held = {n: shapes[n] for p in owned for n in plan.fragments[p]}
+    return shapes, owned, {n: shapes[n] for p in owned for n in plan.fragments[p]}
+
+
+def seeded_model(spec: SyncerSpec, shard: int, header: pb.SeedHeader, blob: bytes | memoryview) -> GlobalModel:
+    """The global model Θ₀ a Seed describes, or Refused naming what is wrong with it."""
+    shapes, owned, held = seed_layout(spec, shard, header)
     try:
         values = decode_tensors(blob, held)
     except CodecError as exc:
-        raise bad(f"the bundle does not hold this shard's tensors as fp32: {exc}") from None
+        raise _bad(f"the bundle does not hold this shard's tensors as fp32: {exc}") from None
     if not all(np.isfinite(v).all() for v in values.values()):
-        raise bad("Θ₀ has non-finite values")
+        raise _bad("Θ₀ has non-finite values")
     digest = seed_hash(values)
     if digest != header.init_hash:
-        raise bad("init_hash does not match the tensors sent")
-    params: dict[str, Any] = {n: np.broadcast_to(np.float32(0), s) for n, s in shapes.items()}
-    params.update(values)
-    model = GlobalModel.fresh(spec, params, owned)
+        raise _bad("init_hash does not match the tensors sent")
+    model = GlobalModel.fresh(spec, {**placeholders(shapes), **values}, owned, copy=False)  # the decoded arrays are ours
     model.init_hash = digest
     return model
+
+
+def receive_seed(first: pb.SeedChunk, rest: Iterator[pb.SeedChunk], size: int) -> memoryview:
+    """A Seed's bundle, written into one buffer of the size its header implies: no growing buffer
+    and no copy into `bytes` (for a 1e9-parameter model those were 8-12 GB beside the 4 GB
+    model, and a syncer keeps freed memory, so they stayed its resident size)."""
+    buf = np.empty(size, np.uint8)
+    pos = 0
+    for data in itertools.chain([first.data], (chunk.data for chunk in rest)):
+        if pos + len(data) > size:
+            raise _bad(f"larger than the {size} bytes its header implies")
+        buf[pos : pos + len(data)] = np.frombuffer(data, np.uint8)
+        pos += len(data)
+    if pos != size:
+        raise _bad(f"{pos} of {size} bytes")
+    return buf.data
 
 
 class Unseeded:
@@ -119,15 +143,13 @@ class Unseeded:
         declared = first.header.total_bytes
         if declared > 4 * MAX_ELEMENTS + MAX_TENSORS * 1024:  # fp32 values plus the bundle's headers
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {declared} bytes is more than one syncer holds")
-        buf = bytearray(first.data)
-        for chunk in request_iterator:
-            buf += chunk.data
-            if len(buf) > declared:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "seed: larger than its declared size")
-        if len(buf) != declared:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"seed: {len(buf)} of {declared} bytes")
         try:
-            model = seeded_model(self.spec, self.shard, first.header, bytes(buf))
+            _, _, held = seed_layout(self.spec, self.shard, first.header)
+            size = bundle_size(held, "fp32")
+            if declared != size:
+                raise _bad(f"the bundle does not hold this shard's tensors as fp32: {declared} bytes declared, "
+                           f"{size} expected from the shapes")
+            model = seeded_model(self.spec, self.shard, first.header, receive_seed(first, request_iterator, size))
         except Refused as exc:
             context.abort(exc.code, exc.reason)
         with self.lock:

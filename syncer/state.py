@@ -23,6 +23,15 @@ Tensors = dict[str, np.ndarray]
 Outer = dict[str, Source]  # a contribution's outer gradient, per tensor: fp32 values or still encoded
 
 
+def placeholder(shape: Sequence[int]) -> np.ndarray:
+    """A tensor a shard does not hold: its shape, zero-stride, no memory."""
+    return np.broadcast_to(np.float32(0), tuple(shape))
+
+
+def placeholders(shapes: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    return {n: placeholder(s) for n, s in shapes.items()}
+
+
 @dataclass
 class MergeResult:
     fragment: int
@@ -88,9 +97,17 @@ class GlobalModel:
         ]
 
     @classmethod
-    def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray], owned: Sequence[int] | None = None) -> GlobalModel:
-        model = cls(spec, {k: np.array(v, dtype=np.float32) for k, v in params.items()}, [0] * spec.fragments)
+    def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray], owned: Sequence[int] | None = None,
+              *, copy: bool = True) -> GlobalModel:
+        """Θ₀ of `owned` fragments (None: all), each held tensor an fp32 copy of `params`' (with
+        `copy` false, the caller's own fp32 arrays: a seed's freshly decoded tensors). The
+        others are placeholders from the start: a shard of a large model never materialises
+        the tensors it does not hold, not even while it is built."""
+        model = cls(spec, placeholders({k: np.shape(v) for k, v in params.items()}), [0] * spec.fragments)
         model.keep_only(owned)
+        held = model.held()
+        model.params = {k: (np.array(v, np.float32) if copy else np.asarray(v, np.float32)) if k in held else model.params[k]
+                        for k, v in params.items()}
         return model
 
     def keep_only(self, owned: Sequence[int] | None) -> None:
@@ -101,7 +118,7 @@ class GlobalModel:
             return
         self.owned = normal
         held = self.held()
-        self.params = {n: v if n in held else np.broadcast_to(np.float32(0), v.shape) for n, v in self.params.items()}
+        self.params = {n: v if n in held else placeholder(v.shape) for n, v in self.params.items()}
 
     def report(self, key: str, trained_tokens: int) -> None:
         """An accepted push of process `key` ("learner/session") says it has trained this many."""
@@ -254,7 +271,7 @@ class GlobalModel:
             expect = _checkpoint_shapes(meta, got)
         if any(tuple(expect.get(k, ())) != s for k, s in got.items()):
             raise ValueError(mismatch)
-        model = cls(spec, {n: np.broadcast_to(np.float32(0), s) for n, s in expect.items()}, [0] * spec.fragments)
+        model = cls(spec, placeholders(expect), [0] * spec.fragments)
         if meta.get("plan") != model.plan.to_dict():
             raise ValueError("checkpoint fragment plan differs from the job's spec.syncer fragments")
         model.keep_only(owned)

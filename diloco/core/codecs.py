@@ -52,6 +52,11 @@ def encoded_size(shape: Sequence[int], codec: Codec, block_size: int = 64) -> in
     return _HEADER.size + 8 * len(shape) + _body_bytes(codec, count, block_size)
 
 
+def bundle_size(shapes: Mapping[str, Sequence[int]], codec: Codec, block_size: int = 64) -> int:
+    """The bytes of `encode_tensors` of tensors of these shapes (see `_bundle`'s layout)."""
+    return 8 + sum(2 + len(n.encode()) + 8 + encoded_size(s, codec, block_size) for n, s in shapes.items())
+
+
 Blob = memoryview  # an encoded payload or bundle: read-only bytes, written once in place (see `_sealed`)
 
 
@@ -253,7 +258,7 @@ def _bundle(shapes: Mapping[str, tuple[int, ...]], codec: Codec, block: int,
     """One buffer: count, then (name length, name, payload length, payload) per tensor in name
     order, each payload written in place by `write`."""
     sizes = {name: encoded_size(shapes[name], codec, block) for name in sorted(shapes)}
-    out = np.empty(8 + sum(2 + len(n.encode()) + 8 + size for n, size in sizes.items()), np.uint8)
+    out = np.empty(bundle_size(shapes, codec, block), np.uint8)
     view = out.data
     struct.pack_into("<4sI", view, 0, BUNDLE_MAGIC, len(sizes))
     pos = 8
