@@ -82,9 +82,10 @@ else:
 
 
 def add_syncer(servicer: Any, server: grpc.Server) -> None:
-    """`rpc.add_SyncerServicer_to_server`, except that Subscribe may also yield `Published`
+    """`rpc.add_SyncerServicer_to_server`, except that Subscribe and Join may also yield their
     messages already serialised (bytes), which go on the wire as they are: the syncer then
-    serialises each publish once for all its subscribers instead of once per subscriber; and
+    serialises each publish once for all its subscribers instead of once per subscriber, and
+    frames a Join's model chunks straight from its arrays; and
     Push, PushOne, Recover and ShareState receive `Chunk`s, parsed without upb."""
 
     class Capture:  # takes the generated method handlers instead of a server
@@ -100,7 +101,8 @@ def add_syncer(servicer: Any, server: grpc.Server) -> None:
     capture = Capture()
     rpc.add_SyncerServicer_to_server(servicer, capture)
     handlers = capture.handlers
-    handlers["Subscribe"] = handlers["Subscribe"]._replace(response_serializer=_serialised)  # type: ignore[attr-defined]
+    for method in ("Subscribe", "Join"):  # server streams the syncer may frame itself (`framed`)
+        handlers[method] = handlers[method]._replace(response_serializer=_serialised)  # type: ignore[attr-defined]
     for method, header in (("Push", pb.PushHeader), ("PushOne", pb.PushHeader), ("Recover", pb.RecoverHeader),
                            ("ShareState", pb.StateHeader)):  # client streams of chunks: parsed by hand (Chunk)
         handlers[method] = handlers[method]._replace(request_deserializer=chunk_parser(header))  # type: ignore[attr-defined]
@@ -183,12 +185,13 @@ def _serialised(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def framed(head: bytes, number: int, data: bytes | memoryview) -> bytes:
-    """A serialised message `head` (without field `number`) followed by `data` as that bytes
-    field, which is copied once (setting it and serialising would copy it three times: a
-    fragment of a 1e9-parameter model is 44 MB per publish). A protobuf parser takes
-    concatenated encodings as one message, so one head serialised once frames every chunk."""
-    return b"".join((head, _varint(number << 3 | 2), _varint(len(data)), data))
+def framed(head: bytes, number: int, *data: bytes | memoryview) -> bytes:
+    """A serialised message `head` (without field `number`) followed by the concatenation of
+    `data` as that bytes field, each byte copied once (setting it and serialising would copy it
+    three times: a fragment of a 1e9-parameter model is 44 MB per publish, the model 4 GB per
+    Join). A protobuf parser takes concatenated encodings as one message, so one head serialised
+    once frames every chunk."""
+    return b"".join((head, _varint(number << 3 | 2), _varint(sum(len(d) for d in data)), *data))
 
 
 def _varint(n: int) -> bytes:

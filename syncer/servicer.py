@@ -28,6 +28,7 @@ log = logging.getLogger("diloco.syncer")
 # the publisher's own chain already keeps.
 WIRE_CACHE = 4
 DATA_FIELD = pb.Published.DESCRIPTOR.fields_by_name["data"].number
+JOIN_DATA_FIELD = pb.JoinChunk.DESCRIPTOR.fields_by_name["data"].number
 
 
 def _assemble(first: Chunk, rest: Iterator[Chunk], declared: int, what: str) -> memoryview:
@@ -97,7 +98,7 @@ class SyncerServicer:
     def _auth(self, context: grpc.ServicerContext) -> None:
         authenticate(context, self.token)
 
-    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[pb.JoinChunk]:
+    def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         self._auth(context)
         core = self.core
         if not request.learner or len(request.learner) > MAX_ID:
@@ -112,8 +113,9 @@ class SyncerServicer:
         with self._refusals(context):
             header, model = core.join(request.learner, request.region, request.process, request.supersede)
         core.count_sent(model.size)
-        for i, part in enumerate(model.chunks(CHUNK_BYTES)):
-            yield pb.JoinChunk(header=header if i == 0 else None, data=part)
+        first = pb.JoinChunk(header=header).SerializeToString()
+        for i, span in enumerate(model.spans(CHUNK_BYTES)):  # framed by hand: one copy, no upb arena per chunk
+            yield framed(first if i == 0 else b"", JOIN_DATA_FIELD, *span)
 
     def _opening(self, chunks: Iterator[Chunk], context: grpc.ServicerContext, what: str) -> Chunk:
         """A client stream's first chunk, which must be well formed and carry the header."""

@@ -196,7 +196,7 @@ def test_fp32_pieces_stream_exactly_the_encoded_bundle(sizes: list[int], chunk: 
     tensors = {f"t{i}": rng.standard_normal(n).astype(np.float32) for i, n in enumerate(sizes)}
     tensors["scalar"] = np.float32(2.5) * np.ones((), np.float32)
     pieces = fp32_pieces(tensors)
-    parts = list(pieces.chunks(chunk))
+    parts = [b"".join(span) for span in pieces.spans(chunk)]
     assert b"".join(parts) == bytes(encode_tensors(tensors, "fp32")) == b"".join(pieces.parts)
     assert pieces.size == len(b"".join(pieces.parts))
     assert all(len(p) == chunk for p in parts[:-1]) and 0 < len(parts[-1]) <= chunk

@@ -292,9 +292,10 @@ class Pieces:
     def size(self) -> int:
         return sum(len(p) for p in self.parts)
 
-    def chunks(self, size: int) -> Iterator[bytes]:
+    def spans(self, size: int) -> Iterator[list[memoryview]]:
         """The bundle's bytes in chunks of `size` (the last may be shorter; one empty chunk for an
-        empty bundle), each copied once from the pieces."""
+        empty bundle), each as the views of the pieces it is made of: nothing is copied, so the
+        caller copies each byte once, framing included (diloco.wire.framed)."""
         pending: list[memoryview] = []
         room = size
         for part in self.parts:
@@ -303,10 +304,10 @@ class Pieces:
                 pending.append(take)
                 part, room = part[len(take):], room - len(take)
                 if room == 0:
-                    yield b"".join(pending)
+                    yield pending
                     pending, room = [], size
         if pending or self.size == 0:
-            yield b"".join(pending)
+            yield pending
 
 
 def fp32_pieces(tensors: Mapping[str, np.ndarray]) -> Pieces:
