@@ -1,7 +1,8 @@
 """How many learners one syncer shard sustains, and two, measured end to end with real processes.
 
     python bench/syncer_scale.py [--models 1e8,1e9] [--fragments 24] [--step-seconds 1.0]
-                                 [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 96] [--warmup-cycles 2] [--smoke]
+                                 [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 96] [--warmup-cycles 2]
+                                 [--rejoin-every SECONDS] [--smoke]
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
@@ -11,6 +12,8 @@ schedule at one step per `--step-seconds`, each fragment to its shard. M is sust
 push is accepted and sent on time and every slot's merge reaches every learner before the next
 slot begins (the first two cycles of P slots excluded: the first opens the rounds, the
 second absorbs the backlog of a large model's first publishes, which grow the syncer's heap).
+With `--rejoin-every S`, another process reads a whole Join every S seconds meanwhile (the
+syncer's side of re-admissions under load; each Join's seconds are in the row's `joins`).
 The search stops at the first M not sustained; with N > 1 it starts at the largest M one shard sustained (measured again) and
 goes down if that fails. On a 2-core machine two shards and the load generator share both cores.
 
@@ -100,12 +103,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, warmup: int, prefix: str,
-          cpu: int | None, syncers: list[int]) -> dict[str, Any]:
+          cpu: int | None, syncers: list[int], rejoin_every: float = 0.0) -> dict[str, Any]:
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
     cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
-           str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix]
+           str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix,
+           "--rejoin-every", str(rejoin_every)]
     before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600 + 4 * slots * step)
     wall, after = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -139,7 +143,7 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
 
     def sustains(m: int) -> bool:
         row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, args.warmup_cycles, f"m{len(trials)}-{m}", generator,
-                    [proc.pid for proc, _ in syncers])
+                    [proc.pid for proc, _ in syncers], args.rejoin_every)
         trials.append(row)
         print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
               f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)
@@ -171,10 +175,14 @@ def main() -> None:
     parser.add_argument("--warmup-cycles", type=int, default=2,
                         help="cycles of P slots not counted: the first opens the rounds, the second absorbs "
                              "the backlog of a large model's first publishes")
+    parser.add_argument("--rejoin-every", type=float, default=0.0,
+                        help="seconds between whole Joins (a learner re-admitted: the model read to its last byte) "
+                             "made by another process while the slots are counted; 0: none")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:
         args.models, args.fragments, args.step_seconds, args.learners, args.slots = "5e5", 4, 0.5, "1,2", 12
+        args.rejoin_every = args.rejoin_every or 2.0  # one whole Join in the counted slots
     counts = [int(x) for x in args.shards.split(",")]
     if counts[0] != 1:
         raise SystemExit("--shards: start with 1 (the speedup is over one shard)")

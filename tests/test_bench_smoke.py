@@ -68,6 +68,10 @@ def test_every_bench_script_smoke_runs_and_ends_with_json() -> None:
         missing = keys - set(result)
         if missing:
             failures.append(f"{name}: last line lacks {sorted(missing)}: {last[:500]}")
+        if name == "syncer_scale.py":  # its smoke makes one whole Join beside every trial's pushes
+            rows = [row for trials in result["trials"].values() for rs in trials["rows"].values() for row in rs]
+            if not rows or any(len(row.get("joins", [])) != 1 for row in rows):
+                failures.append(f"{name}: a trial without its one whole Join: {rows}")
         if not all(math.isfinite(x) for x in numbers(result)):
             failures.append(f"{name}: a reported figure is not finite: {last[:500]}")
     assert not failures, "\n\n".join(failures)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -46,6 +48,7 @@ class Report:
     bytes_pushed: int
     bytes_received: int
     missed: dict[int, float] = field(default_factory=dict)  # slot (from the first pushed) -> when its merge arrived
+    joins: list[float] = field(default_factory=list)  # seconds of each whole Join made meanwhile (--rejoin-every)
 
     @property
     def sustained(self) -> bool:
@@ -109,6 +112,41 @@ def join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple
     return _Learner(name, links, versions)
 
 
+def full_join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[float, int]:
+    """One whole Join of every shard, read to its last byte as a re-admitted learner reads it:
+    (seconds, bytes of model received)."""
+    request = pb.JoinRequest(learner=name, region="bench", process=os.getpid(), supersede=True,
+                             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())])
+    t0, got = time.monotonic(), 0
+    for address in addresses:
+        with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
+            for chunk in rpc.SyncerStub(channel).Join(request, metadata=auth_metadata(token), timeout=600):
+                got += len(chunk.data)
+    return time.monotonic() - t0, got
+
+
+def rejoins(addresses: list[str], token: str, shapes: Mapping[str, tuple[int, ...]], start: float, every: float,
+            count: int, name: str) -> list[float]:
+    """`count` whole Joins, one every `every` seconds from `start` (time.monotonic, which is the
+    same clock in every process here): the syncer's side of learners being re-admitted while the
+    others train. A Join alone does not make a learner active (its subscription does), so the
+    rounds do not wait for this one. Returns each Join's seconds."""
+    took = []
+    for k in range(count):
+        time.sleep(max(0.0, start + k * every - time.monotonic()))
+        took.append(round(full_join(addresses, token, name, shapes)[0], 2))
+    return took
+
+
+def _start_rejoins(address: str, shapes_file: str, start: float, every: float, count: int,
+                   prefix: str) -> subprocess.Popen[str]:
+    """`rejoins` in a process of its own (receiving a whole model through Python gRPC takes
+    seconds of CPU, which would otherwise delay this process's pushes)."""
+    return subprocess.Popen([sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes", shapes_file,
+                             "--rejoins", str(count), "--rejoin-every", str(every), "--rejoin-start", repr(start),
+                             "--prefix", prefix], stdout=subprocess.PIPE, text=True)
+
+
 def _subscribe(lr: _Learner, link: _Link, token: str, stop: threading.Event) -> None:
     request = pb.SubscribeRequest(learner=lr.name, incarnation=link.header.incarnation, known_versions=lr.versions,
                                   exact=True, session_secret=link.header.session_secret)
@@ -147,9 +185,11 @@ def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int,
 
 
 def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
-        slots: int, prefix: str = "synthetic", warmup_cycles: int = 1) -> Report:
+        slots: int, prefix: str = "synthetic", warmup_cycles: int = 1, rejoin_every: float = 0.0,
+        shapes_file: str = "") -> Report:
     """Join `learners` synthetic learners, push for `slots` slots, and report. `address`: one
-    host:port, or every shard's of a sharded syncer, comma-separated in shard order."""
+    host:port, or every shard's of a sharded syncer, comma-separated in shard order. With
+    `rejoin_every`, another process makes a whole Join that often while the slots are counted."""
     addresses = syncer_addresses(address)
     team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
     fragments = [list(f.names) for f in team[0].links[0].header.fragments]
@@ -166,8 +206,14 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
                for lr in team]
     for t in pushers:
         t.start()
+    joiner = None
+    if rejoin_every > 0:
+        counted = t0 + warmup_cycles * num * step_seconds
+        count = max(1, int((slots - warmup_cycles * num) * step_seconds // rejoin_every))
+        joiner = _start_rejoins(address, shapes_file, counted, rejoin_every, count, f"{prefix}-rejoin")
     for t in pushers:
         t.join()
+    joins = json.loads(joiner.communicate(timeout=600)[0].strip().splitlines()[-1]) if joiner else []
     time.sleep(2 * step_seconds)  # the last slots' merges arrive
     stop.set()
     for t in readers:
@@ -189,23 +235,34 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
         if latest > step_seconds:
             missed[s - first_slot] = round(latest, 2)
     return Report(learners, len(measured), in_time, sum(lr.refused for lr in team), sum(lr.late for lr in team),
-                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team), missed)
+                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team), missed,
+                  joins)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", required=True)
     parser.add_argument("--shapes", required=True, help="JSON file: tensor name -> shape, as the syncer's model")
-    parser.add_argument("--learners", type=int, required=True)
+    parser.add_argument("--learners", type=int)
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--slots", type=int, default=48, help="slots to push (the first P start the rounds)")
     parser.add_argument("--warmup-cycles", type=int, default=1, help="cycles of P slots pushed but not counted")
     parser.add_argument("--prefix", default="synthetic", help="learner ids: PREFIX-0, PREFIX-1, ...")
+    parser.add_argument("--rejoin-every", type=float, default=0.0,
+                        help="seconds between whole Joins another process makes while the slots are counted (0: none)")
+    parser.add_argument("--rejoins", type=int, default=0, help=argparse.SUPPRESS)  # the joining process's own
+    parser.add_argument("--rejoin-start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     with open(args.shapes) as fh:
         shapes = {k: tuple(v) for k, v in json.load(fh).items()}
+    if args.rejoins:
+        print(json.dumps(rejoins(syncer_addresses(args.address), os.environ[TOKEN_ENV], shapes, args.rejoin_start,
+                                 args.rejoin_every, args.rejoins, args.prefix)), flush=True)
+        return
+    if args.learners is None:
+        parser.error("--learners is required")
     report = run(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix,
-                 args.warmup_cycles)
+                 args.warmup_cycles, args.rejoin_every, args.shapes)
     print(json.dumps({**asdict(report), "sustained": report.sustained}), flush=True)
 
 
