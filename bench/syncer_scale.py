@@ -2,7 +2,7 @@
 
     python bench/syncer_scale.py [--models 1e8,1e9] [--fragments 24] [--step-seconds 1.0]
                                  [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 96] [--warmup-cycles 2]
-                                 [--rejoin-every SECONDS] [--smoke]
+                                 [--rejoin-every SECONDS] [--join-bytes-per-second B|none] [--smoke]
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
@@ -62,11 +62,11 @@ def placement(shards: int) -> tuple[list[int | None], int | None]:
     return [None] * shards, None
 
 
-def manifest(layers: int, d_model: int, fragments: int, shards: int = 1) -> dict[str, Any]:
+def manifest(layers: int, d_model: int, fragments: int, shards: int = 1, **syncer: Any) -> dict[str, Any]:
     return {
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "syncer-scale"},
         "spec": {"learnerGroups": [{"name": "synthetic", "region": "bench", "replicas": 64}],
-                 "syncer": {"fragments": fragments, "shards": shards},
+                 "syncer": {"fragments": fragments, "shards": shards, **syncer},
                  "model": {"layers": layers, "dModel": d_model, "heads": max(1, d_model // 64), "context": 128}},
     }
 
@@ -129,7 +129,9 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
     params = sum(math.prod(s) for s in shapes.values())
     key = f"{name}@{args.fragments}@{args.step_seconds}"
     config, shapes_file = tmp / f"{name}-{shards}.yaml", tmp / f"{name}.json"
-    config.write_text(yaml.safe_dump(manifest(layers, d_model, args.fragments, shards)))
+    pacing = {} if args.join_bytes_per_second is None else {
+        "joinBytesPerSecond": None if args.join_bytes_per_second == "none" else float(args.join_bytes_per_second)}
+    config.write_text(yaml.safe_dump(manifest(layers, d_model, args.fragments, shards, **pacing)))
     shapes_file.write_text(json.dumps(shapes))
     token = secrets.token_hex(16)
     t0 = time.monotonic()
@@ -178,6 +180,8 @@ def main() -> None:
     parser.add_argument("--rejoin-every", type=float, default=0.0,
                         help="seconds between whole Joins (a learner re-admitted: the model read to its last byte) "
                              "made by another process while the slots are counted; 0: none")
+    parser.add_argument("--join-bytes-per-second", default=None,
+                        help="spec.syncer.joinBytesPerSecond for the syncers ('none': unpaced; default: the spec's)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:

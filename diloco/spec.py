@@ -184,6 +184,13 @@ class Syncer(Model):
     # A syncer crash loses at most this much merging, and learners hand most of it back (Recover);
     # writing more often costs disk bandwidth for no gain.
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
+    # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
+    # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model
+    # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the
+    # slots' merges came late (up to 5.2 s) and the Join took 22 s; at 1 GB/s the same; at
+    # 250 MB/s 11 of 48 late (up to 1.95 s) and the Join took 16.5 s. A quickstart's Join (2 MB)
+    # never waits. null: unpaced.
+    join_bytes_per_second: float | None = Field(2.5e8, gt=0.0)
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
     resources: Resources = Field(default_factory=Resources)

@@ -82,7 +82,7 @@ else:
 
 
 def add_syncer(servicer: Any, server: grpc.Server) -> None:
-    """`rpc.add_SyncerServicer_to_server`, except that Subscribe and Join may also yield their
+    """`rpc.add_SyncerServicer_to_server`, except that Subscribe, Join and FetchState may also yield their
     messages already serialised (bytes), which go on the wire as they are: the syncer then
     serialises each publish once for all its subscribers instead of once per subscriber, and
     frames a Join's model chunks straight from its arrays; and
@@ -101,7 +101,7 @@ def add_syncer(servicer: Any, server: grpc.Server) -> None:
     capture = Capture()
     rpc.add_SyncerServicer_to_server(servicer, capture)
     handlers = capture.handlers
-    for method in ("Subscribe", "Join"):  # server streams the syncer may frame itself (`framed`)
+    for method in ("Subscribe", "Join", "FetchState"):  # server streams the syncer may frame itself (`framed`)
         handlers[method] = handlers[method]._replace(response_serializer=_serialised)  # type: ignore[attr-defined]
     for method, header in (("Push", pb.PushHeader), ("PushOne", pb.PushHeader), ("Recover", pb.RecoverHeader),
                            ("ShareState", pb.StateHeader)):  # client streams of chunks: parsed by hand (Chunk)

@@ -14,6 +14,7 @@ import numpy as np
 
 from diloco.core.codecs import encoded_size
 from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer.pacing import Pacer
 from diloco.syncer.peer_state import StateRelay
 from diloco.syncer.publisher import Update
 from diloco.syncer.seeding import ANOTHER_SEED
@@ -29,6 +30,7 @@ log = logging.getLogger("diloco.syncer")
 WIRE_CACHE = 4
 DATA_FIELD = pb.Published.DESCRIPTOR.fields_by_name["data"].number
 JOIN_DATA_FIELD = pb.JoinChunk.DESCRIPTOR.fields_by_name["data"].number
+STATE_DATA_FIELD = pb.StateChunk.DESCRIPTOR.fields_by_name["data"].number
 
 
 def _assemble(first: Chunk, rest: Iterator[Chunk], declared: int, what: str) -> memoryview:
@@ -64,6 +66,7 @@ class SyncerServicer:
         # AdamW's two moments in bf16 are the model's fp32 size; the names are longer than the
         # parameters' (optimizer tree paths), hence the slack.
         self.max_state_bytes = sum(encoded_size(s, "fp32") + 512 for s in core.model.shapes().values()) + (1 << 20)
+        self.pacer = Pacer(core.spec.join_bytes_per_second)  # Joins and relayed state share it (syncer/pacing.py)
 
     def _messages(self, u: Update) -> list[bytes]:
         """Deltas are cached: every up-to-date subscriber takes the same one. A keyframe (fp32, 8x
@@ -115,6 +118,7 @@ class SyncerServicer:
         core.count_sent(model.size)
         first = pb.JoinChunk(header=header).SerializeToString()
         for i, span in enumerate(model.spans(CHUNK_BYTES)):  # framed by hand: one copy, no upb arena per chunk
+            self.pacer.take(sum(len(s) for s in span))
             yield framed(first if i == 0 else b"", JOIN_DATA_FIELD, *span)
 
     def _opening(self, chunks: Iterator[Chunk], context: grpc.ServicerContext, what: str) -> Chunk:
@@ -184,7 +188,7 @@ class SyncerServicer:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, ANOTHER_SEED)
         return pb.SeedReply(adopted=False)
 
-    def FetchState(self, request: pb.FetchStateRequest, context: grpc.ServicerContext) -> Iterator[pb.StateChunk]:
+    def FetchState(self, request: pb.FetchStateRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         self._auth(context)
         with self._refusals(context):
             self.core.check_session(request.learner, request.session_secret)
@@ -194,9 +198,11 @@ class SyncerServicer:
             return
         log.info("relaying %s's optimizer state (%d bytes, step %d) to %s", got.donor, len(got.blob), got.count,
                  request.learner)
-        header = pb.StateHeader(learner=got.donor, count=got.count, total_bytes=len(got.blob))
-        for i, part in enumerate(chunks(got.blob)):
-            yield pb.StateChunk(header=header if i == 0 else None, data=bytes(part))
+        first = pb.StateChunk(header=pb.StateHeader(learner=got.donor, count=got.count,
+                                                    total_bytes=len(got.blob))).SerializeToString()
+        for i, part in enumerate(chunks(got.blob)):  # paced and framed as a Join's model is
+            self.pacer.take(len(part))
+            yield framed(first if i == 0 else b"", STATE_DATA_FIELD, part)
         self.core.count_sent(len(got.blob))
 
     def ShareState(self, request_iterator: Iterator[Chunk], context: grpc.ServicerContext) -> pb.ShareStateReply:

@@ -13,6 +13,7 @@ from diloco.core.codecs import encode_tensors
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
+from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import Outgoing, SyncerClient
 from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb
 from tests import syncer_harness as sh
@@ -125,6 +126,30 @@ def test_join_returns_plan_and_state_and_checks_shapes(syncer: sh.Harness) -> No
     assert list(header.versions) == [0, 0] and len(header.fragments) == 2 and header.codec == "int4"
     bad = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name="x", shape=[1])])
     assert code_of(lambda: list(syncer.stub.Join(bad, metadata=auth_metadata(sh.TOKEN))))[0] == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_join_of_several_chunks_is_the_model_and_draws_on_the_shared_pacer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks framed by hand (diloco.wire.framed) parse as JoinChunks, and every byte of the model
+    is taken from the pacer that re-admissions share (syncer/pacing.py)."""
+    from diloco.core.codecs import decode_tensors
+    from diloco.syncer.pacing import Pacer
+
+    taken: list[int] = []
+    monkeypatch.setattr(Pacer, "take", lambda self, n: taken.append(n) or 0.0)
+    shapes = {"embed/embedding": (700, 1000), "head/kernel": (1000, 300)}  # 4 MB: four chunks
+    rng = np.random.default_rng(3)
+    params = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    spec = SyncerSpec(fragments=2, join_bytes_per_second=5e8)
+    h = sh.start(spec, model=GlobalModel.fresh(spec, params))
+    try:
+        req = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()])
+        msgs = list(h.stub.Join(req, metadata=auth_metadata(sh.TOKEN), timeout=30))
+    finally:
+        h.close()
+    blob = b"".join(m.data for m in msgs)
+    assert len(msgs) == 4 and msgs[0].header.total_bytes == len(blob) and not any(m.HasField("header") for m in msgs[1:])
+    assert all(np.array_equal(v, params[n]) for n, v in decode_tensors(blob, shapes).items())
+    assert taken == [len(m.data) for m in msgs]
 
 
 def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=None) -> pb.RecoverReply:

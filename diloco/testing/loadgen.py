@@ -114,14 +114,17 @@ def join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple
 
 def full_join(addresses: list[str], token: str, name: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[float, int]:
     """One whole Join of every shard, read to its last byte as a re-admitted learner reads it:
-    (seconds, bytes of model received)."""
+    (seconds, bytes received). The messages are not parsed: on a 2-core machine this process
+    shares a core with the synthetic learners, and their pushes must not wait for it."""
     request = pb.JoinRequest(learner=name, region="bench", process=os.getpid(), supersede=True,
                              tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())])
     t0, got = time.monotonic(), 0
     for address in addresses:
         with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
-            for chunk in rpc.SyncerStub(channel).Join(request, metadata=auth_metadata(token), timeout=600):
-                got += len(chunk.data)
+            join_raw = channel.unary_stream("/diloco.v1.Syncer/Join", request_serializer=pb.JoinRequest.SerializeToString,
+                                            response_deserializer=None)  # raw bytes: the model is not needed
+            for raw in join_raw(request, metadata=auth_metadata(token), timeout=600):
+                got += len(raw)
     return time.monotonic() - t0, got
 
 
@@ -204,13 +207,13 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     t0 = time.monotonic() + 1.0  # subscriptions settle first
     pushers = [threading.Thread(target=_push_loop, args=(lr, token, payloads, first_slot, slots, t0, step_seconds, [0]))
                for lr in team]
-    for t in pushers:
-        t.start()
     joiner = None
-    if rejoin_every > 0:
+    if rejoin_every > 0:  # started now, so its own start-up is not in the counted slots
         counted = t0 + warmup_cycles * num * step_seconds
         count = max(1, int((slots - warmup_cycles * num) * step_seconds // rejoin_every))
         joiner = _start_rejoins(address, shapes_file, counted, rejoin_every, count, f"{prefix}-rejoin")
+    for t in pushers:
+        t.start()
     for t in pushers:
         t.join()
     joins = json.loads(joiner.communicate(timeout=600)[0].strip().splitlines()[-1]) if joiner else []
