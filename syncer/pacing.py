@@ -6,7 +6,10 @@ waited for their rounds: measured, one Join made up to 11 consecutive slots late
 (docs/BENCHMARKS.md §5). Every such stream takes its chunks' bytes from one shared budget, so
 all re-admissions together use at most `rate` bytes a second of the syncer's sending, and the
 rounds keep the rest of the core. A burst of `burst` bytes goes out at once, so a small model's
-Join (the quickstart's is 2 MB) never waits. The clock and sleep are passed in (tests script them).
+Join (the quickstart's is 2 MB) never waits. Only while learners push (`SyncerCore.rounds_running`):
+with nobody training against the syncer, as when every learner re-joins a restarted one, no
+round waits, and pacing would only make them all wait longer. The clock and sleep are passed in
+(tests script them).
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
 LIVE_SECONDS = 30.0  # a learner seen this recently (or subscribed) is live: its id is taken
+# A push this recent means learners are training against this syncer: re-admissions' bulk
+# streams are paced then (syncer/pacing.py), and go unpaced when nobody pushes (every learner
+# re-joining a restarted syncer), since no round is waiting.
+ROUNDS_RUNNING_SECONDS = 10.0
 
 
 @dataclass
@@ -71,6 +75,7 @@ class SyncerCore:
     bytes_received: int = 0
     bytes_sent: int = 0
     last_publish: float = 0.0
+    last_push: float = float("-inf")  # when a push last arrived (`rounds_running`)
     checkpoint_version: int = 0
     stopping: bool = False
     regions: frozenset[str] = frozenset()  # the job's regions; others are reported as "other"
@@ -119,6 +124,7 @@ class SyncerCore:
         with self.lock:
             info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
             info.last_seen, info.loss = self.clock(), header.loss
+            self.last_push = info.last_seen
             if (merged_into := self.admission.retried(c.origin, c.push_id)) is not None:  # the reply was lost
                 return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into)
             ratio = self.admission.check_norm(p, norm, header.learner)
@@ -234,6 +240,10 @@ class SyncerCore:
         return adopted
 
     # -- merging and publishing ----------------------------------------------------
+
+    def rounds_running(self) -> bool:
+        """Learners are pushing to this syncer (one did in the last ROUNDS_RUNNING_SECONDS)."""
+        return self.clock() - self.last_push < ROUNDS_RUNNING_SECONDS
 
     def active_learners(self) -> set[str]:
         return {name for name, info in self.learners.items() if info.subscriptions > 0}

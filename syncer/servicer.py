@@ -98,6 +98,12 @@ class SyncerServicer:
         middle, final = head(False) if len(parts) > 1 else b"", head(True)
         return [framed(final if i == len(parts) - 1 else middle, DATA_FIELD, part) for i, part in enumerate(parts)]
 
+    def _pace(self, n: int) -> None:
+        """A re-admission stream's next `n` bytes: paced while learners push (rounds are waiting),
+        at once while nobody does (every learner re-joining a restarted syncer)."""
+        if self.core.rounds_running():
+            self.pacer.take(n)
+
     def _auth(self, context: grpc.ServicerContext) -> None:
         authenticate(context, self.token)
 
@@ -118,7 +124,7 @@ class SyncerServicer:
         core.count_sent(model.size)
         first = pb.JoinChunk(header=header).SerializeToString()
         for i, span in enumerate(model.spans(CHUNK_BYTES)):  # framed by hand: one copy, no upb arena per chunk
-            self.pacer.take(sum(len(s) for s in span))
+            self._pace(sum(len(s) for s in span))
             yield framed(first if i == 0 else b"", JOIN_DATA_FIELD, *span)
 
     def _opening(self, chunks: Iterator[Chunk], context: grpc.ServicerContext, what: str) -> Chunk:
@@ -201,7 +207,7 @@ class SyncerServicer:
         first = pb.StateChunk(header=pb.StateHeader(learner=got.donor, count=got.count,
                                                     total_bytes=len(got.blob))).SerializeToString()
         for i, part in enumerate(chunks(got.blob)):  # paced and framed as a Join's model is
-            self.pacer.take(len(part))
+            self._pace(len(part))
             yield framed(first if i == 0 else b"", STATE_DATA_FIELD, part)
         self.core.count_sent(len(got.blob))
 

@@ -128,9 +128,10 @@ def test_join_returns_plan_and_state_and_checks_shapes(syncer: sh.Harness) -> No
     assert code_of(lambda: list(syncer.stub.Join(bad, metadata=auth_metadata(sh.TOKEN))))[0] == grpc.StatusCode.FAILED_PRECONDITION
 
 
-def test_a_join_of_several_chunks_is_the_model_and_draws_on_the_shared_pacer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks framed by hand (diloco.wire.framed) parse as JoinChunks, and every byte of the model
-    is taken from the pacer that re-admissions share (syncer/pacing.py)."""
+def test_a_join_of_several_chunks_is_the_model_and_is_paced_while_learners_push(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks framed by hand (diloco.wire.framed) parse as JoinChunks. Every byte of the model is
+    taken from the pacer re-admissions share (syncer/pacing.py) while learners push, and none
+    while nobody does (every learner re-joining a restarted syncer: no round waits)."""
     from diloco.core.codecs import decode_tensors
     from diloco.syncer.pacing import Pacer
 
@@ -141,15 +142,21 @@ def test_a_join_of_several_chunks_is_the_model_and_draws_on_the_shared_pacer(mon
     params = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     spec = SyncerSpec(fragments=2, join_bytes_per_second=5e8)
     h = sh.start(spec, model=GlobalModel.fresh(spec, params))
+    req = pb.JoinRequest(learner="b-0", tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()])
     try:
-        req = pb.JoinRequest(learner="a-0", tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()])
-        msgs = list(h.stub.Join(req, metadata=auth_metadata(sh.TOKEN), timeout=30))
+        quiet = list(h.stub.Join(req, metadata=auth_metadata(sh.TOKEN), timeout=30))
+        assert taken == []
+        assert h.push(0, {n: np.full(s, 1e-3, np.float32) for n, s in h.core.model.shapes(0).items()}).accepted
+        busy = list(h.stub.Join(req, metadata=auth_metadata(sh.TOKEN), timeout=30))
+        h.clock.now += 11.0  # no push for longer than ROUNDS_RUNNING_SECONDS
+        assert not h.core.rounds_running()
     finally:
         h.close()
-    blob = b"".join(m.data for m in msgs)
-    assert len(msgs) == 4 and msgs[0].header.total_bytes == len(blob) and not any(m.HasField("header") for m in msgs[1:])
-    assert all(np.array_equal(v, params[n]) for n, v in decode_tensors(blob, shapes).items())
-    assert taken == [len(m.data) for m in msgs]
+    for msgs in (quiet, busy):
+        blob = b"".join(m.data for m in msgs)
+        assert len(msgs) == 4 and msgs[0].header.total_bytes == len(blob) and not any(m.HasField("header") for m in msgs[1:])
+        assert all(np.array_equal(v, params[n]) for n, v in decode_tensors(blob, shapes).items())
+    assert taken == [len(m.data) for m in busy]
 
 
 def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=None) -> pb.RecoverReply:
