@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from diloco import contract, extras
@@ -28,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("syncer", help="run the syncer (container entry point)")
     contract.add_syncer_flags(p)
-    p.set_defaults(func=lambda a: _call("diloco.syncer.main", "main", a))
+    p.set_defaults(func=cmd_syncer)
 
     p = sub.add_parser("status", help="ask a syncer for its state (versions, learners, regions)")
     p.add_argument("--syncer", required=True,
@@ -80,6 +81,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--namespace", default=None, help="watch one namespace (default: all)")
     p.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
     p.set_defaults(func=lambda a: _call("diloco.operator.main", "main", a))
+
+
+def cmd_syncer(args: argparse.Namespace) -> int:
+    """The syncer runs protobuf's pure-Python backend. upb, the default, calls malloc_trim(0)
+    once every 10,000 message arenas it frees, which hands all the syncer's free heap back to the
+    kernel, the head-room it reserved at start among it, to be faulted in again under the next
+    rounds' merges (docs/BENCHMARKS.md §5). The syncer's bulk messages are framed and parsed by
+    hand (diloco.wire), so what protobuf still does there is a few small headers a push."""
+    os.environ.setdefault("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", "python")  # before protobuf is imported
+    return _call("diloco.syncer.main", "main", args)
 
 
 def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = None) -> int:

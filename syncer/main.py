@@ -16,12 +16,13 @@ import uuid
 from concurrent import futures
 
 import grpc
+from google.protobuf.internal import api_implementation
 from prometheus_client import start_http_server
 
 from diloco.contract import parse_shard, ready_line
 from diloco.core import kernels
 from diloco.core.fragments import owned_by
-from diloco.launch import keep_freed_memory
+from diloco.launch import keep_freed_memory, reserve_heap
 from diloco.spec import DecoupledDiLoCoJob
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
@@ -79,6 +80,11 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
             # key and Θ₀'s hash, so a syncer that crashes before its first scheduled checkpoint still
             # recognises what it published when learners hand it back (Recover).
             core.checkpoint()
+        t0, headroom = time.monotonic(), core.headroom()
+        reserve_heap(headroom)  # diloco/launch.py: faulted in now, not during the first rounds and Joins
+        log.info("reserved %d MB of heap for republished fragments under a Join and the delta chains (%.1f s; "
+                 "protobuf: %s)",
+                 headroom >> 20, time.monotonic() - t0, api_implementation.Type())
         switch.current = SyncerServicer(core, token)
         log.info("syncer %s shard %d of %d serving (incarnation %s, fragments %s of %d)", job.metadata.name,
                  shard, job.spec.syncer.shards, core.incarnation, list(core.owned), core.model.plan.num_fragments)

@@ -33,7 +33,7 @@ from diloco.syncer.admission import Admission, Refused, check_header, outer_grad
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.publisher import Publisher, Update
+from diloco.syncer.publisher import CHAIN, Publisher, Update
 from diloco.syncer.state import GlobalModel, MergeResult, Outer
 from diloco.syncer.status import status_reply
 from diloco.wire import pb
@@ -238,6 +238,14 @@ class SyncerCore:
         if adopted:
             log.info("recovered fragments %s from a learner; versions now %s", adopted, self.model.versions)
         return adopted
+
+    def headroom(self) -> int:
+        """What this shard's heap grows by past seeding, at most: a Join's snapshot keeps a
+        whole view alive while every fragment is republished under it, and each fragment keeps
+        CHAIN compressed deltas (syncer/publisher.py). The syncer faults it in at start."""
+        codec, block = self.spec.broadcast_compression, self.spec.block_size
+        return sum(encoded_size(s, "fp32") + CHAIN * encoded_size(s, codec, block)
+                   for p in self.owned for s in self.model.shapes(p).values())
 
     # -- merging and publishing ----------------------------------------------------
 

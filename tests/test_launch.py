@@ -1,5 +1,5 @@
-"""What every process does at start (diloco/launch.py): the allocator keeps freed memory, and a
-learner's XLA:CPU leaves dots to XLA instead of YNNPACK.
+"""What every process does at start (diloco/launch.py): the allocator keeps freed memory (and a
+syncer reserves its peak), and a learner's XLA:CPU leaves dots to XLA instead of YNNPACK.
 
 Each check runs in a fresh interpreter: glibc's settings are process-wide and fixed for a
 thread at its first allocation, so they cannot be toggled inside the test process.
@@ -19,9 +19,11 @@ from diloco.launch import XLA_CPU_FLAGS, xla_cpu_flags
 CHILD = r"""
 import json, resource, sys, threading
 import numpy as np
-if sys.argv[1] == "keep":
-    from diloco.launch import keep_freed_memory
+if sys.argv[1] in ("keep", "reserve"):
+    from diloco.launch import keep_freed_memory, reserve_heap
     keep_freed_memory()
+    if sys.argv[1] == "reserve":
+        reserve_heap(100 << 20)  # more than a round's 80 MiB
 
 def churn(out):
     # What a learner's XLA thread does every step: allocate large buffers, touch, free.
@@ -52,6 +54,13 @@ def test_freed_memory_is_reused_without_faulting_pages_in_again() -> None:
     # glibc's default maps fresh memory for every round; kept, only the first round faults.
     assert min(default[1:]) >= huge_pages, default
     assert max(kept[1:]) < 20, kept
+
+
+def test_a_reserved_heap_is_faulted_in_at_start_and_not_by_the_first_work() -> None:
+    kept, reserved = _faults("keep"), _faults("reserve")
+    huge_pages = 2 * (40 << 20) // (2 << 20)
+    assert kept[0] >= huge_pages, kept  # without a reserve the first round faults its pages in
+    assert max(reserved) < 20, reserved  # with one, not even the first
 
 
 XLA_CHILD = r"""

@@ -126,3 +126,43 @@ def test_a_subscriber_behind_gets_the_chain_or_else_a_keyframe() -> None:
         assert all(np.array_equal(decode_tensors(blob)[n], t) for n, t in decode_tensors(u.blob).items())
     finally:
         h.close()
+
+
+def test_the_heap_a_syncer_reserves_holds_a_joins_snapshot_and_the_delta_chains() -> None:
+    """A Join's snapshot keeps every view it started with alive while each fragment is
+    republished under it, and each fragment keeps CHAIN deltas: `SyncerCore.headroom`, which the
+    syncer faults in at start (diloco.launch.reserve_heap), is what that takes, for a shard's
+    own fragments only."""
+    import tracemalloc
+
+    from diloco.core.codecs import encoded_size
+
+    shapes = {f"layers_{i}/kernel": (128, 256) for i in range(4)}
+    rng = np.random.default_rng(1)
+    spec = SyncerSpec(fragments=4, shards=2)
+    warm = sh.start(spec, model=sh.GlobalModel.fresh(spec, {n: np.zeros(s, np.float32) for n, s in shapes.items()}))
+    warm.core.publisher.publish(0, 1, {n: v + 1 for n, v in warm.core.model.fragment(0).items()}, slot=0)
+    warm.close()  # the encoder's kernels are compiled: only the views and deltas are counted below
+    h = sh.start(spec, model=sh.GlobalModel.fresh(spec, {n: rng.standard_normal(s).astype(np.float32)
+                                                          for n, s in shapes.items()}), shard=1)
+    try:
+        core = h.core
+        own = [s for p in core.owned for s in core.model.shapes(p).values()]
+        assert len(own) == 2 and core.headroom() == sum(encoded_size(s, "fp32") + CHAIN * encoded_size(s, "int8")
+                                                         for s in own)
+        updates = {p: [{n: v + 0.01 * (k + 1) for n, v in core.model.fragment(p).items()} for k in range(CHAIN + 1)]
+                   for p in core.owned}  # Θ_p as the merges would make it, made before counting
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            snapshot = core.publisher.snapshot()  # what a Join holds until its last byte is sent
+            for k in range(CHAIN + 1):
+                for p in core.owned:
+                    core.publisher.publish(p, k + 1, updates[p][k], slot=k)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert 0.95 * core.headroom() <= grown <= 1.1 * core.headroom(), grown / core.headroom()
+        del snapshot
+    finally:
+        h.close()
