@@ -259,6 +259,7 @@ def main() -> None:
     with open(args.shapes) as fh:
         shapes = {k: tuple(v) for k, v in json.load(fh).items()}
     if args.rejoins:
+        os.nice(19)  # it stands in for a learner on another machine: it takes what the learners leave of this core
         print(json.dumps(rejoins(syncer_addresses(args.address), os.environ[TOKEN_ENV], shapes, args.rejoin_start,
                                  args.rejoin_every, args.rejoins, args.prefix)), flush=True)
         return
