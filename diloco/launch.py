@@ -78,7 +78,6 @@ def keep_freed_memory() -> None:
         log.info("mallopt is not available; large allocations stay memory-mapped")
 
 
-
 def reserve_heap(nbytes: int) -> None:
     """Grow the heap by `nbytes` now and keep it (`keep_freed_memory` never hands freed memory
     back): what a process will need at its peak is faulted in at start, not in the middle of its

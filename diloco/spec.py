@@ -188,7 +188,8 @@ class Syncer(Model):
     # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model
     # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the
     # slots' merges came late (up to 5.2 s) and the Join took 22 s; at 1 GB/s the same; at
-    # 250 MB/s 11 of 48 late (up to 1.95 s) and the Join took 16.5 s. Only while learners push:
+    # 250 MB/s, once the syncer reserved its heap at start, none late and the Join took 16 s.
+    # Only while learners push:
     # every learner re-joining a restarted syncer goes at full speed. A quickstart's Join (2 MB)
     # never waits. null: unpaced.
     join_bytes_per_second: float | None = Field(2.5e8, gt=0.0)
