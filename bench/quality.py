@@ -6,9 +6,12 @@
 
 Every arm: M = 4 learners' worth of data, the quickstart model (2 layers, d_model 128, context
 128, local batch 8), the same held-out windows and the same number of training tokens,
-M x --steps x 8 x 128 (1,228,800 at the default 300 steps). Each arm runs at every inner
-learning rate of --lrs and every seed of --seeds; an arm's figure is its best learning rate's
-mean over the seeds (chosen per arm, so no arm is handicapped by a shared setting).
+M x --steps x 8 x 128: 4,915,200 at the default 1,200 steps, about as many as each learner of
+`make run` trains (~1,370). Shorter runs stop while the loss still falls fastest, where drift
+between syncs costs local-update methods the most (docs/BENCHMARKS.md §1 reports 300 steps too).
+Each arm runs at every inner learning rate of --lrs and every seed of --seeds; an arm's figure is
+its best learning rate's mean over the seeds (chosen per arm, so no arm is handicapped by a
+shared setting).
 
 * data-parallel: one process, global batch M x 8 (one local batch from each learner's shard).
 * sync-diloco: M learners in lock-step, the whole model synced every H = P = 4 steps (the same
@@ -124,7 +127,7 @@ def ratio(a: dict[int, float], b: dict[int, float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=300, help="inner steps per learner (token budget / M / 1024)")
+    parser.add_argument("--steps", type=int, default=1200, help="inner steps per learner (token budget / M / 1024)")
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--lrs", type=lambda s: [float(x) for x in s.split(",")], default=[1.5e-3, 3e-3, 6e-3],
@@ -139,7 +142,7 @@ def main() -> None:
                         help="also the chaos arm with re-joiners at zero AdamW moments (no peer's)")
     parser.add_argument("--outer-lr", type=float, help="the synchronous and decoupled arms' outer lr (default: the spec's)")
     parser.add_argument("--eval-interval", type=int, default=100)
-    parser.add_argument("--max-seconds", type=float, default=900.0, help="safety stop per decoupled run")
+    parser.add_argument("--max-seconds", type=float, default=1800.0, help="safety stop per decoupled run")
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "quality")
     parser.add_argument("--baseline-from", type=Path,
                         help="reuse the data-parallel and synchronous DiLoCo rows of an earlier result JSON")

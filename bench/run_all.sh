@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Regenerates every benchmark in docs/BENCHMARKS.md, one after another (about two hours on a
-# 2-core machine with no GPU; the soak, `python bench/soak.py`, runs on its own: 30 minutes). Each script prints a table and, as its last line, one JSON object;
+# Regenerates every benchmark in docs/BENCHMARKS.md, one after another (about four hours on a
+# 2-core machine with no GPU, two of them the quality bench at its default 1,200 steps; the soak,
+# `python bench/soak.py`, runs on its own: 30 minutes). Each script prints a table and, as its
+# last line, one JSON object;
 # the full output goes to runs/bench/logs/NAME.log, the JSON lines to runs/bench/results.jsonl,
 # and the plots to docs/img/bench_*.png.
 #
