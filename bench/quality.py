@@ -9,9 +9,9 @@ Every arm: M = 4 learners' worth of data, the quickstart model (2 layers, d_mode
 M x --steps x 8 x 128: 4,915,200 at the default 1,200 steps, about as many as each learner of
 `make run` trains (~1,370). Shorter runs stop while the loss still falls fastest, where drift
 between syncs costs local-update methods the most (docs/BENCHMARKS.md §1 reports 300 steps too).
-Each arm runs at every inner learning rate of --lrs and every seed of --seeds; an arm's figure is
-its best learning rate's mean over the seeds (chosen per arm, so no arm is handicapped by a
-shared setting).
+Each arm runs at every inner learning rate of --lrs (or of its own --dp-lrs, --sync-lrs,
+--decoupled-lrs) and every seed of --seeds; an arm's figure is its best learning rate's mean over
+the seeds (chosen per arm, so no arm is handicapped by a shared setting).
 
 * data-parallel: one process, global batch M x 8 (one local batch from each learner's shard).
 * sync-diloco: M learners in lock-step, the whole model synced every H = P = 4 steps (the same
@@ -66,11 +66,13 @@ def in_process(args: argparse.Namespace, skip: Sequence[str] = ()) -> list[dict[
     time (one per core)."""
     outer_lr, outer_mu = outer_step(args)
     jobs = []
-    for lr in args.lrs:
+    for lr in args.dp_lrs or args.lrs:
         for seed in args.seeds:
-            m = manifest(args, seed, lr)
-            jobs.append(("data-parallel", lr, seed, "dp", m, {"learners": args.learners, "steps": args.steps}))
-            jobs.append(("sync-diloco", lr, seed, "sync", m, {
+            jobs.append(("data-parallel", lr, seed, "dp", manifest(args, seed, lr),
+                         {"learners": args.learners, "steps": args.steps}))
+    for lr in args.sync_lrs or args.lrs:
+        for seed in args.seeds:
+            jobs.append(("sync-diloco", lr, seed, "sync", manifest(args, seed, lr), {
                 "learners": args.learners, "steps": args.steps, "inner_steps": args.sync_h,
                 "outer_lr": outer_lr, "outer_momentum": outer_mu}))
     jobs = [j for j in jobs if j[0] not in skip]
@@ -132,8 +134,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--lrs", type=lambda s: [float(x) for x in s.split(",")], default=[1.5e-3, 3e-3, 6e-3],
                         help="inner (AdamW peak) learning rates, each arm tuned over them")
-    parser.add_argument("--decoupled-lrs", type=lambda s: [float(x) for x in s.split(",")],
-                        help="the decoupled arm's learning rates (default: --lrs)")
+    for arm in ("dp", "sync", "decoupled"):  # an arm's own grid, around where it is known to be best
+        parser.add_argument(f"--{arm}-lrs", type=lambda s: [float(x) for x in s.split(",")],
+                            help=f"the {arm} arm's learning rates (default: --lrs)")
     parser.add_argument("--sharding", choices=["contiguous", "interleaved"], default="contiguous")
     parser.add_argument("--sync-h", type=int, default=4, help="sync DiLoCo's H (4: the bytes per step of P = 4)")
     parser.add_argument("--no-chaos", action="store_true", help="skip the chaos arm")

@@ -115,7 +115,7 @@ def main() -> None:
         return
     if args.smoke:
         args.minutes, args.hang_every = 0.5, 10.0
-    t0 = time.monotonic()
+    t0, env = time.monotonic(), common.machine()  # the load before the soak's own jobs start
     procs = {}
     for cpu, chaos in ((0, True), (1, False)):
         name = "chaos" if chaos else "clean"
@@ -144,7 +144,7 @@ def main() -> None:
         # status poll, so it may hold more merges than were seen, never fewer.
         "merges_lost": {k: max(0, r["outer_steps_seen"] - r["outer_steps_in_checkpoint"]) for k, r in res.items()},
         "tokens_unmerged": {k: r["summary"]["tokens_trained"] - r["summary"]["tokens_merged"] for k, r in res.items()},
-        "seconds": round(time.monotonic() - t0, 1), **common.machine(),
+        "seconds": round(time.monotonic() - t0, 1), **env,
     }
     print(f"tokens/s kept under chaos: {result['tokens_per_second_kept']:.3f} "
           f"({result['kills']} kills, {result['hangs']} hangs, {result['readmissions']} re-admissions); "
