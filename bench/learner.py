@@ -12,7 +12,9 @@ of an A/B run. A turn is shorter than the syncer's keepalive timeout, so holding
 never drops its stream. Last line: JSON with `ratio` (target >= 0.97 on CPU), the per-turn
 rates, and `mfu`: model FLOPs per second (6 x parameters + attention, per token) over the
 devices' peak, from PEAK_FLOPS by device kind; a CPU has no fixed entry, so its peak is the
-fp32 matmul rate XLA reaches on the same core in the same run (stated).
+fp32 matmul rate XLA reaches on the same core in the same run (stated). Also
+`host_wait_ms_per_step`: per loop, the time from reading one step's loss to dispatching the
+next (evaluations excluded), which on an accelerator is the device idling on the host.
 """
 
 from __future__ import annotations
@@ -69,16 +71,22 @@ matmul = 2 * 1024 ** 3 * reps / (time.perf_counter() - t)
 print(json.dumps({"device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(), "matmul_flops": matmul}),
       flush=True)
 os.kill(os.getpid(), signal.SIGSTOP)  # the bench resumes us for our turns
-n, last = 0, 0.0
+n, last, host_wait, done = 0, 0.0, 0.0, None
 while True:
-    params, opt, loss = recipe.step(params, opt, batches.batch(n), n)
+    batch = batches.batch(n)
+    t0 = time.monotonic()
+    if done is not None:
+        host_wait += t0 - done  # measured as the learner measures it (trainer/learner.py)
+    params, opt, loss = recipe.step(params, opt, batch, n)
     scalar(loss)  # the learner reads its loss every step too
+    done = time.monotonic()
     n += 1
     if n % tr.eval_interval_steps == 0:
         recipe.eval_loss(params, evals)
+        done = time.monotonic()
     if time.monotonic() - last >= 0.25:
         last = time.monotonic()
-        print(json.dumps({"t": time.time(), "step": n}), flush=True)
+        print(json.dumps({"t": time.time(), "step": n, "host_wait_seconds": host_wait}), flush=True)
 """
 
 
@@ -110,7 +118,7 @@ class Lines:
             with self.lock:
                 self.events.append(event)
                 if "step" in event and event.get("event", "progress") == "progress":
-                    self.samples.append((float(event["t"]), int(event["step"])))
+                    self.samples.append((float(event["t"]), int(event["step"]), float(event["host_wait_seconds"])))
 
     def wait_for(self, test, timeout: float, what: str) -> dict:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
@@ -124,13 +132,15 @@ class Lines:
             time.sleep(0.1)
         raise SystemExit(f"bench/learner.py: no {what} within {timeout:.0f} s")
 
-    def rate(self, start: float, end: float) -> tuple[int, float]:
-        """(steps, seconds) between the first and last sample inside [start, end]."""
+    def rate(self, start: float, end: float) -> tuple[int, float, float]:
+        """(steps, seconds, seconds the devices waited between steps) between the first and last
+        sample inside [start, end]."""
         with self.lock:
             inside = [s for s in self.samples if start <= s[0] <= end]
         if len(inside) < 2:
-            return 0, 0.0
-        return inside[-1][1] - inside[0][1], inside[-1][0] - inside[0][0]
+            return 0, 0.0, 0.0
+        (t0, n0, w0), (t1, n1, w1) = inside[0], inside[-1]
+        return n1 - n0, t1 - t0, w1 - w0
 
 
 def take_turns(config: str, turns: int, seconds: float) -> dict:
@@ -154,7 +164,7 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
         time.sleep(3.0)  # its first adoptions and pushes
         settle = 0.5  # after a resume: the held process catches up with what queued (publishes, a step)
         rates: dict[str, list[float]] = {"plain": [], "learner": []}
-        totals = {"plain": [0, 0.0], "learner": [0, 0.0]}
+        totals = {"plain": [0, 0.0, 0.0], "learner": [0, 0.0, 0.0]}
         order = [("learner", learner, learner_lines, plain), ("plain", plain, plain_lines, learner)]
         os.kill(learner.pid, signal.SIGSTOP)
         for turn in range(turns):
@@ -163,18 +173,20 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
                 os.kill(proc.pid, signal.SIGCONT)
                 start = time.time()
                 time.sleep(seconds)
-                steps, took = lines.rate(start + settle, time.time())
+                steps, took, waited = lines.rate(start + settle, time.time())
                 os.kill(proc.pid, signal.SIGSTOP)
                 if took > 0:
                     rates[name].append(steps / took)
                     totals[name][0] += steps
                     totals[name][1] += took
+                    totals[name][2] += waited
             print(f"turn {turn + 1}: plain {rates['plain'][-1]:.2f} steps/s, "
                   f"learner on live syncer {rates['learner'][-1]:.2f} steps/s", flush=True)
         with learner_lines.lock:
             last = next((e for e in reversed(learner_lines.events) if e.get("event") == "progress"), {})
         return {"info": info, "rates": rates, "last": last,
-                **{name: steps / took for name, (steps, took) in totals.items()}}
+                **{name: steps / took for name, (steps, took, _) in totals.items()},
+                "host_wait_ms": {name: 1e3 * waited / max(steps, 1) for name, (steps, _, waited) in totals.items()}}
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGCONT)
@@ -214,10 +226,12 @@ def main() -> None:
     peak = peak or info["matmul_flops"]
     achieved = flops_per_step(args.config) * res["learner"]
     last = res["last"]
+    wait = res["host_wait_ms"]
     print(f"learner/plain = {ratio:.3f} (target >= 0.97); mfu {achieved / peak:.3f} ({peak_source}); "
-          f"bytes sent {last.get('bytes_sent')}, received {last.get('bytes_received')}")
+          f"bytes sent {last.get('bytes_sent')}, received {last.get('bytes_received')}; the devices wait on "
+          f"the host {wait['learner']:.2f} ms a step in the learner, {wait['plain']:.2f} ms in the plain loop")
     print(json.dumps({"plain_steps_per_s": res["rates"]["plain"], "learner_steps_per_s": res["rates"]["learner"],
-                      "ratio": ratio, "mfu": achieved / peak, "model_flops_per_s": achieved, "peak_flops": peak,
+                      "ratio": ratio, "mfu": achieved / peak, "host_wait_ms_per_step": wait, "model_flops_per_s": achieved, "peak_flops": peak,
                       "peak_source": peak_source, "devices": devices, "turns": args.turns,
                       "turn_seconds": args.turn_seconds, "config": os.path.relpath(args.config, ROOT)}))
 

@@ -23,6 +23,12 @@ def train(theta: dict[str, np.ndarray], ledger: Ledger, by: float) -> None:
     ledger.stepped(10)
 
 
+def adopt(ledger: Ledger, theta: dict[str, np.ndarray], version: int, value: float) -> None:
+    """Fragment 0 ("a") adopts Θ_a = `value` at `version`: θ_a plus the shift the books return."""
+    shift = ledger.adopt(0, version, {"a": np.full(3, value, np.float32)}, lambda: {"a": theta["a"]})
+    theta["a"] = theta["a"] + shift["a"]
+
+
 def test_push_carries_unpushed_progress_and_a_second_push_only_what_is_new() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
@@ -40,15 +46,15 @@ def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -
         prepare_push(ledger, 0, {"a": theta["a"]}, 7, "fp32", 64)
         train(theta, ledger, 0.5)  # progress made while the push is in flight
 
-        def write(v: dict[str, np.ndarray], theta: dict[str, np.ndarray] = theta) -> None:
-            theta.update(v)
+        def shift(v: dict[str, np.ndarray], theta: dict[str, np.ndarray] = theta) -> None:
+            theta.update({n: theta[n] + x for n, x in v.items()})
 
         # The syncer merged our push (and others'): Θ_a moved to 0.8.
         publish = {0: Arrival(1, {"a": np.full(3, 0.8, np.float32)}, 1)}
         reply = [(0, 7, 1, False)]
         steps = [(reply, {}), ([], publish)] if reply_first else [([], publish), (reply, {})]
         for accepted, published in steps:
-            absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, write,
+            absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, shift,
                    accepted=accepted, published=published)
         # θ_a = Θ_a + the 0.5 made after the push; the pushed 1.0 is Θ's business now.
         assert np.allclose(theta["a"], 1.3), reply_first
@@ -60,9 +66,9 @@ def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
     train(theta, ledger, 1.0)
     prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
     ledger.accepted(0, 1, merged_into=2)  # it will be merged into version 2, not 1
-    theta.update(ledger.adopt(0, 1, {"a": np.full(3, 0.3, np.float32)}, {"a": theta["a"]}))
+    adopt(ledger, theta, 1, 0.3)
     assert np.allclose(theta["a"], 1.3) and ledger.busy(0)
-    theta.update(ledger.adopt(0, 2, {"a": np.full(3, 0.9, np.float32)}, {"a": theta["a"]}))
+    adopt(ledger, theta, 2, 0.9)
     assert np.allclose(theta["a"], 0.9) and not ledger.busy(0)
 
 
@@ -90,7 +96,7 @@ def test_int4_push_error_stays_local_and_leaves_with_the_next_push() -> None:
 def test_overwrite_ablation_drops_unmerged_progress() -> None:
     ledger, theta = books("overwrite")
     train(theta, ledger, 1.0)
-    theta.update(ledger.adopt(0, 1, {"a": np.full(3, 0.3, np.float32)}, {"a": theta["a"]}))
+    adopt(ledger, theta, 1, 0.3)
     assert np.allclose(theta["a"], 0.3) and not ledger.unpushed(0)
 
 
@@ -147,3 +153,14 @@ def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
     book.offer(c("a", 7, fragment=1, steps=2), 9.0, 0)
     (only,) = book.close(1, 0).contributions
     assert (only.steps, only.payload) == (6, 6)
+
+
+def test_news_that_changes_a_fragments_books_concerns_its_pending_push() -> None:
+    """The learner encodes a due push after the next step is dispatched; news of that fragment
+    in between (its publish, an answer, a syncer restart) must find the push on the books."""
+    from diloco.trainer.messages import Updates
+
+    news = Updates(None, {1: Arrival(3, {"b": np.zeros(3, np.float32)}, 4)}, [(0, 7, 2, False)], [(2, 8)])
+    assert news.concerns(0) and news.concerns(1) and news.concerns(2) and not news.concerns(3)
+    assert not Updates(None, {}, [], [], share_state=True).concerns(0)
+    assert Updates(object(), {}, [], []).concerns(5)  # type: ignore[arg-type]  # a re-join rebases every fragment

@@ -38,6 +38,10 @@ def run(layout):
     placed = {n: str(getattr(v.sharding, "spec", "")) for n, v in params.items()}
     some = list(p0)[::3]  # an adoption places one fragment's tensors
     placed.update({n: str(getattr(v.sharding, "spec", "")) for n, v in recipe.place({n: np.asarray(p0[n]) for n in some}).items()})
+    # An adoption's rebase adds a host shift to one fragment where it lives (Recipe.shift).
+    moved = recipe.shift(params, {n: np.full(np.shape(p0[n]), 0.5, np.float32) for n in some})
+    shifted = ({n: str(getattr(v.sharding, "spec", "")) for n, v in moved.items()},
+               all(np.allclose(np.asarray(moved[n]), np.asarray(p0[n]) + 0.5) for n in some))
     state = recipe.init_state(params)
     losses = []
     for k, b in enumerate(batches):
@@ -47,12 +51,13 @@ def run(layout):
     mu = state[1].inner_state[0].mu
     mu_specs = {n: str(getattr(v.sharding, "spec", "")) for n, v in mu.items()}
     compiled = recipe._step._cache_size()  # host batches through the step's in_shardings: one program for every step
-    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}, placed, compiled
+    return losses, specs, mu_specs, {n: np.asarray(v).tolist() for n, v in list(params.items())[:2]}, placed, compiled, shifted
 
 print(jax.device_count())
 sharded = run(sharding.layout(Mesh(data=2, fsdp=2), shapes, tr.batch_size))
 plain = run(None)
 print(json.dumps({"devices": jax.device_count(), "sharded": sharded[:3], "plain": plain[0], "placed": sharded[4],
+                  "shifted": [sharded[6], plain[6][1]],
                   "compiled": [sharded[5], plain[5]],
                   "params_close": all(np.allclose(sharded[3][n], plain[3][n], atol=1e-5) for n in plain[3])}))
 """
@@ -77,6 +82,9 @@ def test_a_data_by_fsdp_mesh_shards_the_model_and_trains_as_one_device_does(mode
     assert len(sharded) >= 4, specs
     assert all(mu_specs[n] == specs[n] for n in specs)
     assert r["placed"] == specs  # host arrays go straight to their shards, a whole model or one fragment
+    (shift_specs, shifted), plain_shifted = r["shifted"]
+    assert shifted and plain_shifted  # an adoption's shift adds to the fragment, sharded or not,
+    assert shift_specs == {n: specs[n] for n in shift_specs}  # and leaves it sharded as it was
     assert r["compiled"] == [1, 1]  # the step compiled once for host batches, sharded or not
     tol = 1e-4 if model.get("dtype") != "bfloat16" else 2e-2  # bf16 reductions regroup across shards
     assert losses == pytest.approx(r["plain"], rel=tol, abs=tol)

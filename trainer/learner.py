@@ -183,36 +183,47 @@ def run(args: argparse.Namespace) -> int:
     if joined.slot > 0:
         peers.start_fetch()
 
-    def local(p: int) -> dict[str, np.ndarray]:
-        return hosts.host_copy({n: params[n] for n in plan.fragments[p]})
+    # An adoption's rebase is a shift of θ_p (core/ledger.py) that needs no read of θ_p. It is
+    # added right after the next step is dispatched, queued behind that step on the devices,
+    # so adopting costs the devices no wait at all; the step it misses keeps its progress.
+    shifts: list[dict[str, np.ndarray]] = []
 
-    def write(values: dict[str, np.ndarray]) -> None:
-        params.update(recipe.place(values))
+    def shift(by: dict[str, np.ndarray]) -> None:
+        shifts.append(by)
+
+    def shifted() -> None:
+        for by in shifts:
+            params.update(recipe.shift(params, by))
+        shifts.clear()
+
+    def local(p: int) -> dict[str, np.ndarray]:
+        shifted()
+        return hosts.host_copy({n: params[n] for n in plan.fragments[p]})
 
     def apply(u: Updates) -> None:
         """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
         nonlocal incarnation
         if u.rejoined is not None:  # the syncer (shard) restarted: rebase its fragments onto its state
             anchors = ledger.anchors()
-            current = hosts.host_copy({n: params[n] for n in u.rejoined.params})
-            write({n: u.rejoined.params[n] + (current[n] - anchors[n]) for n in u.rejoined.params})
+            shift({n: u.rejoined.params[n] - anchors[n] for n in u.rejoined.params})
             ledger.restart(u.rejoined.params, u.rejoined.versions, u.rejoined.owned)
             schedule.observe(u.rejoined.slot)
             job_progress.observe(u.rejoined.job_tokens)
             incarnation = u.rejoined.incarnation
             emit(Event.READOPTED, incarnation=incarnation, versions=ledger.versions)
-        absorb(ledger, schedule, local, write, u.refused, u.accepted, u.published)
+        absorb(ledger, schedule, local, shift, u.refused, u.accepted, u.published)
         for arrival in u.published.values():
             job_progress.observe(arrival.job_tokens)
 
     push_seq = 0
     trained_tokens = 0
 
-    def push(p: int, slot: int) -> None:
-        """Hand fragment p's unpushed progress to the sender, recorded as the syncer will decode it."""
+    def push(p: int, slot: int, theta: dict[str, Any]) -> None:
+        """Hand fragment p's unpushed progress (θ_p as the step that filled `slot` left it, still
+        on the devices) to the sender, recorded as the syncer will decode it."""
         nonlocal push_seq
         push_seq += 1
-        blob, f = prepare_push(ledger, p, local(p), push_seq, codec, block_size)
+        blob, f = prepare_push(ledger, p, hosts.host_copy(theta), push_seq, codec, block_size)
         client.submit(Outgoing(p, ledger.books[p].version, f.steps, f.tokens, step_ema, loss_value, blob,
                                train_seconds, incarnation, push_seq, slot, trained_tokens))
 
@@ -220,28 +231,44 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
+    # The due push of the last step, (fragment, slot, θ_p on the devices): it is read and encoded
+    # right after the next step is dispatched, so on an accelerator that host work overlaps the
+    # device's step instead of leaving the device idle between steps.
+    pending: tuple[int, int, dict[str, Any]] | None = None
+    host_wait, step_done = 0.0, None  # the devices' wait on this loop between two steps (the gap)
     finished = False
     last_report = time.monotonic()
     while True:
         # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold);
         #    share our optimizer state if a re-joining peer waits for it, or take a peer's.
         updates = client.take_updates()
+        if pending is not None and updates.concerns(pending[0]):
+            push(*pending)  # the books take that push before news of its fragment (rare: p just went out)
+            pending = None
         apply(updates)
         opt_state = peers.at_boundary(opt_state, updates.share_state)
         if client.stop_requested or client.stopping.is_set():
             break
 
-        # 2. One inner step on our shard (stretched by the group's slowdown factor).
-        t0 = time.monotonic()
+        # 2. One inner step on our shard (stretched by the group's slowdown factor); while it
+        #    runs, the last step's due push is encoded and handed to the sender.
         batch = batches.batch(next_batch)
         next_batch += 1
+        t0 = time.monotonic()
+        if step_done is not None:
+            host_wait += t0 - step_done
         params, opt_state, loss = recipe.step(params, opt_state, batch, job_progress.position())
+        shifted()
+        if pending is not None:
+            push(*pending)
+            pending = None
         job_progress.stepped()
         loss_value = scalar(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
             time.sleep(compute * (group.slowdown - 1))
-        dt = time.monotonic() - t0
+        step_done = time.monotonic()
+        dt = step_done - t0
         train_seconds += dt
         step_ema = dt if step == 0 else 0.9 * step_ema + 0.1 * dt
         ledger.stepped(tokens_per_step)
@@ -267,19 +294,21 @@ def run(args: argparse.Namespace) -> int:
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
             params = {n: v * np.nan if n in plan.fragments[p] else v for n, v in params.items()}
         if not ledger.busy(p) or step == args.inject_nan_at_step:  # the poisoned push always goes out
-            push(p, slot)
+            pending = (p, slot, {n: params[n] for n in plan.fragments[p]})
         step += 1
 
         if step % tr.eval_interval_steps == 0:
             ev = recipe.eval_loss(params, evals)
+            step_done = time.monotonic()  # the devices were evaluating, not waiting
             metrics.eval_loss.set(ev)
             emit(Event.EVAL, step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
         if time.monotonic() - last_report >= 1.0:
             last_report = time.monotonic()
             metrics.network(client.bytes_sent, client.bytes_received)
             metrics.productive(client.acked_train_seconds)
+            metrics.host_wait(host_wait)
             emit(Event.PROGRESS, step=step, slot=schedule.slot, epoch=round(batches.epoch(next_batch), 4),
-                 loss=loss_value, step_seconds=step_ema, learning_rate=float(recipe.lr(job_progress.at)),
+                 loss=loss_value, step_seconds=step_ema, host_wait_seconds=round(host_wait, 6), learning_rate=float(recipe.lr(job_progress.at)),
                  lr_position=job_progress.at,  # the job's progress in steps of one learner (JobProgress)
                  train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
@@ -292,15 +321,19 @@ def run(args: argparse.Namespace) -> int:
     # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
     # A fragment is pushed once per global version it holds: one the syncer refused (too stale)
     # goes out again only after a newer version arrived, not in a loop of refusals.
+    if pending is not None:
+        push(*pending)
+    shifted()
     flushed = False
     flushed_at: dict[int, int] = {}
     deadline = time.monotonic() + FLUSH_SECONDS
     while client.until(deadline):
         apply(client.take_updates())
+        shifted()
         for p in range(P):
             if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
                 flushed_at[p] = ledger.books[p].version
-                push(p, schedule.slot + (p - schedule.slot) % P)  # p's next slot: s ≡ p (mod P)
+                push(p, schedule.slot + (p - schedule.slot) % P, {n: params[n] for n in plan.fragments[p]})  # s ≡ p (mod P)
         if not ledger.unacknowledged():
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
             break

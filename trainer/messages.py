@@ -63,6 +63,12 @@ class Updates:
     refused: list[tuple[int, int]]  # (fragment, push id)
     share_state: bool = False  # the syncer asks for our optimizer state: a re-joining peer waits for it
 
+    def concerns(self, p: int) -> bool:
+        """Whether adopting these updates changes fragment p's books (anchor, version or pushes
+        in flight): then a push of p prepared before them must be recorded first."""
+        return (self.rejoined is not None or p in self.published or any(a[0] == p for a in self.accepted)
+                or any(r[0] == p for r in self.refused))
+
 
 @dataclass(frozen=True)
 class PeerState:

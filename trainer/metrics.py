@@ -37,9 +37,14 @@ class LearnerMetrics:
         self.badput_seconds = Counter("diloco_learner_badput_seconds_total", "Time not spent on acknowledged training",
                                       names + ["reason"], registry=r)
         self.joined = gauge("diloco_learner_joined", "1 once this learner has joined the syncer")
+        # The devices idle while the loop works between two steps (adopting, bookkeeping, eval);
+        # over rate(diloco_learner_step_seconds_sum) it is the share of a step spent waiting on the host.
+        self.host_wait_seconds = counter("diloco_learner_host_wait_seconds_total",
+                                         "Time between the end of one inner step and the start of the next")
         self._labels = values
         self._sent = self._received = 0
         self._productive = 0.0
+        self._host_wait = 0.0
         self._joined = False
         if port is not None:
             serve(port, r, lambda: self._joined)
@@ -64,6 +69,10 @@ class LearnerMetrics:
     def productive(self, acked_train_seconds: float) -> None:
         self.productive_seconds.inc(max(0.0, acked_train_seconds - self._productive))
         self._productive = max(self._productive, acked_train_seconds)
+
+    def host_wait(self, total_seconds: float) -> None:
+        self.host_wait_seconds.inc(max(0.0, total_seconds - self._host_wait))
+        self._host_wait = max(self._host_wait, total_seconds)
 
     def badput(self, reason: str, seconds: float) -> None:
         """reason: startup (interpreter, data, compilation) or state_pull (joining)."""

@@ -118,6 +118,12 @@ class Recipe:
             return {n: jnp.asarray(v) for n, v in params.items()}
         return self.layout.put_params(params)
 
+    def shift(self, params: dict[str, jax.Array], by: dict[str, Any]) -> dict[str, jax.Array]:
+        """The parameters named in `by`, plus its host arrays: an adoption's rebase (core/ledger.py)."""
+        if self.layout is None:
+            return {n: params[n] + jnp.asarray(v) for n, v in by.items()}
+        return self.layout.add_params(params, by)
+
     def init_state(self, params: dict[str, jax.Array]) -> Any:
         return self._init(params)
 

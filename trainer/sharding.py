@@ -40,6 +40,7 @@ class Layout:
     batch: NamedSharding
     replicated: NamedSharding
     _placers: dict[frozenset[str], Any] = field(default_factory=dict, compare=False, repr=False)
+    _adders: dict[frozenset[str], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -61,6 +62,20 @@ class Layout:
             placer = self._placers[key] = jax.jit(lambda v: v, in_shardings=(shardings,), out_shardings=shardings)
         placed: dict[str, jax.Array] = placer(dict(values))
         return placed
+
+    def add_params(self, params: dict[str, jax.Array], shift: dict[str, Any]) -> dict[str, jax.Array]:
+        """params[n] + shift[n] for each name in `shift` (host arrays), added where the parameters
+        live: one jitted add per fragment, dispatched without waiting for the running step."""
+        key = frozenset(shift)
+        adder = self._adders.get(key)
+        if adder is None:  # once per fragment, like the placers
+            shardings = {n: self.params[n] for n in shift}
+            adder = self._adders[key] = jax.jit(lambda x, d: {n: x[n] + d[n] for n in d},
+                                                in_shardings=(shardings, shardings), out_shardings=shardings)
+        if self.mesh.is_multi_process:  # across processes jit refuses host arrays
+            shift = self.put_params(shift)
+        added: dict[str, jax.Array] = adder({n: params[n] for n in shift}, dict(shift))
+        return added
 
     def put_batch(self, batch: np.ndarray) -> jax.Array:
         return jax.device_put(batch, self.batch)

@@ -12,7 +12,10 @@ next push (error feedback). When Θ_p' arrives the learner rebases,
 so neither the steps taken while a push was in flight nor progress other learners'
 rounds overtook is thrown away, and nothing is counted twice: a push is known merged
 once the learner holds the version the syncer said it would be merged into
-(`PushReply.merged_into`). Pure numpy, no clock and no network: tests script it.
+(`PushReply.merged_into`). The rebase is returned as a shift to add to θ_p,
+(Θ_p' − A_p) − (that progress), computed without reading θ_p: a learner adds it on its
+devices, where θ_p lives, without waiting for the step they are running. Pure numpy, no
+clock and no network: tests script it.
 """
 
 from __future__ import annotations
@@ -124,37 +127,35 @@ class Ledger:
             b.in_flight.remove(f)
         return merged
 
-    def settle(self, p: int, local: Mapping[str, np.ndarray]) -> Tensors | None:
-        """Drop the progress of pushes the held global version already contains from θ_p.
-        Returns the new θ_p, or None if nothing changed."""
+    def settle(self, p: int) -> Tensors | None:
+        """Drop the progress of pushes the held global version already contains: returns the
+        shift to add to θ_p (the sum of their Δ, each −progress), or None if there is none."""
         merged = self._merged(p)
         if not merged:
             return None
-        out = {n: np.asarray(local[n], dtype=np.float32) for n in self.fragments[p]}
-        for f in merged:
-            out = {n: out[n] + f.delta[n] for n in out}  # θ − g, and Δ = −g
-        return out
+        return {n: _sum(f.delta[n] for f in merged) for n in self.fragments[p]}
 
     def adopt(self, p: int, version: int, global_values: Mapping[str, np.ndarray],
-              local: Mapping[str, np.ndarray]) -> Tensors:
-        """Adopt Θ_p at `version`; returns the new θ_p,
+              local: Callable[[], Mapping[str, np.ndarray]]) -> Tensors:
+        """Adopt Θ_p at `version`; returns the shift to add to θ_p,
 
-            Θ_p + (θ_p − A_p) + (the Δ of each push Θ_p already merged),
+            (Θ_p − A_p) + (the Δ of each push Θ_p already merged),
 
-        summed in that order into one array per tensor (the learner adopts at every step)."""
+        so that θ_p becomes Θ_p + (θ_p − A_p) + those Δ. Only the overwrite ablation reads
+        θ_p (`local()`): its shift is Θ_p − θ_p, dropping every unmerged step."""
         b = self.books[p]
         fresh = {n: _copy(global_values[n]) for n in self.fragments[p]}
         if self.adoption == "overwrite":  # the ablation: θ_p ← Θ_p, losing unmerged progress
             b.in_flight.clear()
             b.steps, b.tokens = 0, 0
             b.anchor, b.version = fresh, int(version)
-            return {n: v.copy() for n, v in fresh.items()}
+            theta = local()
+            return {n: g - np.asarray(theta[n], dtype=np.float32) for n, g in fresh.items()}
         b.version = int(version)
         merged = self._merged(p)
         out = {}
         for n, g in fresh.items():
-            x = np.subtract(np.asarray(local[n], dtype=np.float32), b.anchor[n])
-            x += g  # the same bits as g + (θ − A): float addition commutes
+            x = np.subtract(g, b.anchor[n])
             for f in merged:
                 x += f.delta[n]
             out[n] = x
@@ -193,6 +194,14 @@ def _copy(x: np.ndarray) -> np.ndarray:
     return np.array(x, dtype=np.float32, copy=True)
 
 
+def _sum(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    it = iter(arrays)
+    out = _copy(next(it))
+    for x in it:
+        out += x
+    return out
+
+
 @dataclass(frozen=True)
 class Arrival:
     """A published fragment as the learner holds it: version, values, the schedule position
@@ -204,26 +213,26 @@ class Arrival:
     job_tokens: int = 0
 
 
-def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], write: Callable[[Tensors], None],
+def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], shift: Callable[[Tensors], None],
            refused: Iterable[tuple[int, int]] = (), accepted: Iterable[tuple[int, int, int, bool]] = (),
            published: Mapping[int, Arrival] | None = None) -> None:
     """One step boundary's news, in the order that keeps the books exact: refusals, then
     acceptances (settling pushes the held version already merged; a late one moves the
     schedule a slot forward), then new global fragments (rebase) and the schedule
-    position they carry. `local(p)` reads θ_p,
-    `write` stores new values; the learner and the replay harness share this."""
+    position they carry. `shift` adds its values to θ (by name); `local(p)` reads θ_p, which
+    only the overwrite ablation needs. The learner and the replay harness share this."""
     for p, push_id in refused:
         ledger.refused(p, push_id)
     for p, push_id, merged_into, late in accepted:
         ledger.accepted(p, push_id, merged_into)
         if late:
             schedule.skip()
-        settled = ledger.settle(p, local(p))
+        settled = ledger.settle(p)
         if settled is not None:
-            write(settled)
+            shift(settled)
     for p, arrival in (published or {}).items():
         if arrival.version > ledger.books[p].version:
-            write(ledger.adopt(p, arrival.version, arrival.tensors, local(p)))
+            shift(ledger.adopt(p, arrival.version, arrival.tensors, lambda p=p: local(p)))  # type: ignore[misc]
         schedule.observe(arrival.next_slot)
 
 

@@ -207,10 +207,10 @@ class Replay:
     def _absorb(self, lr: _Learner) -> None:
         assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
 
-        def write(values: Tensors) -> None:
-            lr.params.update(values)
+        def shift(values: Tensors) -> None:
+            lr.params.update({n: lr.params[n] + v for n, v in values.items()})
 
-        absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, write,
+        absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, shift,
                lr.refused, lr.accepted, lr.inbox)
         for arrival in lr.inbox.values():
             lr.progress.observe(arrival.job_tokens)
