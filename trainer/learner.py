@@ -233,36 +233,38 @@ def run(args: argparse.Namespace) -> int:
     step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
     # The due push of the last step, (fragment, slot, θ_p on the devices): it is read and encoded
     # right after the next step is dispatched, so on an accelerator that host work overlaps the
-    # device's step instead of leaving the device idle between steps.
+    # devices' step instead of leaving them idle between steps; so is the adoption's arithmetic.
     pending: tuple[int, int, dict[str, Any]] | None = None
     host_wait, step_done = 0.0, None  # the devices' wait on this loop between two steps (the gap)
     finished = False
     last_report = time.monotonic()
     while True:
-        # 1. Adopt what the syncer published: θ_p ← Θ_p + (our progress Θ_p does not hold);
-        #    share our optimizer state if a re-joining peer waits for it, or take a peer's.
-        updates = client.take_updates()
-        if pending is not None and updates.concerns(pending[0]):
-            push(*pending)  # the books take that push before news of its fragment (rare: p just went out)
-            pending = None
-        apply(updates)
-        opt_state = peers.at_boundary(opt_state, updates.share_state)
-        if client.stop_requested or client.stopping.is_set():
-            break
-
-        # 2. One inner step on our shard (stretched by the group's slowdown factor); while it
-        #    runs, the last step's due push is encoded and handed to the sender.
+        # 1. One inner step on our shard, dispatched first: what follows until its loss is read
+        #    runs while the devices compute it.
         batch = batches.batch(next_batch)
         next_batch += 1
         t0 = time.monotonic()
         if step_done is not None:
             host_wait += t0 - step_done
         params, opt_state, loss = recipe.step(params, opt_state, batch, job_progress.position())
+        job_progress.stepped()
+
+        # 2. Adopt what the syncer published: θ_p += Θ_p − A_p − (progress Θ_p already holds),
+        #    added behind the step; share our optimizer state if a re-joining peer waits for
+        #    it, or take a peer's. Then the last step's due push: read and encoded now.
+        updates = client.take_updates()
+        if pending is not None and updates.concerns(pending[0]):
+            push(*pending)  # the books take that push before news of its fragment (rare: p just went out)
+            pending = None
+        apply(updates)
         shifted()
+        opt_state = peers.at_boundary(opt_state, updates.share_state)
         if pending is not None:
             push(*pending)
             pending = None
-        job_progress.stepped()
+        stopping = client.stop_requested or client.stopping.is_set()
+
+        # 3. The step's loss (stretched by the group's slowdown factor).
         loss_value = scalar(loss)
         compute = time.monotonic() - t0
         if group.slowdown > 1:
@@ -287,9 +289,13 @@ def run(args: argparse.Namespace) -> int:
             schedule.take()
             step += 1
             continue
+        if stopping:  # SIGTERM, or the syncer refused us for good: this step's progress is flushed below
+            step += 1
+            break
 
-        # 3. Our slot in the shared schedule: push the due fragment's outer gradient, unless its
-        #    previous push is still in flight (then its progress goes out with the next one).
+        # 4. Our slot in the shared schedule: the due fragment's outer gradient goes out after
+        #    the next dispatch, unless its previous push is still in flight (then its progress
+        #    goes out with the next one).
         slot, p = schedule.take()
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
             params = {n: v * np.nan if n in plan.fragments[p] else v for n, v in params.items()}
@@ -308,7 +314,8 @@ def run(args: argparse.Namespace) -> int:
             metrics.productive(client.acked_train_seconds)
             metrics.host_wait(host_wait)
             emit(Event.PROGRESS, step=step, slot=schedule.slot, epoch=round(batches.epoch(next_batch), 4),
-                 loss=loss_value, step_seconds=step_ema, host_wait_seconds=round(host_wait, 6), learning_rate=float(recipe.lr(job_progress.at)),
+                 loss=loss_value, step_seconds=step_ema, host_wait_seconds=round(host_wait, 6),
+                 learning_rate=float(recipe.lr(job_progress.at)),
                  lr_position=job_progress.at,  # the job's progress in steps of one learner (JobProgress)
                  train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
                  acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
