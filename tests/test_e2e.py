@@ -144,6 +144,8 @@ def test_bad_manifest_exits_2_and_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_a_job_stopped_by_step_count_flushes_and_counts_every_token(tmp_path: Path) -> None:
+    """Also where news of a fragment meets its push still waiting to be encoded
+    (trainer/learner.py, `pending`): about 10 times in 275 steps of this run."""
     m = manifest("e2e-steps", {}, seconds=200, replicas=2)
     m["spec"]["training"].update(steps=150, evalIntervalSteps=50)
     summary, events = run(tmp_path, m)
@@ -157,3 +159,4 @@ def test_a_job_stopped_by_step_count_flushes_and_counts_every_token(tmp_path: Pa
     assert summary["tokens_trained"] == trained
     assert abs(summary["tokens_merged"] - trained) <= 0.01 * trained, (summary["tokens_merged"], trained)
     assert summary["tokens_per_second"] == pytest.approx(trained / summary["wall_seconds"], rel=0.01)
+    assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 1.0, summary
