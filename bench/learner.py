@@ -14,7 +14,9 @@ rates, and `mfu`: model FLOPs per second (6 x parameters + attention, per token)
 devices' peak, from PEAK_FLOPS by device kind; a CPU has no fixed entry, so its peak is the
 fp32 matmul rate XLA reaches on the same core in the same run (stated). Also
 `host_wait_ms_per_step`: per loop, the time from reading one step's loss to dispatching the
-next (evaluations excluded), which on an accelerator is the device idling on the host.
+next (evaluations excluded), which on an accelerator is the device idling on the host; and
+`cpu_ms_per_step`, each loop's CPU per step by kind of thread (main, other threads of the
+interpreter, XLA's, gRPC core's), which on this CPU is what the ratio is made of.
 """
 
 from __future__ import annotations
@@ -143,6 +145,25 @@ class Lines:
         return n1 - n0, t1 - t0, w1 - w0
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of a process's threads so far (/proc/PID/task/*/schedstat, in ns), by kind:
+    the main thread; the other threads named after the process ("python": JAX's runtime thread
+    in both loops, and the learner's gRPC sender, subscriber and metrics threads); XLA's
+    (compute and compilation); gRPC core's own; and the rest."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            continue
+        kind = ("main" if task.name == str(pid) else "other threads" if name == "python"
+                else "xla" if name.startswith(("tf_", "llvm")) else "grpc core"
+                if name.startswith(("grpc", "event_engine", "lifeguard")) else "other")
+        out[kind] = out.get(kind, 0.0) + ns / 1e9
+    return out
+
+
 def take_turns(config: str, turns: int, seconds: float) -> dict:
     """The plain loop and the attached learner on core 0, one held (SIGSTOP) while the other runs."""
     env = dict(device_env(config), DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
@@ -165,6 +186,8 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
         settle = 0.5  # after a resume: the held process catches up with what queued (publishes, a step)
         rates: dict[str, list[float]] = {"plain": [], "learner": []}
         totals = {"plain": [0, 0.0, 0.0], "learner": [0, 0.0, 0.0]}
+        cpu: dict[str, dict[str, float]] = {"plain": {}, "learner": {}}
+        cpu_steps = {"plain": 0.0, "learner": 0.0}  # steps in the CPU windows, at each turn's rate
         order = [("learner", learner, learner_lines, plain), ("plain", plain, plain_lines, learner)]
         os.kill(learner.pid, signal.SIGSTOP)
         for turn in range(turns):
@@ -172,10 +195,16 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
                 os.kill(other.pid, signal.SIGSTOP)
                 os.kill(proc.pid, signal.SIGCONT)
                 start = time.time()
-                time.sleep(seconds)
+                time.sleep(settle)
+                before, t_before = thread_cpu(proc.pid), time.time()
+                time.sleep(seconds - settle)
+                after, t_after = thread_cpu(proc.pid), time.time()
                 steps, took, waited = lines.rate(start + settle, time.time())
                 os.kill(proc.pid, signal.SIGSTOP)
                 if took > 0:
+                    cpu_steps[name] += steps / took * (t_after - t_before)
+                    for kind, t in after.items():
+                        cpu[name][kind] = cpu[name].get(kind, 0.0) + t - before.get(kind, 0.0)
                     rates[name].append(steps / took)
                     totals[name][0] += steps
                     totals[name][1] += took
@@ -186,7 +215,9 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
             last = next((e for e in reversed(learner_lines.events) if e.get("event") == "progress"), {})
         return {"info": info, "rates": rates, "last": last,
                 **{name: steps / took for name, (steps, took, _) in totals.items()},
-                "host_wait_ms": {name: 1e3 * waited / max(steps, 1) for name, (steps, _, waited) in totals.items()}}
+                "host_wait_ms": {name: 1e3 * waited / max(steps, 1) for name, (steps, _, waited) in totals.items()},
+                "cpu_ms": {name: {kind: round(1e3 * t / max(cpu_steps[name], 1.0), 3) for kind, t in sorted(cpu[name].items())}
+                           for name in cpu}}
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGCONT)
@@ -230,8 +261,11 @@ def main() -> None:
     print(f"learner/plain = {ratio:.3f} (target >= 0.97); mfu {achieved / peak:.3f} ({peak_source}); "
           f"bytes sent {last.get('bytes_sent')}, received {last.get('bytes_received')}; the devices wait on "
           f"the host {wait['learner']:.2f} ms a step in the learner, {wait['plain']:.2f} ms in the plain loop")
+    for name, kinds in res["cpu_ms"].items():
+        print(f"CPU per step, {name}: " + ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in kinds.items()))
     print(json.dumps({"plain_steps_per_s": res["rates"]["plain"], "learner_steps_per_s": res["rates"]["learner"],
-                      "ratio": ratio, "mfu": achieved / peak, "host_wait_ms_per_step": wait, "model_flops_per_s": achieved, "peak_flops": peak,
+                      "ratio": ratio, "mfu": achieved / peak, "host_wait_ms_per_step": wait,
+                      "cpu_ms_per_step": res["cpu_ms"], "model_flops_per_s": achieved, "peak_flops": peak,
                       "peak_source": peak_source, "devices": devices, "turns": args.turns,
                       "turn_seconds": args.turn_seconds, "config": os.path.relpath(args.config, ROOT)}))
 
