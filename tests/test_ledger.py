@@ -155,12 +155,12 @@ def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
     assert (only.steps, only.payload) == (6, 6)
 
 
-def test_news_that_changes_a_fragments_books_concerns_its_pending_push() -> None:
+def test_a_push_waiting_to_be_encoded_goes_out_before_news_of_its_fragment_or_not_at_all() -> None:
     """The learner encodes a due push after the next step is dispatched; news of that fragment
-    in between (its publish, an answer, a syncer restart) must find the push on the books."""
+    in between must find the push on the books, and a restarted syncer must never receive it."""
     from diloco.trainer.messages import Updates
 
     news = Updates(None, {1: Arrival(3, {"b": np.zeros(3, np.float32)}, 4)}, [(0, 7, 2, False)], [(2, 8)])
-    assert news.concerns(0) and news.concerns(1) and news.concerns(2) and not news.concerns(3)
-    assert not Updates(None, {}, [], [], share_state=True).concerns(0)
-    assert Updates(object(), {}, [], []).concerns(5)  # type: ignore[arg-type]  # a re-join rebases every fragment
+    assert [news.before(p) for p in range(4)] == ["send", "send", "send", "keep"]
+    assert Updates(None, {}, [], [], share_state=True).before(0) == "keep"
+    assert Updates(object(), {1: news.published[1]}, [], []).before(1) == "drop"  # type: ignore[arg-type]

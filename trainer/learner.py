@@ -253,8 +253,9 @@ def run(args: argparse.Namespace) -> int:
         #    added behind the step; share our optimizer state if a re-joining peer waits for
         #    it, or take a peer's. Then the last step's due push: read and encoded now.
         updates = client.take_updates()
-        if pending is not None and updates.concerns(pending[0]):
-            push(*pending)  # the books take that push before news of its fragment (rare: p just went out)
+        if pending is not None and updates.before(pending[0]) != "keep":  # rare: p just went out
+            if updates.before(pending[0]) == "send":
+                push(*pending)  # the books take it before the news of its fragment
             pending = None
         apply(updates)
         shifted()

@@ -4,6 +4,7 @@ pushes, the updates gathered between step boundaries, and the two refusals that 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -63,11 +64,17 @@ class Updates:
     refused: list[tuple[int, int]]  # (fragment, push id)
     share_state: bool = False  # the syncer asks for our optimizer state: a re-joining peer waits for it
 
-    def concerns(self, p: int) -> bool:
-        """Whether adopting these updates changes fragment p's books (anchor, version or pushes
-        in flight): then a push of p prepared before them must be recorded first."""
-        return (self.rejoined is not None or p in self.published or any(a[0] == p for a in self.accepted)
-                or any(r[0] == p for r in self.refused))
+    def before(self, p: int) -> Literal["keep", "send", "drop"]:
+        """What becomes of a push of fragment p that waits to be encoded (trainer/learner.py,
+        `pending`) when these updates are adopted first: kept, if they leave p's books alone;
+        sent first, if they change them (a publish of p, an answer about p); dropped, if a syncer
+        (shard) restarted: a push against the old anchors must not reach the new one, and its
+        progress, never booked, leaves with p's next push."""
+        if self.rejoined is not None:
+            return "drop"
+        if p in self.published or any(a[0] == p for a in self.accepted) or any(r[0] == p for r in self.refused):
+            return "send"
+        return "keep"
 
 
 @dataclass(frozen=True)
