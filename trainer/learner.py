@@ -196,9 +196,12 @@ def run(args: argparse.Namespace) -> int:
             params.update(recipe.shift(params, by))
         shifts.clear()
 
+    def fragment(p: int) -> dict[str, Any]:  # θ_p as it is now, on the devices
+        return {n: params[n] for n in plan.fragments[p]}
+
     def local(p: int) -> dict[str, np.ndarray]:
         shifted()
-        return hosts.host_copy({n: params[n] for n in plan.fragments[p]})
+        return hosts.host_copy(fragment(p))
 
     def apply(u: Updates) -> None:
         """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
@@ -253,8 +256,8 @@ def run(args: argparse.Namespace) -> int:
         #    added behind the step; share our optimizer state if a re-joining peer waits for
         #    it, or take a peer's. Then the last step's due push: read and encoded now.
         updates = client.take_updates()
-        if pending is not None and updates.before(pending[0]) != "keep":  # rare: p just went out
-            if updates.before(pending[0]) == "send":
+        if pending is not None and (fate := updates.before(pending[0])) != "keep":  # rare: p just went out
+            if fate == "send":
                 push(*pending)  # the books take it before the news of its fragment
             pending = None
         apply(updates)
@@ -301,7 +304,7 @@ def run(args: argparse.Namespace) -> int:
         if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
             params = {n: v * np.nan if n in plan.fragments[p] else v for n, v in params.items()}
         if not ledger.busy(p) or step == args.inject_nan_at_step:  # the poisoned push always goes out
-            pending = (p, slot, {n: params[n] for n in plan.fragments[p]})
+            pending = (p, slot, fragment(p))
         step += 1
 
         if step % tr.eval_interval_steps == 0:
@@ -341,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
         for p in range(P):
             if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
                 flushed_at[p] = ledger.books[p].version
-                push(p, schedule.slot + (p - schedule.slot) % P, {n: params[n] for n in plan.fragments[p]})  # s ≡ p (mod P)
+                push(p, schedule.slot + (p - schedule.slot) % P, fragment(p))  # p's next slot: s ≡ p (mod P)
         if not ledger.unacknowledged():
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
             break

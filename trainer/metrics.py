@@ -42,9 +42,7 @@ class LearnerMetrics:
         self.host_wait_seconds = counter("diloco_learner_host_wait_seconds_total",
                                          "Time between the end of one inner step and the start of the next")
         self._labels = values
-        self._sent = self._received = 0
-        self._productive = 0.0
-        self._host_wait = 0.0
+        self._totals: dict[Counter, float] = {}  # what each counter fed from a total has reached
         self._joined = False
         if port is not None:
             serve(port, r, lambda: self._joined)
@@ -60,19 +58,22 @@ class LearnerMetrics:
         self.step_seconds.observe(seconds)
         self.loss.set(loss)
 
+    def _advance(self, counter: Counter, total: float) -> None:
+        """A running total kept elsewhere (the client, the loop): its counter advances by the
+        difference, never back."""
+        seen = self._totals.get(counter, 0.0)
+        counter.inc(max(0.0, total - seen))
+        self._totals[counter] = max(seen, total)
+
     def network(self, sent: int, received: int) -> None:
-        """Totals from the client; counters advance by the difference."""
-        self.sent.inc(max(0, sent - self._sent))
-        self.received.inc(max(0, received - self._received))
-        self._sent, self._received = sent, received
+        self._advance(self.sent, sent)
+        self._advance(self.received, received)
 
     def productive(self, acked_train_seconds: float) -> None:
-        self.productive_seconds.inc(max(0.0, acked_train_seconds - self._productive))
-        self._productive = max(self._productive, acked_train_seconds)
+        self._advance(self.productive_seconds, acked_train_seconds)
 
     def host_wait(self, total_seconds: float) -> None:
-        self.host_wait_seconds.inc(max(0.0, total_seconds - self._host_wait))
-        self._host_wait = max(self._host_wait, total_seconds)
+        self._advance(self.host_wait_seconds, total_seconds)
 
     def badput(self, reason: str, seconds: float) -> None:
         """reason: startup (interpreter, data, compilation) or state_pull (joining)."""

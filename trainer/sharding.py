@@ -39,8 +39,7 @@ class Layout:
     params: dict[str, NamedSharding]
     batch: NamedSharding
     replicated: NamedSharding
-    _placers: dict[frozenset[str], Any] = field(default_factory=dict, compare=False, repr=False)
-    _adders: dict[frozenset[str], Any] = field(default_factory=dict, compare=False, repr=False)
+    _jits: dict[tuple[str, frozenset[str]], Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def devices(self) -> int:
@@ -55,27 +54,27 @@ class Layout:
         if self.mesh.is_multi_process:
             spread: dict[str, jax.Array] = jax.device_put(dict(values), {n: self.params[n] for n in values})
             return spread
-        key = frozenset(values)
-        placer = self._placers.get(key)
-        if placer is None:  # once per fragment: the shardings are fixed per set of names
-            shardings = {n: self.params[n] for n in values}
-            placer = self._placers[key] = jax.jit(lambda v: v, in_shardings=(shardings,), out_shardings=shardings)
-        placed: dict[str, jax.Array] = placer(dict(values))
+        placed: dict[str, jax.Array] = self._per_fragment("place", values, lambda v: v, 1)(dict(values))
         return placed
 
     def add_params(self, params: dict[str, jax.Array], shift: dict[str, Any]) -> dict[str, jax.Array]:
         """params[n] + shift[n] for each name in `shift` (host arrays), added where the parameters
         live: one jitted add per fragment, dispatched without waiting for the running step."""
-        key = frozenset(shift)
-        adder = self._adders.get(key)
-        if adder is None:  # once per fragment, like the placers
-            shardings = {n: self.params[n] for n in shift}
-            adder = self._adders[key] = jax.jit(lambda x, d: {n: x[n] + d[n] for n in d},
-                                                in_shardings=(shardings, shardings), out_shardings=shardings)
+        adder = self._per_fragment("add", shift, lambda x, d: {n: x[n] + d[n] for n in d}, 2)
         if self.mesh.is_multi_process:  # across processes jit refuses host arrays
             shift = self.put_params(shift)
         added: dict[str, jax.Array] = adder({n: params[n] for n in shift}, dict(shift))
         return added
+
+    def _per_fragment(self, kind: str, names: Any, fn: Any, args: int) -> Any:
+        """`fn` jitted once per set of parameter names (a fragment), each of its `args` inputs
+        and its output sharded as those parameters are."""
+        key = (kind, frozenset(names))
+        jitted = self._jits.get(key)
+        if jitted is None:
+            shardings = {n: self.params[n] for n in names}
+            jitted = self._jits[key] = jax.jit(fn, in_shardings=(shardings,) * args, out_shardings=shardings)
+        return jitted
 
     def put_batch(self, batch: np.ndarray) -> jax.Array:
         return jax.device_put(batch, self.batch)

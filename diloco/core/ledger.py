@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -232,7 +233,7 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
             shift(settled)
     for p, arrival in (published or {}).items():
         if arrival.version > ledger.books[p].version:
-            shift(ledger.adopt(p, arrival.version, arrival.tensors, lambda p=p: local(p)))  # type: ignore[misc]
+            shift(ledger.adopt(p, arrival.version, arrival.tensors, partial(local, p)))
         schedule.observe(arrival.next_slot)
 
 
