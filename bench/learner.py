@@ -44,8 +44,9 @@ PEAK_FLOPS = {
 PLAIN = r"""
 import json, os, signal, sys, time
 os.sched_setaffinity(0, {0})
-from diloco.launch import learner_runtime
+from diloco.launch import learner_runtime, split_host_threads
 learner_runtime()  # as the learner does: the same allocator and XLA settings on both sides
+split_host_threads(sys.argv[2] or None)  # as the learner's --host-cpus does
 import jax, numpy as np
 from diloco.spec import load_job
 from diloco.trainer import data, model, sharding
@@ -164,10 +165,12 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-def take_turns(config: str, turns: int, seconds: float) -> dict:
-    """The plain loop and the attached learner on core 0, one held (SIGSTOP) while the other runs."""
+def take_turns(config: str, turns: int, seconds: float, host_cpus: str) -> dict:
+    """The plain loop and the attached learner on core 0, one held (SIGSTOP) while the other runs;
+    their own threads on `host_cpus` ("1", beside the syncer) or, where empty, on core 0 too."""
     env = dict(device_env(config), DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    plain = subprocess.Popen([sys.executable, "-P", "-c", PLAIN, config], env=env, stdout=subprocess.PIPE, text=True)
+    plain = subprocess.Popen([sys.executable, "-P", "-c", PLAIN, config, host_cpus], env=env, stdout=subprocess.PIPE,
+                             text=True)
     procs = [plain]
     try:
         plain_lines = Lines(plain)
@@ -177,7 +180,8 @@ def take_turns(config: str, turns: int, seconds: float) -> dict:
                                        "--config", config, "--port", str(port)],
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", config, "--group",
-                                    "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"],
+                                    "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"]
+                                   + (["--host-cpus", host_cpus] if host_cpus else []),
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         procs.append(learner)
         learner_lines = Lines(learner)
@@ -240,15 +244,29 @@ def flops_per_step(config: str) -> float:
     return float(tokens * (6 * n + 12 * cfg.layers * cfg.context * cfg.d_model))
 
 
+LAYOUTS = {  # name: the learner's --host-cpus (the plain loop's likewise)
+    "host_core": "1",  # core 0 is the device, core 1 the host: XLA alone on the device, as on an accelerator
+    "one_core": "",  # everything on core 0: the host's work takes the device's cycles, as no accelerator's does
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
-    parser.add_argument("--turns", type=int, default=10, help="turns each (default 10)")
+    parser.add_argument("--turns", type=int, default=10, help="turns each, per layout (default 10)")
     parser.add_argument("--turn-seconds", type=float, default=4.0,
                         help="seconds per turn (default 4: under the syncer's 5 s keepalive timeout)")
     args = parser.parse_args()
-    res = take_turns(args.config, args.turns, args.turn_seconds)
-    ratio = res["learner"] / res["plain"]
+    runs = {}
+    for layout, host_cpus in LAYOUTS.items():
+        print(f"layout {layout}: the learner's own threads on core {host_cpus or 0}, XLA's on core 0", flush=True)
+        runs[layout] = res = take_turns(args.config, args.turns, args.turn_seconds, host_cpus)
+        wait = res["host_wait_ms"]
+        print(f"{layout}: learner/plain = {res['learner'] / res['plain']:.3f} (target >= 0.97); the devices wait on "
+              f"the host {wait['learner']:.2f} ms a step in the learner, {wait['plain']:.2f} ms in the plain loop")
+        for name, kinds in res["cpu_ms"].items():
+            print(f"  CPU per step, {name}: " + ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in kinds.items()))
+    res = runs["host_core"]
     info = res["info"]
     kind, devices = info["device_kind"], info["devices"]
     peak = PEAK_FLOPS.get(kind, 0.0) * devices
@@ -257,17 +275,16 @@ def main() -> None:
     peak = peak or info["matmul_flops"]
     achieved = flops_per_step(args.config) * res["learner"]
     last = res["last"]
-    wait = res["host_wait_ms"]
-    print(f"learner/plain = {ratio:.3f} (target >= 0.97); mfu {achieved / peak:.3f} ({peak_source}); "
-          f"bytes sent {last.get('bytes_sent')}, received {last.get('bytes_received')}; the devices wait on "
-          f"the host {wait['learner']:.2f} ms a step in the learner, {wait['plain']:.2f} ms in the plain loop")
-    for name, kinds in res["cpu_ms"].items():
-        print(f"CPU per step, {name}: " + ", ".join(f"{kind} {ms:.2f} ms" for kind, ms in kinds.items()))
-    print(json.dumps({"plain_steps_per_s": res["rates"]["plain"], "learner_steps_per_s": res["rates"]["learner"],
-                      "ratio": ratio, "mfu": achieved / peak, "host_wait_ms_per_step": wait,
-                      "cpu_ms_per_step": res["cpu_ms"], "model_flops_per_s": achieved, "peak_flops": peak,
+    print(f"mfu {achieved / peak:.3f} ({peak_source}); bytes sent {last.get('bytes_sent')}, "
+          f"received {last.get('bytes_received')}")
+    print(json.dumps({"ratio": res["learner"] / res["plain"],
+                      "ratio_one_core": runs["one_core"]["learner"] / runs["one_core"]["plain"],
+                      "mfu": achieved / peak, "model_flops_per_s": achieved, "peak_flops": peak,
                       "peak_source": peak_source, "devices": devices, "turns": args.turns,
-                      "turn_seconds": args.turn_seconds, "config": os.path.relpath(args.config, ROOT)}))
+                      "turn_seconds": args.turn_seconds, "config": os.path.relpath(args.config, ROOT),
+                      **{layout: {"plain_steps_per_s": r["rates"]["plain"], "learner_steps_per_s": r["rates"]["learner"],
+                                  "host_wait_ms_per_step": r["host_wait_ms"], "cpu_ms_per_step": r["cpu_ms"]}
+                         for layout, r in runs.items()}}))
 
 
 if __name__ == "__main__":

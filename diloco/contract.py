@@ -130,6 +130,7 @@ class LearnerArgs:
     syncer: str
     metrics_port: int | None = None
     cpus: str | None = None
+    host_cpus: str | None = None
     restart: int | None = None
     token_file: str | None = None  # None: the token is in $DILOCO_TOKEN (the local runner's way)
     tls_ca: str | None = None
@@ -140,7 +141,8 @@ class LearnerArgs:
 
     def argv(self) -> list[str]:
         out = ["--config", self.config, "--group", self.group, "--index", str(self.index), "--syncer", self.syncer]
-        out += _optional(("--metrics-port", self.metrics_port), ("--cpus", self.cpus), ("--restart", self.restart),
+        out += _optional(("--metrics-port", self.metrics_port), ("--cpus", self.cpus), ("--host-cpus", self.host_cpus),
+                         ("--restart", self.restart),
                          ("--token-file", self.token_file), ("--tls-ca", self.tls_ca), ("--tls-server-name", self.tls_server_name),
                          ("--coordinator", self.coordinator), ("--process-id", self.process_id),
                          ("--num-processes", self.num_processes))
@@ -197,6 +199,9 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     add_token_flag(p)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
+    p.add_argument("--host-cpus", default=None,
+                   help="run the learner's own threads (its loop, gRPC, pushes) on these CPUs and leave --cpus to "
+                        "XLA's, as an accelerator leaves its host's cores to the host (default: all on --cpus)")
     p.add_argument("--restart", type=int, default=None,
                    help="restart count from the local runner: 0 joins as a new process, more takes the id over (default: a pod, which always takes over)")
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: never)")

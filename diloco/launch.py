@@ -46,13 +46,48 @@ def read_token(args: argparse.Namespace) -> str:
 def pin_cpus(spec: str | None) -> None:
     """Pin this process to CPUs (`"0"`, `"0,1"`) before JAX starts: XLA's thread flags do nothing
     on small CPU hosts, and pinned learners share cores fairly (docs/DEVELOPMENT.md, "Several processes on few cores")."""
+    if spec:
+        _pin(_cpu_set(spec, "--cpus"), "--cpus")
+
+
+def split_host_threads(spec: str | None) -> None:
+    """Move this thread, and every thread it starts from now on (gRPC's, the learner's sender
+    and subscriber), to the host CPUs `spec`; JAX's runtime threads, started here first, stay
+    where `pin_cpus` put the process. On a CPU device the cores are the device, and without
+    this the learner's communication takes its cycles from XLA's, which on an accelerator
+    it never does: its host has cores of its own. Call it from the main thread, after
+    `jax.distributed` (which must come before JAX's backend) and before any other thread."""
     if not spec:
         return
+    cpus = _cpu_set(spec, "--host-cpus")
+    import jax
+    import numpy as np
+
+    jax.device_put(np.zeros(1, np.float32)).block_until_ready()  # the backend and its worker threads
+    _pin(cpus, "--host-cpus")
+
+
+def _cpu_set(spec: str, flag: str) -> set[int]:
     try:
         cpus = {int(c) for c in spec.split(",") if c.strip()}
+    except ValueError:
+        cpus = set()
+    if not cpus:
+        raise SystemExit(_bad_cpus(flag, spec, "not a list of CPU numbers"))
+    return cpus
+
+
+def _pin(cpus: set[int], flag: str) -> None:
+    """Pin the calling thread; on Linux the threads it starts later inherit its CPUs."""
+    try:
         os.sched_setaffinity(0, cpus)
-    except (ValueError, OSError) as exc:
-        raise SystemExit(f"--cpus {spec!r}: {exc}") from None
+    except OSError as exc:
+        raise SystemExit(_bad_cpus(flag, ",".join(map(str, sorted(cpus))), exc.strerror or str(exc))) from None
+
+
+def _bad_cpus(flag: str, spec: str, why: str) -> str:
+    allowed = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    return f"{flag} {spec!r}: {why}; give CPUs this process may use, e.g. 0 or 0,1 (it may use {allowed})"
 
 
 def keep_freed_memory() -> None:

@@ -97,3 +97,55 @@ def test_xla_cpu_flags_keep_the_users_own(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT")
     xla_cpu_flags()
     assert os.environ["XLA_FLAGS"] == "--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT"
+
+
+SPLIT = r"""
+import json, os, sys, threading, time
+from pathlib import Path
+from diloco.launch import pin_cpus, split_host_threads
+pin_cpus(sys.argv[1])
+split_host_threads(sys.argv[2])
+import jax, jax.numpy as jnp
+
+def busy():  # CPU seconds of each thread but this one
+    me = str(threading.get_native_id())
+    return {t.name: int((t / "schedstat").read_text().split()[0]) for t in Path("/proc/self/task").iterdir() if t.name != me}
+
+started = []
+t = threading.Thread(target=lambda: started.append(sorted(os.sched_getaffinity(0))))  # as gRPC's and the sender are
+t.start(); t.join()
+f = jax.jit(lambda a: jnp.tanh(a @ a).sum())
+a = jnp.ones((256, 256))
+f(a).block_until_ready()
+before = busy()
+for _ in range(100):
+    out = f(a)
+out.block_until_ready()
+after = busy()
+compute = max(after, key=lambda tid: after[tid] - before.get(tid, 0))
+print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "started": started[0],
+                  "compute": sorted(os.sched_getaffinity(int(compute)))}))
+"""
+
+
+def test_host_cpus_take_the_learners_own_threads_and_leave_the_device_cpus_to_xla() -> None:
+    """`--host-cpus` (diloco/launch.py): the main thread and every thread it starts later move to
+    the host CPUs, and XLA's computations still run on the device CPUs (`--cpus`)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to tell the device's from the host's")
+    device, host = cpus[0], cpus[1]
+    out = subprocess.run([sys.executable, "-c", SPLIT, str(device), str(host)], capture_output=True, text=True,
+                         timeout=120, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"main": [host], "started": [host], "compute": [device]}, seen
+
+
+@pytest.mark.parametrize("spec", ["x", "99999"])
+def test_a_bad_host_cpus_flag_names_the_flag_and_the_cpus_there_are(spec: str) -> None:
+    from diloco.launch import split_host_threads
+
+    before = os.sched_getaffinity(0)
+    with pytest.raises(SystemExit, match=r"--host-cpus '.+': .*it may use"):
+        split_host_threads(spec)
+    assert os.sched_getaffinity(0) == before

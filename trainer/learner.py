@@ -44,7 +44,7 @@ def _warm_codecs(syncer: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diloco.contract import Event, Exit, LearnerId
-    from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token
+    from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token, split_host_threads
 
     t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools
@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
     _SPEAKS[0] = hosts.leader
+    split_host_threads(args.host_cpus)  # after jax.distributed, before gRPC's and our threads start
     # Disjoint across groups and clusters: spec.data.shards and the groups' shardOffset.
     shard_index, shard_count = spec.shard_of(group.name, args.index)
 
