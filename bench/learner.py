@@ -9,7 +9,11 @@ does. Both processes stay alive, warm, on core 0 (the syncer gets core 1) and ta
 one runs while the other is held with SIGSTOP, `--turns` times each, so the shared machine's
 slow swings (here +-10% over tens of seconds) hit both alike instead of landing on one side
 of an A/B run. A turn is shorter than the syncer's keepalive timeout, so holding the learner
-never drops its stream. Last line: JSON with `ratio` (target >= 0.97 on CPU), the per-turn
+never drops its stream. Two layouts, one after the other: `host_core`, XLA's threads on core 0
+(the device) and the loops' own threads on core 1 (the host; the learner's `--host-cpus`), as on
+an accelerator, whose host runs gRPC and the loop on cores of its own; and `one_core`, every
+thread on core 0, where the learner's communication takes the device's cycles. Last line: JSON
+with `ratio` (`host_core`; target >= 0.97 on CPU), `ratio_one_core`, each layout's per-turn
 rates, and `mfu`: model FLOPs per second (6 x parameters + attention, per token) over the
 devices' peak, from PEAK_FLOPS by device kind; a CPU has no fixed entry, so its peak is the
 fp32 matmul rate XLA reaches on the same core in the same run (stated). Also
