@@ -58,17 +58,18 @@ class LocalRun:
                                 shard=s if shards > 1 else None)
             self.sup.add(Child(name, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / f"{name}.log"))
         addresses = ",".join(f"127.0.0.1:{port}" for port in self.ports)
-        cpus = sorted(os.sched_getaffinity(0))  # the cores we may use (taskset), one per learner process in turn
         groups = {g.name: g for g in spec.learner_groups}
-        process = 0
-        for learner in spec.learner_ids():
-            h = groups[learner.group].hosts_per_learner
-            cores = [str(cpus[(process + k) % len(cpus)]) for k in range(h)]
-            process += h
+        learners = spec.learner_ids()
+        plan = core_plan(sorted(os.sched_getaffinity(0)), [groups[x.group].hosts_per_learner for x in learners], shards)
+        for learner, cores in zip(learners, plan):
+            h = len(cores)
+            (device, host), *_ = cores
             args = LearnerArgs(str(self.config), learner.group, learner.index, addresses,
-                               metrics_port=free_port() if h == 1 else None, cpus=cores[0] if h == 1 else None)
-            hosts = [] if h == 1 else [["--process-id", str(k), "--num-processes", str(h), "--cpus", cores[k],
-                                        "--metrics-port", str(free_port())] for k in range(h)]
+                               metrics_port=free_port() if h == 1 else None,
+                               cpus=device if h == 1 else None, host_cpus=host if h == 1 else None)
+            hosts = [] if h == 1 else [["--process-id", str(k), "--num-processes", str(h), "--cpus", d,
+                                        *(["--host-cpus", c] if c else []), "--metrics-port", str(free_port())]
+                                       for k, (d, c) in enumerate(cores)]
             self.sup.add(Child(str(learner), "learner", diloco_argv("learner", args.argv()),
                                out / "logs" / f"{learner}.log", hosts=hosts, env=cpu_devices(spec, h)))
         self.tracker = RunTracker([n for n, c in self.sup.children.items() if c.kind == "learner"])
@@ -214,6 +215,25 @@ class LocalRun:
         from diloco.local.report import write_report
 
         return write_report(self.job, self.out, self.tracker, wall, self.failure)
+
+
+def core_plan(cpus: list[int], hosts: list[int], syncers: int) -> list[list[tuple[str, str | None]]]:
+    """Per learner, per host process: the core its XLA device runs on (`--cpus`) and the core
+    its own threads run on (`--host-cpus`, or None for the same core).
+
+    Every learner process gets a core of its own while there are cores enough, else they
+    take the cores in turn (learners share them fairly when pinned). A host core comes only
+    when every process can have one and a core is still left for each syncer shard: then each
+    learner runs as on an accelerator, its gRPC client and loop beside its device instead of on
+    it (`bench/learner.py`, `host_core`: 0.99-1.01 of the plain loop against 0.96-0.97)."""
+    processes = sum(hosts)
+    split = len(cpus) >= 2 * processes + syncers
+    plan, process = [], 0
+    for h in hosts:
+        plan.append([(str(cpus[(process + k) % len(cpus)]), str(cpus[processes + process + k]) if split else None)
+                     for k in range(h)])
+        process += h
+    return plan
 
 
 def cpu_devices(spec: JobSpec, hosts: int) -> dict[str, str]:
