@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arms
 import common
 
 TARGET = 0.95
@@ -97,7 +98,7 @@ def main() -> None:
     n = len(speeds)
 
     def uncoupled() -> list[float]:
-        handles = [common.inproc_async("plain", m, i % 2, seconds=args.seconds, slowdown=slowdowns[i], shard=i,
+        handles = [arms.inproc_async("plain", m, i % 2, seconds=args.seconds, slowdown=slowdowns[i], shard=i,
                                        learners=n) for i in range(n)]
         return [h.result()["steps_per_second"] for h in handles]
 
@@ -111,7 +112,7 @@ def main() -> None:
         return [rates.get(name, 0.0) for name in names]
 
     def synchronous() -> tuple[list[float], list[float], float]:
-        lock = common.lockstep(m, slowdowns, args.inner_steps, args.seconds)
+        lock = arms.lockstep(m, slowdowns, args.inner_steps, args.seconds)
         total = sum(x["steps"] for x in lock) / max(x["seconds"] for x in lock)
         return [x["steps"] / x["seconds"] for x in lock], [1 - x["busy"] / x["seconds"] for x in lock], total
 

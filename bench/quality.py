@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arms
 import common
 
 TARGETS = {"decoupled_over_sync": 1.00, "decoupled_over_dp": 1.02}
@@ -79,7 +80,7 @@ def in_process(args: argparse.Namespace, skip: Sequence[str] = ()) -> list[dict[
     rows = []
     for i in range(0, len(jobs), 2):
         pair = jobs[i:i + 2]
-        handles = [common.inproc_async(kind, m, cpu, **kw) for cpu, (_, _, _, kind, m, kw) in enumerate(pair)]
+        handles = [arms.inproc_async(kind, m, cpu, **kw) for cpu, (_, _, _, kind, m, kw) in enumerate(pair)]
         for (arm, lr, seed, *_), h in zip(pair, handles):
             r = h.result()
             r.update(arm=arm, lr=lr, seed=seed)
@@ -180,12 +181,12 @@ def main() -> None:
 
     import numpy as np
 
-    arms = (["data-parallel", "sync-diloco", "decoupled"] + ([] if args.no_chaos else ["decoupled-chaos"])
+    names = (["data-parallel", "sync-diloco", "decoupled"] + ([] if args.no_chaos else ["decoupled-chaos"])
             + (["decoupled-chaos-fresh"] if args.fresh_moments_arm and not args.no_chaos else []))
-    chosen = {arm: best(rows, arm) for arm in arms}
+    chosen = {arm: best(rows, arm) for arm in names}
     dp = chosen["data-parallel"][1]
     table = []
-    for arm in arms:
+    for arm in names:
         lr, losses = chosen[arm]
         vals = list(losses.values())
         table.append({"arm": arm, "lr": lr, "mean": float(np.mean(vals)),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import arms
 import common
 
 # name -> (description, replay options); options: syncer (spec.syncer changes), scripts
@@ -105,7 +106,7 @@ class JaxTrainer:
 
 def replay_arm(m: dict[str, Any], learners: int, steps: int, seed: int, scripts: str = "healthy",
                adoption: str = "rebase", shared: bool = True) -> dict[str, Any]:
-    """One replayed run (called in a fresh process by common.inproc)."""
+    """One replayed run (called in a fresh process by arms.inproc)."""
     from diloco.sim.replay import Replay
     from diloco.spec import parse_job
 
@@ -171,7 +172,7 @@ def run_grid(jobs: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[dic
     rows: list[dict[str, Any]] = []
     for i in range(0, len(jobs), 2):
         pair = jobs[i:i + 2]
-        handles = [common.inproc_async("replay", m, cpu, **kw) for cpu, (_, m, kw) in enumerate(pair)]
+        handles = [arms.inproc_async("replay", m, cpu, **kw) for cpu, (_, m, kw) in enumerate(pair)]
         for (name, _, kw), h in zip(pair, handles):
             r = h.result()
             r.update(arm=name, seed=kw["seed"])
