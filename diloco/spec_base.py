@@ -1,4 +1,4 @@
-"""The base every spec class shares (diloco/spec.py, diloco/spec_learner.py)."""
+"""The base every spec class shares, and the patterns their names follow (diloco/spec*.py)."""
 
 from __future__ import annotations
 
@@ -10,3 +10,9 @@ class Model(BaseModel):
     """Strict base: camelCase in manifests, snake_case in Python, unknown fields refused."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+# Kubernetes names and a syncer's address, as the API server checks them.
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+HOST_PORT = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$"

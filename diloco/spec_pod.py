@@ -1,4 +1,5 @@
-"""What a user adds to the pods the operator renders: `learnerGroups[].pod` and `syncer.pod`.
+"""What a user adds to the pods the operator renders: `learnerGroups[].pod` and `syncer.pod`,
+besides their resources and tolerations.
 
 JobSet and KubeRay take a whole pod template; ours is an overlay of the fields users need in
 the first week (a cloud identity for the data bucket, a private registry, a priority, extra
@@ -9,7 +10,7 @@ probes, security context, config and token mounts are what the learner-syncer co
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator
 
@@ -51,3 +52,18 @@ class PodOverlay(Model):
     env: list[EnvVar] = Field(default_factory=list)  # appended to the container's own
     volumes: list[KubeObject] = Field(default_factory=list)  # names must not clash with ours
     volume_mounts: list[KubeObject] = Field(default_factory=list)  # into the learner or syncer container
+
+
+class Toleration(Model):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Resources(Model):
+    """Kubernetes ResourceRequirements; quantities stay strings (`"1"`, `"8Gi"`, `google.com/tpu: 4`)."""
+
+    requests: dict[str, str | int] = Field(default_factory=dict)
+    limits: dict[str, str | int] = Field(default_factory=dict)

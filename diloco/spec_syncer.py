@@ -1,0 +1,145 @@
+"""How the syncer merges and publishes, and where it runs (`spec.syncer`). Part of the one job
+spec (diloco/spec.py re-exports these classes).
+
+The defaults are the paper's protocol as measured here (docs/ALGORITHM.md, docs/BENCHMARKS.md):
+K = 1, a grace window, RDA over int4 outer gradients, int8 broadcast deltas, one shard.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from diloco.core.codecs import Codec
+from diloco.core.fragments import Method
+from diloco.core.ledger import Adoption
+from diloco.core.merge import MergeMethod
+from diloco.core.rounds import StalePolicy
+from diloco.spec_base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec_pod import PodOverlay, Resources
+
+DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
+
+
+class GraceWindow(Model):
+    """ξ_grace = clamp(γ·(τ·ξ_step − ξ_quorum − ξ_sync), 0, cap) (docs/ALGORITHM.md, "The syncer")."""
+
+    gamma: float = Field(0.8, ge=0.0, le=1.0)  # paper's γ: keep a safety margin of 20%
+    tau: int = Field(2, ge=1, le=64)  # steps a fragment may be in flight before it is late
+    # Cap on the wait. None: τ step times, so only the formula bounds it (at most γ·τ = 1.6 steps).
+    # The paper caps at about one step; measured here, learners whose phases spread close to a
+    # step then keep arriving just after the cap and skip slots (83 of 1,200 in a replay, +4.5%
+    # loss; docs/BENCHMARKS.md, "The grace window's cap"). Learners never wait on it either way.
+    cap_seconds: float | None = Field(None, ge=0.0)
+
+
+class Staleness(Model):
+    # Versions a contribution may lag the global fragment; 2 matches τ = 2 steps in flight.
+    max_versions: int = Field(2, ge=0, le=64)
+    # accept: merge a lagging outer gradient whole (learners rebase, so it holds only progress
+    # Θ lacks); downweight: merge 1/(1 + lag) of it; drop: refuse any lag (its learner keeps the
+    # progress and pushes it again at its next slot).
+    policy: StalePolicy = "accept"
+
+
+class ExternalSyncer(Model):
+    """A syncer in another cluster (multi-cluster jobs); this cluster then hosts only learners."""
+
+    endpoint: str = Field(pattern=HOST_PORT, max_length=261)
+    # A Secret in the job's namespace: key `token` holds a copy of the home job's `<job>-token`;
+    # an optional key `ca.crt`, the CA of the syncer's certificate, turns TLS on.
+    token_secret: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    # The name in the syncer's certificate, when the endpoint's host is another (an IP, an alias).
+    server_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+class Gateway(Model):
+    """The Gateway API Gateway (and listener) a GRPCRoute attaches to."""
+
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
+    namespace: str | None = Field(None, pattern=DNS_LABEL, max_length=63)  # default: the job's
+    section_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63)
+
+
+class ExposeTLS(Model):
+    """The syncer's own TLS: on by default once it is reachable from outside the cluster."""
+
+    enabled: bool = True
+    # A kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt (what cert-manager writes).
+    secret_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+class Expose(Model):
+    """Make an in-cluster syncer reachable from other clusters' learners."""
+
+    type: Literal["LoadBalancer", "GRPCRoute"] = "LoadBalancer"
+    # The DNS name remote learners dial; also the name the syncer's certificate is checked for.
+    host: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+    annotations: dict[str, str] = Field(default_factory=dict)  # on the Service or the GRPCRoute
+    load_balancer_source_ranges: list[str] = Field(default_factory=list, max_length=64)  # CIDRs
+    gateway: Gateway | None = None  # GRPCRoute only
+    tls: ExposeTLS = Field(default_factory=ExposeTLS)
+
+
+class Syncer(Model):
+    # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
+    READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "shards", "adoption")
+    # Pod settings, and exposure (its TLS files show in the syncer's pod template itself).
+    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose")
+
+    quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
+    grace_window: GraceWindow = Field(default_factory=GraceWindow)
+    merge: MergeMethod = "rda"  # the paper's radial-directional averaging; average is the ablation
+    token_weighting: bool = True  # w = tokens·(tokens/steps); off gives uniform weights
+    # A round holding n of the M active learners moves Θ by n/M of its merged update, so Θ
+    # advances by the learners' average progress however the asynchronous rounds split.
+    participation_scaling: bool = True
+    fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
+    fragmentation: Method = "balanced"  # equal bytes per fragment: even WAN bursts, even merges
+    # Syncer processes; fragment p is owned (merged, checkpointed, published) by shard p mod
+    # shards. One is enough to ~48 learners of 1e8 parameters (docs/BENCHMARKS.md §5); more
+    # spread the merges and the broadcast over cores or hosts.
+    shards: int = Field(1, ge=1, le=64)
+    compression: Codec = "int4"  # +0.09% loss vs bf16
+    # Global fragments travel to learners as compressed deltas with error feedback (keyframes
+    # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
+    broadcast_compression: Codec = "int8"
+    block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4/int8
+    # The outer step for frequent syncs (each fragment every P steps), measured (docs/BENCHMARKS.md,
+    # "The outer step"): lr 0.6 with inner lr 9e-3 is the best pair of the replay's grid and beats
+    # 0.8 by 2.5% in the real job; 0.8 was best only with an inner lr of 3e-3, and an lr of 1 or
+    # more overshoots the learners' drift. DiLoCo's 0.7 / 0.9 were tuned for a sync every ~500
+    # steps; momentum re-applies stale updates when syncs are this frequent.
+    outer_learning_rate: float = Field(0.6, gt=0.0, le=10.0)
+    outer_momentum: float = Field(0.0, ge=0.0, lt=1.0)
+    # How a learner takes a published fragment: rebase keeps its own progress that Θ_p does not
+    # hold (θ_p ← Θ_p + unmerged progress); overwrite (θ_p ← Θ_p, the first release's rule) is
+    # kept as an ablation: it throws away the steps taken while a push was in flight.
+    adoption: Adoption = "rebase"
+    # Refuse an outer gradient whose norm exceeds this many times the median of the fragment's
+    # recent accepted ones (a broken learner's blow-up; docs/OPERATIONS.md, "Integrity"). Its
+    # learner re-syncs from Θ. Honest runs, chaos and re-admission included, stay far below it
+    # (docs/BENCHMARKS.md, "Outlier refusal"). null turns the check off.
+    max_norm_ratio: float | None = Field(20.0, gt=1.0)
+    # A syncer crash loses at most this much merging, and learners hand most of it back (Recover);
+    # writing more often costs disk bandwidth for no gain.
+    checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
+    # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
+    # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model
+    # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the
+    # slots' merges came late (up to 5.2 s) and the Join took 22 s; at 1 GB/s the same; at
+    # 250 MB/s, once the syncer reserved its heap at start, none late and the Join took 16 s.
+    # Only while learners push:
+    # every learner re-joining a restarted syncer goes at full speed. A quickstart's Join (2 MB)
+    # never waits. null: unpaced.
+    join_bytes_per_second: float | None = Field(2.5e8, gt=0.0)
+    staleness: Staleness = Field(default_factory=Staleness)
+    image: str = DEFAULT_SYNCER_IMAGE
+    resources: Resources = Field(default_factory=Resources)
+    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
+    external: ExternalSyncer | None = None
+    expose: Expose | None = None
+    # Regions of learner groups in other clusters that use this syncer: its status and metrics
+    # then break them out by name instead of counting them as "other".
+    remote_regions: list[str] = Field(default_factory=list, max_length=64)
