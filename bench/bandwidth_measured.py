@@ -129,10 +129,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_title("Measured wire bytes per token against data-parallel (labels: times fewer)")
     ax.set_ylim(top=max(r["dp_bf16_per_token"] for r in rows) * 8)
     ax.legend(fontsize=8, ncol=3, loc="upper center")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main() -> None:

@@ -303,6 +303,16 @@ def save_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a bench's plot (docs/img) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def machine() -> dict[str, Any]:
     load = os.getloadavg()
     return {"cpus": len(os.sched_getaffinity(0)), "loadavg_1m_at_start": round(load[0], 2)}

@@ -59,10 +59,7 @@ def plot(rows: list[dict], path: Path) -> None:
     bx.set_ylabel("aggregate tokens/s / uncoupled sum")
     bx.set_title("Aggregate throughput")
     bx.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main() -> None:

@@ -66,10 +66,7 @@ def plot(events: list[dict[str, Any]], t0: float, late: float, joins: dict[str, 
     bx.set_ylim(lo * 0.97, min(3.5, max(v for pts in by.values() for _, v in pts) * 1.02))
     bx.legend(fontsize=7)
     ax.set_title("Compute scavenging: learners join a running job")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    common.save_figure(fig, path)
 
 
 def main() -> None:
