@@ -98,8 +98,10 @@ class Syncer(Model):
     fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
     fragmentation: Method = "balanced"  # equal bytes per fragment: even WAN bursts, even merges
     # Syncer processes; fragment p is owned (merged, checkpointed, published) by shard p mod
-    # shards. One is enough to ~48 learners of 1e8 parameters (docs/BENCHMARKS.md §5); more
-    # spread the merges and the broadcast over cores or hosts.
+    # shards. One is enough for 48 learners of 1e8 parameters and 12 of 1e9 at 1 s steps on one
+    # core (docs/BENCHMARKS.md §5). More spread the merges and the broadcast over cores or hosts
+    # where one shard's core is saturated; they do not shorten one slot's chain, which is the
+    # limit measured there.
     shards: int = Field(1, ge=1, le=64)
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
