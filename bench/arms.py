@@ -182,6 +182,17 @@ def sync_diloco(m: dict[str, Any], learners: int, steps: int, inner_steps: int, 
             "outer_momentum": outer_momentum, "curve": curve}
 
 
+def _slowed_step(s: _Setup, params: Any, opt: Any, learner: int, n: int, slowdown: float) -> tuple[Any, Any]:
+    """Step n of `learner` on its shard, stretched by its group's slowdown exactly as the learner
+    stretches it (sleep compute x (slowdown - 1))."""
+    c0 = time.monotonic()
+    params, opt, loss = s.recipe.step(params, opt, s.batch(learner), n)
+    float(loss)
+    if slowdown > 1:
+        time.sleep((time.monotonic() - c0) * (slowdown - 1))
+    return params, opt
+
+
 def plain_loop(m: dict[str, Any], seconds: float, slowdown: float, shard: int, learners: int) -> dict[str, Any]:
     """A learner's compute without any syncer: AdamW steps on its shard, each stretched by the
     group's slowdown exactly as the learner stretches it (sleep compute x (slowdown - 1))."""
@@ -192,11 +203,7 @@ def plain_loop(m: dict[str, Any], seconds: float, slowdown: float, shard: int, l
     float(loss)
     n, t0 = 0, time.monotonic()
     while time.monotonic() - t0 < seconds:
-        c0 = time.monotonic()
-        params, opt, loss = s.recipe.step(params, opt, s.batch(shard), n + 1)
-        float(loss)
-        if slowdown > 1:
-            time.sleep((time.monotonic() - c0) * (slowdown - 1))
+        params, opt = _slowed_step(s, params, opt, shard, n + 1, slowdown)
         n += 1
     wall = time.monotonic() - t0
     tps = s.tr.batch_size * s.cfg.context
@@ -241,11 +248,7 @@ def lockstep_worker(rank: int, m: dict[str, Any], learners: int, inner_steps: in
         params = unflat(glob.copy())
         b0 = time.monotonic()
         for _ in range(inner_steps):
-            c0 = time.monotonic()
-            params, opt, loss = s.recipe.step(params, opt, s.batch(rank), steps + 1)
-            float(loss)
-            if slowdown > 1:
-                time.sleep((time.monotonic() - c0) * (slowdown - 1))
+            params, opt = _slowed_step(s, params, opt, rank, steps + 1, slowdown)
             steps += 1
         busy += time.monotonic() - b0
         local[rank] = np.concatenate([np.asarray(params[k]).reshape(-1) for k in names])
