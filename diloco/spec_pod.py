@@ -14,9 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator
 
-from diloco.spec_base import Model
+from diloco.spec_base import DNS_SUBDOMAIN, Model
 
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 # The variables the operator sets itself (learner index, multi-host and TPU settings, HOME).
 RESERVED_PREFIXES, RESERVED_NAMES = ("DILOCO_", "TPU_WORKER_"), ("POD_NAME", "HOME")
 # A Kubernetes Volume or VolumeMount, validated by the API server when the pod is created.
@@ -36,19 +35,19 @@ class EnvVar(Model):
 
 
 class LocalObjectReference(Model):
-    name: str = Field(pattern=DNS_SUBDOMAIN)
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
 
 
 class PodOverlay(Model):
     labels: dict[str, str] = Field(default_factory=dict)  # ours (job, component, group) win
     annotations: dict[str, str] = Field(default_factory=dict)
     # e.g. a Workload Identity / IRSA account that may read the data bucket; unset: the default.
-    service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN)
+    service_account_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
     # Off unless asked: learners and syncer never call the Kubernetes API; a cloud identity
     # (GKE Workload Identity, EKS IRSA) needs the projected token, so it can be turned on.
     automount_service_account_token: bool = False
     image_pull_secrets: list[LocalObjectReference] = Field(default_factory=list)
-    priority_class_name: str | None = Field(None, pattern=DNS_SUBDOMAIN)
+    priority_class_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
     env: list[EnvVar] = Field(default_factory=list)  # appended to the container's own
     volumes: list[KubeObject] = Field(default_factory=list)  # names must not clash with ours
     volume_mounts: list[KubeObject] = Field(default_factory=list)  # into the learner or syncer container

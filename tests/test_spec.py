@@ -130,6 +130,15 @@ def test_learners_only_clusters_must_place_their_shards() -> None:
         "spec.syncer.external.tokenSecret: 'Home' is not a DNS name (lower-case letters, digits, '-' and '.')"]
 
 
+def test_pod_overlay_names_are_checked_as_every_other_dns_name() -> None:
+    """One pattern for DNS names (spec_base.py), so a pod's names get the same error that names the fix."""
+    pod = {"serviceAccountName": "Bucket_Reader", "priorityClassName": "a..b", "imagePullSecrets": [{"name": "-x"}]}
+    assert problems(minimal(learnerGroups=[{"name": "a", "pod": pod}])) == [
+        f"spec.learnerGroups[0].pod.{field}: {value!r} is not a DNS name (lower-case letters, digits, '-' and '.')"
+        for field, value in (("serviceAccountName", "Bucket_Reader"), ("imagePullSecrets[0].name", "-x"),
+                             ("priorityClassName", "a..b"))]
+
+
 def test_exposure_needs_a_certificate_unless_tls_is_off() -> None:
     assert problems(minimal(syncer={"expose": {}})) == [
         "spec.syncer.expose.tls.secretName: TLS is on when the syncer is exposed; name a kubernetes.io/tls "
