@@ -145,9 +145,14 @@ class _Unshared:
     def skipped(self) -> int:
         return 0
 
-    def take(self) -> tuple[int, int]:
+    @property
+    def per_slot(self) -> int:
+        return 1
+
+    def take(self) -> tuple[int, range]:
         slot, _ = self.inner.take()
-        return slot, (slot + self.offset) % self.num
+        p = (slot + self.offset) % self.num
+        return slot, range(p, p + 1)
 
     def observe(self, next_slot: int) -> int:
         return 0

@@ -81,7 +81,7 @@ def check_shapes(cfg: TransformerModel, params: Mapping[str, np.ndarray], where:
 def read_checkpoint(job: DecoupledDiLoCoJob, root: Path) -> TrainedModel:
     """Θ from the newest valid checkpoint of every syncer shard under `root` (`root` itself when
     unsharded, `root/shard-<i>` otherwise: how `diloco run` lays them out)."""
-    shards, fragments = job.spec.syncer.shards, job.spec.syncer.fragments
+    shards, fragments = job.spec.syncer.shards, job.spec.syncer.plan_size
     loads: list[Loaded] = []
     for s in range(shards):
         store = CheckpointStore(checkpoint_dir(str(root), s, shards))
@@ -123,7 +123,7 @@ def _no_checkpoint(root: Path, shard: int, shards: int, skipped: list[str]) -> E
 def _versions(loaded: Loaded, fragments: int) -> list[int]:
     versions = loaded.meta.get("versions")
     if not isinstance(versions, list) or len(versions) != fragments or not all(isinstance(v, int) for v in versions):
-        raise ExportError(f"{loaded.path} does not hold {fragments} fragment versions: spec.syncer.fragments differs "
+        raise ExportError(f"{loaded.path} does not hold {fragments} fragment versions: spec.syncer.fragments or shards differ "
                           "from the job that wrote it; give that job's manifest")
     return versions
 

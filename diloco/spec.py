@@ -226,11 +226,6 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
             f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {learners} learners in "
             f"{where}; lower the quorum or add replicas"
         )
-    if spec.syncer.shards > spec.syncer.fragments:
-        yield (
-            f"spec.syncer.shards: {spec.syncer.shards} shards for {spec.syncer.fragments} fragments would leave "
-            "a shard with nothing to merge; use at most as many shards as fragments"
-        )
     if spec.syncer.shards > 1 and (spec.syncer.external is not None or spec.syncer.expose is not None):
         yield ("spec.syncer.shards: a sharded syncer is not yet reachable from other clusters "
                "(spec.syncer.external, spec.syncer.expose); use one shard for multi-cluster jobs")

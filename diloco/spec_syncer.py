@@ -95,13 +95,13 @@ class Syncer(Model):
     # A round holding n of the M active learners moves Θ by n/M of its merged update, so Θ
     # advances by the learners' average progress however the asynchronous rounds split.
     participation_scaling: bool = True
-    fragments: int = Field(4, ge=1, le=4096)  # P: one fragment is due per step
+    fragments: int = Field(4, ge=1, le=4096)  # P: 1/P of the model is due per step
     fragmentation: Method = "balanced"  # equal bytes per fragment: even WAN bursts, even merges
-    # Syncer processes; fragment p is owned (merged, checkpointed, published) by shard p mod
-    # shards. One is enough for 48 learners of 1e8 parameters and 12 of 1e9 at 1 s steps on one
-    # core (docs/BENCHMARKS.md §5). More spread the merges and the broadcast over cores or hosts
-    # where one shard's core is saturated; they do not shorten one slot's chain, which is the
-    # limit measured there.
+    # Syncer processes. Each step's 1/P of the model is cut in one fragment per shard (the plan
+    # holds P x shards fragments; fragment q is merged, checkpointed and published by shard
+    # q mod shards), so every shard works on every slot and N shards shorten each slot's chain.
+    # One is enough for 48 learners of 1e8 parameters and 12 of 1e9 at 1 s steps on one core
+    # (docs/BENCHMARKS.md §5).
     shards: int = Field(1, ge=1, le=64)
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
@@ -145,3 +145,8 @@ class Syncer(Model):
     # Regions of learner groups in other clusters that use this syncer: its status and metrics
     # then break them out by name instead of counting them as "other".
     remote_regions: list[str] = Field(default_factory=list, max_length=64)
+
+    @property
+    def plan_size(self) -> int:
+        """The fragments in the plan: P per shard, so each slot has one for every shard."""
+        return self.fragments * self.shards

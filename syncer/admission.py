@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 
 from diloco.core.codecs import CodecError, Packed, parse_tensors
+from diloco.core.schedule import due_fragments
 from diloco.wire import pb
 
 log = logging.getLogger("diloco.syncer")
@@ -45,8 +46,9 @@ class Session:
     secret: bytes
 
 
-def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int]) -> None:
-    """Raise Refused if a push header is unacceptable (checked before reading the body)."""
+def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int], shards: int = 1) -> None:
+    """Raise Refused if a push header is unacceptable (checked before reading the body). The
+    plan holds one fragment per shard for each slot (core/schedule.py)."""
     problem, code, num = None, grpc.StatusCode.INVALID_ARGUMENT, len(max_push_bytes)
     if not h.learner or len(h.learner) > MAX_ID or len(h.region) > MAX_ID:
         problem = "learner id must be 1-128 characters"
@@ -61,11 +63,19 @@ def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int]) 
         problem = "steps must be >= 1 and step_seconds finite and non-negative"
     elif h.slot > (1 << 48) or h.trained_tokens > (1 << 62):
         problem = "slot and trained_tokens are out of range"
-    elif h.push_id and h.slot % num != h.fragment:
-        problem = (f"slot {h.slot} is fragment {h.slot % num}'s (slot s is due for fragment s mod {num}), "
-                   f"not fragment {h.fragment}'s")
+    elif h.push_id and h.fragment not in (due := due_fragments(h.slot, num, shards)):
+        problem = (f"slot {h.slot} is due for fragment{'s' if shards > 1 else ''} {_listed(due)}, not fragment "
+                   f"{h.fragment} (slot s is due for fragment{'s' if shards > 1 else ''} {_rule(num, shards)})")
     if problem:
         raise Refused(code, problem)
+
+
+def _listed(due: range) -> str:
+    return str(due.start) if len(due) == 1 else f"{due.start}-{due.stop - 1}"
+
+
+def _rule(num: int, shards: int) -> str:
+    return f"s mod {num}" if shards == 1 else f"(s mod {num // shards}) x {shards} + shard, one per shard"
 
 
 def outer_gradient(blob: bytes | memoryview, p: int, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[str, Packed], float]:

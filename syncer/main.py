@@ -46,7 +46,7 @@ def restored_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard
     if loaded is None:
         return None
     syncer = job.spec.syncer
-    model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, owned=owned_by(shard, syncer.fragments, syncer.shards))
+    model = GlobalModel.from_state(syncer, loaded.arrays, loaded.meta, owned=owned_by(shard, syncer.plan_size, syncer.shards))
     log.info("resumed from %s at versions %s", loaded.path.name, model.versions)
     return model
 

@@ -78,9 +78,10 @@ def seed_layout(spec: SyncerSpec, shard: int, header: pb.SeedHeader
     if sum(math.prod(s) for s in shapes.values()) > MAX_ELEMENTS:
         raise _bad("the model is larger than one syncer can hold")
     try:
-        plan = plan_fragments(specs_from_shapes(shapes), spec.fragments, spec.fragmentation)
+        plan = plan_fragments(specs_from_shapes(shapes), spec.plan_size, spec.fragmentation)
     except ValueError as exc:
-        raise _bad(f"the tensors give no plan of spec.syncer.fragments {spec.fragments}: {exc}") from None
+        raise _bad(f"the tensors give no plan of spec.syncer.fragments {spec.fragments} x shards {spec.shards}: "
+                   f"{exc}") from None
     owned = list(owned_by(shard, plan.num_fragments, spec.shards))
     return shapes, owned, {n: shapes[n] for p in owned for n in plan.fragments[p]}
 
@@ -195,7 +196,7 @@ class Unseeded:
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         """Up, and saying what it waits for: dashboards and the operator show it, nothing is merged."""
         self._auth(context)
-        return pb.StatusReply(incarnation=self.incarnation, versions=[0] * self.spec.fragments, shard=self.shard,
+        return pb.StatusReply(incarnation=self.incarnation, versions=[0] * self.spec.plan_size, shard=self.shard,
                               shards=self.spec.shards, unseeded=True)
 
 

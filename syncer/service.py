@@ -179,7 +179,7 @@ class SyncerCore:
 
     def check_header(self, h: pb.PushHeader) -> None:
         """Raise Refused if a push header or its sender's session is unacceptable (before the body)."""
-        check_header(h, self.incarnation, self.max_push_bytes)
+        check_header(h, self.incarnation, self.max_push_bytes, self.spec.shards)
         if h.fragment not in self.owned:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {h.fragment} belongs to syncer shard "
                           f"{owner(h.fragment, self.spec.shards)}, not to this one ({self.shard})", "misrouted")

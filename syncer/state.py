@@ -88,7 +88,7 @@ class GlobalModel:
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
-        self.plan = plan_fragments(specs, self.spec.fragments, self.spec.fragmentation)
+        self.plan = plan_fragments(specs, self.spec.plan_size, self.spec.fragmentation)
         if len(self.versions) != self.plan.num_fragments:
             raise ValueError("one version per fragment")
         self.optimizers = [
@@ -103,7 +103,7 @@ class GlobalModel:
         `copy` false, the caller's own fp32 arrays: a seed's freshly decoded tensors). The
         others are placeholders from the start: a shard of a large model never materialises
         the tensors it does not hold, not even while it is built."""
-        model = cls(spec, placeholders({k: np.shape(v) for k, v in params.items()}), [0] * spec.fragments)
+        model = cls(spec, placeholders({k: np.shape(v) for k, v in params.items()}), [0] * spec.plan_size)
         model.keep_only(owned)
         held = model.held()
         model.params = {k: (np.array(v, np.float32) if copy else np.asarray(v, np.float32)) if k in held else model.params[k]
@@ -218,7 +218,7 @@ class GlobalModel:
 
     def round_book(self) -> RoundBook[Outer]:
         """The round book this model's spec asks for (the syncer's and the replay's)."""
-        policy = round_policy(self.spec, self.plan.num_fragments)
+        policy = round_policy(self.spec, self.spec.fragments)  # P: the slots of a cycle
         book: RoundBook[Outer] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
         if self.schedule:
             book.load_schedule(self.schedule)
@@ -271,9 +271,9 @@ class GlobalModel:
             expect = _checkpoint_shapes(meta, got)
         if any(tuple(expect.get(k, ())) != s for k, s in got.items()):
             raise ValueError(mismatch)
-        model = cls(spec, placeholders(expect), [0] * spec.fragments)
+        model = cls(spec, placeholders(expect), [0] * spec.plan_size)
         if meta.get("plan") != model.plan.to_dict():
-            raise ValueError("checkpoint fragment plan differs from the job's spec.syncer fragments")
+            raise ValueError("checkpoint fragment plan differs from the job's (spec.syncer fragments x shards)")
         model.keep_only(owned)
         stored = meta.get("owned")
         if (list(model.owned) if model.owned is not None else None) != stored:
@@ -284,7 +284,7 @@ class GlobalModel:
             raise ValueError(mismatch)
         model.params.update(params)
         versions = meta.get("versions")
-        if not isinstance(versions, list) or len(versions) != spec.fragments or any(
+        if not isinstance(versions, list) or len(versions) != spec.plan_size or any(
                 not isinstance(v, int) or v < 0 for v in versions):
             raise ValueError("checkpoint versions are malformed")
         model.versions[:] = versions

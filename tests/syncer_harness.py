@@ -69,7 +69,7 @@ class Harness:
             steps=steps, tokens=steps * 512, step_seconds=0.05,
             total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
             push_id=next(self.push_ids) if push_id is None else push_id,
-            slot=fragment if slot is None else slot,  # slot s is due for fragment s mod P
+            slot=fragment // self.core.spec.shards if slot is None else slot,  # core/schedule.py due_fragments
             trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
             session_secret=self.secret(learner) if secret is None else secret,
         )

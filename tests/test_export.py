@@ -52,8 +52,9 @@ def write_job(tmp_path: Path, shards: int = 1, **model: Any) -> tuple[DecoupledD
     job = DecoupledDiLoCoJob.model_validate(doc)
     params, root = trained_params(job.spec.model), tmp_path / "checkpoints"
     for s in range(shards):
-        model_s = GlobalModel.fresh(job.spec.syncer, params, owned_by(s, 2, shards) if shards > 1 else None)
-        model_s.versions[:] = [3, 5]
+        plan_size = job.spec.syncer.plan_size  # 2 fragments a shard
+        model_s = GlobalModel.fresh(job.spec.syncer, params, owned_by(s, plan_size, shards) if shards > 1 else None)
+        model_s.versions[:] = [3 + 2 * p for p in range(plan_size)]
         model_s.tokens_merged, model_s.outer_steps = 4096, 4
         CheckpointStore(root if shards == 1 else root / f"shard-{s}").save(*model_s.state())
     return job, root, params
@@ -82,7 +83,7 @@ def test_export_round_trips(tmp_path: Path, fmt: str, shards: int) -> None:
     assert held_out_loss(job.spec.model, params) != held_out_loss(job.spec.model, initial(job.spec.model))
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["format_version"] == 1 and config["model"]["dModel"] == 16
-    assert (config["versions"], config["tokens_merged"], config["outer_steps"]) == ([3, 5], 4096, 4 * shards)
+    assert (config["versions"], config["tokens_merged"], config["outer_steps"]) == ([3 + 2 * p for p in range(2 * shards)], 4096, 4 * shards)
 
 
 def test_safetensors_loads_with_the_reference_library(tmp_path: Path) -> None:
@@ -146,7 +147,7 @@ def test_incomplete_or_mismatched_shards_are_refused(tmp_path: Path) -> None:
     unsharded = DecoupledDiLoCoJob.model_validate(manifest(shards=1))
     with pytest.raises(ExportError, match=r"no valid syncer checkpoint"):
         read_checkpoint(unsharded, root)  # an unsharded job reads the root itself
-    with pytest.raises(ExportError, match=r"holds fragments \[0\], but the job's shard 0 of 1 owns all"):
+    with pytest.raises(ExportError, match=r"holds fragments \[0, 2\], but the job's shard 0 of 1 owns all"):
         read_checkpoint(unsharded, root / "shard-0")
     sharded = DecoupledDiLoCoJob.model_validate(manifest(shards=2))
     with pytest.raises(ExportError, match=r"holds an unsharded syncer's checkpoints and the job has 2 syncer shards"):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from diloco.core.fragments import owner
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
 from diloco.core.rounds import Contribution, RoundBook
-from diloco.core.schedule import JobProgress, Schedule
+from diloco.core.schedule import JobProgress, Schedule, due_fragments, slot_of
 from tests.helpers import policy
 
 FRAGMENTS = [["a"], ["b"]]
@@ -102,11 +103,24 @@ def test_overwrite_ablation_drops_unmerged_progress() -> None:
 
 def test_schedule_jumps_forward_never_back() -> None:
     s = Schedule(4, slot=10)
-    assert s.take() == (10, 2)
+    assert s.take() == (10, range(2, 3))
     assert s.observe(5) == 0 and s.slot == 11
-    assert s.observe(14) == 3 and s.take() == (14, 2) and s.skipped == 3
+    assert s.observe(14) == 3 and s.take() == (14, range(2, 3)) and s.skipped == 3
     s.skip()
-    assert s.take() == (16, 0) and s.skipped == 4
+    assert s.take() == (16, range(0, 1)) and s.skipped == 4 and s.next_slot_of(3) == 19
+
+
+def test_a_sharded_schedule_cuts_each_slot_in_one_fragment_per_shard() -> None:
+    """With N shards the plan holds P x N fragments and slot s is due for the N of them that
+    make its 1/P of the model, fragment q going to shard q mod N: each shard has one every slot."""
+    s = Schedule(12, slot=7, per_slot=3)  # P = 4 slots a cycle
+    assert s.cycle == 4 and s.take() == (7, range(9, 12))
+    assert [list(due_fragments(slot, 12, 3)) for slot in range(5)] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11],
+                                                                      [0, 1, 2]]
+    assert all(sorted(owner(q, 3) for q in due_fragments(slot, 12, 3)) == [0, 1, 2] for slot in range(8))
+    assert [slot_of(q, 12, 3) for q in range(12)] == [q // 3 for q in range(12)]
+    assert [s.next_slot_of(q) for q in (0, 3, 6, 9)] == [8, 9, 10, 11]  # the slot taken next is 8
+    assert due_fragments(5, 4) == range(1, 2)  # one shard: the plain round robin
 
 
 def test_the_learning_rate_follows_the_jobs_tokens_not_our_slots() -> None:
@@ -164,3 +178,15 @@ def test_a_push_waiting_to_be_encoded_goes_out_before_news_of_its_fragment_or_no
     assert [news.before(p) for p in range(4)] == ["send", "send", "send", "keep"]
     assert Updates(None, {}, [], [], share_state=True).before(0) == "keep"
     assert Updates(object(), {1: news.published[1]}, [], []).before(1) == "drop"  # type: ignore[arg-type]
+
+
+def test_a_slot_late_at_every_shard_skips_one_slot_not_one_per_shard() -> None:
+    """Both of a slot's fragments (two shards) come back late: the learner is one slot behind."""
+    ledger, theta = books()
+    schedule = Schedule(2, slot=4, per_slot=2)
+    train(theta, ledger, 1.0)
+    for p, push_id in ((0, 1), (1, 2)):
+        prepare_push(ledger, p, {n: theta[n] for n in FRAGMENTS[p]}, push_id, "fp32", 64)
+    absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, lambda v: None,
+           accepted=[(0, 1, 1, True), (1, 2, 1, True)])
+    assert (schedule.slot, schedule.skipped) == (5, 1)

@@ -139,7 +139,7 @@ def test_the_heap_a_syncer_reserves_holds_a_joins_snapshot_and_the_delta_chains(
 
     shapes = {f"layers_{i}/kernel": (128, 256) for i in range(4)}
     rng = np.random.default_rng(1)
-    spec = SyncerSpec(fragments=4, shards=2)
+    spec = SyncerSpec(fragments=2, shards=2)  # a plan of 4
     warm = sh.start(spec, model=sh.GlobalModel.fresh(spec, {n: np.zeros(s, np.float32) for n, s in shapes.items()}))
     warm.core.publisher.publish(0, 1, {n: v + 1 for n, v in warm.core.model.fragment(0).items()}, slot=0)
     warm.close()  # the encoder's kernels are compiled: only the views and deltas are counted below

@@ -45,7 +45,7 @@ SPEC = SyncerSpec(fragments=2)
 
 
 def initial(seed: int = 0, spec: SyncerSpec = SPEC) -> InitialModel:
-    plan = plan_fragments(specs_from_shapes(sh.SHAPES), spec.fragments, spec.fragmentation)
+    plan = plan_fragments(specs_from_shapes(sh.SHAPES), spec.plan_size, spec.fragmentation)
     return InitialModel(sh.params(seed), plan.fragments)
 
 
@@ -143,7 +143,7 @@ def test_bad_seeds_are_refused_and_leave_the_syncer_unseeded(unseeded) -> None:
 
 
 def test_a_shard_is_seeded_with_its_own_fragments_only() -> None:
-    spec = SyncerSpec(fragments=4, shards=2)
+    spec = SyncerSpec(fragments=2, shards=2)  # a plan of 4
     init = initial(0, spec)
     msgs = list(seed_chunks("a-0", dict(sh.SHAPES), init.held_by(1, 2)))
     model = seeded_model(spec, 1, msgs[0].header, b"".join(c.data for c in msgs))
@@ -159,8 +159,8 @@ def test_a_seed_is_built_in_twice_the_shards_own_bytes() -> None:
     shapes = {f"layers_{i}/kernel": (256, 512) for i in range(8)}  # 0.5 MiB each, 4 MiB in all
     rng = np.random.default_rng(0)
     tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-    spec = SyncerSpec(fragments=4, shards=2)
-    plan = plan_fragments(specs_from_shapes(shapes), spec.fragments, spec.fragmentation)
+    spec = SyncerSpec(fragments=2, shards=2)  # a plan of 4
+    plan = plan_fragments(specs_from_shapes(shapes), spec.plan_size, spec.fragmentation)
     held = InitialModel(tensors, plan.fragments).held_by(0, 2)
     first, *rest = seed_chunks("a-0", shapes, held)
     own = sum(v.nbytes for v in held.values())

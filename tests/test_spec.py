@@ -157,11 +157,9 @@ def test_managed_by_names_the_controller() -> None:
     assert problems(minimal(managedBy="MultiKueue"))[0].startswith("spec.managedBy:")
 
 
-def test_syncer_shards_are_at_most_the_fragments_and_local_to_one_cluster() -> None:
-    assert parse_job(minimal(syncer={"fragments": 4, "shards": 4})).spec.syncer.shards == 4
-    assert problems(minimal(syncer={"fragments": 4, "shards": 5})) == [
-        "spec.syncer.shards: 5 shards for 4 fragments would leave a shard with nothing to merge; use at most as "
-        "many shards as fragments"]
+def test_syncer_shards_cut_every_slot_and_stay_local_to_one_cluster() -> None:
+    syncer = parse_job(minimal(syncer={"fragments": 4, "shards": 5})).spec.syncer
+    assert (syncer.shards, syncer.plan_size) == (5, 20)  # each slot's 1/P of the model cut in 5
     assert problems(minimal(syncer={"shards": 2, "expose": {"tls": {"enabled": False}}}))[0].startswith(
         "spec.syncer.shards: a sharded syncer is not yet reachable from other clusters")
     assert problems(minimal(syncer={"shards": 0}))[0].startswith("spec.syncer.shards:")

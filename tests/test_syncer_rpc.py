@@ -356,7 +356,7 @@ def test_a_push_for_a_fragment_its_slot_does_not_assign_is_refused(syncer: sh.Ha
     fragment 0 (of 2) is refused before its body is read, and nothing changes."""
     before = snapshot(syncer)
     code, details = code_of(lambda: syncer.push(0, syncer.fragment_tensors(0), slot=3))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "slot 3 is fragment 1's" in details
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "slot 3 is due for fragment 1, not fragment 0" in details
     assert_unchanged(syncer, before)
     assert syncer.push(0, syncer.fragment_tensors(0), slot=4).accepted
 

@@ -114,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
+    # The fragment plan: P x shards fragments (core/schedule.py), derived as the syncer derives it.
+    try:
+        plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.plan_size, spec.syncer.fragmentation)
+    except ValueError as exc:
+        emit(Event.FATAL, reason=f"spec.syncer.fragments {spec.syncer.fragments} x shards {spec.syncer.shards} "
+                                 f"fragments do not fit this model: {exc}")
+        return Exit.CONFIG
+
     recipe = Recipe(cfg, tr, layout, shapes, getattr(jax.config, "jax_compilation_cache_dir", None))
 
     # Compile before joining, so the state we pull is fresh when training starts.
@@ -142,7 +150,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (client.stop_requested)
     client = MirroredClient(hosts, real, stop)
     t_join = time.monotonic()
-    plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.fragments, spec.syncer.fragmentation)
     try:  # an unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code
         joined = client.join_with_retry(shapes, InitialModel(theta0, plan.fragments))
     except Unauthenticated as exc:
@@ -154,12 +161,12 @@ def run(args: argparse.Namespace) -> int:
     if [list(f) for f in plan.fragments] != joined.fragments:
         emit(Event.FATAL, reason="fragment plan differs from the syncer's; learner and syncer run different specs")
         return Exit.CONFIG
-    P = plan.num_fragments
+    P = plan.num_fragments  # P x shards: one fragment per shard is due in each slot
     codec, block_size = joined.codec, joined.block_size  # the syncer decides the wire format
 
     params = recipe.place(joined.params)
     ledger = Ledger(plan.fragments, joined.params, joined.versions, spec.syncer.adoption)
-    schedule = Schedule(P, joined.slot)
+    schedule = Schedule(P, joined.slot, per_slot=spec.syncer.shards)
     incarnation = joined.incarnation
     opt_state = recipe.init_state(params)
     tokens_per_step = tr.batch_size * spec.model.context
@@ -235,10 +242,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
-    # The due push of the last step, (fragment, slot, θ_p on the devices): it is read and encoded
-    # right after the next step is dispatched, so on an accelerator that host work overlaps the
-    # devices' step instead of leaving them idle between steps; so is the adoption's arithmetic.
-    pending: tuple[int, int, dict[str, Any]] | None = None
+    # The due pushes of the last step, (fragment, slot, θ_p on the devices), one per syncer shard:
+    # they are read and encoded right after the next step is dispatched, so on an accelerator
+    # that host work overlaps the devices' step instead of leaving them idle between steps; so
+    # is the adoption's arithmetic.
+    pending: list[tuple[int, int, dict[str, Any]]] = []
     host_wait, step_done = 0.0, None  # the devices' wait on this loop between two steps (the gap)
     finished = False
     last_report = time.monotonic()
@@ -257,16 +265,19 @@ def run(args: argparse.Namespace) -> int:
         #    added behind the step; share our optimizer state if a re-joining peer waits for
         #    it, or take a peer's. Then the last step's due push: read and encoded now.
         updates = client.take_updates()
-        if pending is not None and (fate := updates.before(pending[0])) != "keep":  # rare: p just went out
+        kept = []
+        for waiting in pending:
+            fate = updates.before(waiting[0])  # rarely not "keep": its fragment's news just came
             if fate == "send":
-                push(*pending)  # the books take it before the news of its fragment
-            pending = None
+                push(*waiting)  # the books take it before the news of its fragment
+            elif fate == "keep":
+                kept.append(waiting)
         apply(updates)
         shifted()
         opt_state = peers.at_boundary(opt_state, updates.share_state)
-        if pending is not None:
-            push(*pending)
-            pending = None
+        for waiting in kept:
+            push(*waiting)
+        pending = []
         stopping = client.stop_requested or client.stopping.is_set()
 
         # 3. The step's loss (stretched by the group's slowdown factor).
@@ -298,14 +309,15 @@ def run(args: argparse.Namespace) -> int:
             step += 1
             break
 
-        # 4. Our slot in the shared schedule: the due fragment's outer gradient goes out after
-        #    the next dispatch, unless its previous push is still in flight (then its progress
-        #    goes out with the next one).
-        slot, p = schedule.take()
-        if step == args.inject_nan_at_step:  # fault injection: a learner whose state went bad
-            params = {n: v * np.nan if n in plan.fragments[p] else v for n, v in params.items()}
-        if not ledger.busy(p) or step == args.inject_nan_at_step:  # the poisoned push always goes out
-            pending = (p, slot, fragment(p))
+        # 4. Our slot in the shared schedule: the due fragments' outer gradients (one per syncer
+        #    shard) go out after the next dispatch, each unless its previous push is still in
+        #    flight (then its progress goes out with the next one).
+        slot, due = schedule.take()
+        poisoned = step == args.inject_nan_at_step  # fault injection: a learner whose state went bad
+        if poisoned:
+            bad = {n for p in due for n in plan.fragments[p]}
+            params = {n: v * np.nan if n in bad else v for n, v in params.items()}
+        pending = [(p, slot, fragment(p)) for p in due if poisoned or not ledger.busy(p)]  # poison always goes out
         step += 1
 
         if step % tr.eval_interval_steps == 0:
@@ -333,8 +345,8 @@ def run(args: argparse.Namespace) -> int:
     # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
     # A fragment is pushed once per global version it holds: one the syncer refused (too stale)
     # goes out again only after a newer version arrived, not in a loop of refusals.
-    if pending is not None:
-        push(*pending)
+    for waiting in pending:
+        push(*waiting)
     shifted()
     flushed = False
     flushed_at: dict[int, int] = {}
@@ -345,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         for p in range(P):
             if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
                 flushed_at[p] = ledger.books[p].version
-                push(p, schedule.slot + (p - schedule.slot) % P, fragment(p))  # p's next slot: s ≡ p (mod P)
+                push(p, schedule.next_slot_of(p), fragment(p))
         if not ledger.unacknowledged():
             flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
             break

@@ -137,14 +137,10 @@ def _by_layer(ordered: list[TensorSpec], p: int) -> list[list[str]]:
     return groups
 
 
-def due_fragment(step: int, num_fragments: int) -> int:
-    """Round robin: fragment `step mod P` is due after step `step`, so each syncs every P steps."""
-    return step % num_fragments
-
-
 def owner(fragment: int, shards: int) -> int:
-    """The syncer shard that merges, checkpoints and publishes `fragment`: round robin, so a
-    balanced plan gives every shard the same bytes, and a fragment's due slots alternate shards."""
+    """The syncer shard that merges, checkpoints and publishes `fragment`: round robin, so each
+    slot's N due fragments (core/schedule.py) go one to each shard, and a balanced plan gives
+    every shard the same bytes."""
     return fragment % shards
 
 

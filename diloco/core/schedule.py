@@ -8,6 +8,12 @@ live learner and each fragment syncs once per P steps. A learner that fell behin
 (slow, paused, just joined) jumps forward to the schedule and skips the slots it
 missed; their progress is not lost, it rides along in that fragment's next push. A
 faster learner never waits: it keeps filling slots, and the others follow it.
+
+A syncer of N shards cuts each slot's share of the model in N: the plan then holds P·N
+fragments, and slot s is due for the N fragments (s mod P)·N ... (s mod P)·N + N − 1, one
+owned by each shard (fragment q by shard q mod N). Each shard's slot then carries 1/N of the
+bytes, so N shards shorten every slot's chain (receive, merge, publish) instead of taking
+turns at whole ones. With one shard this is the plain round robin above.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def due_fragment(slot: int, num_fragments: int) -> int:
-    """Round robin: fragment `slot mod P` is due in slot `slot`, so each syncs every P slots."""
-    return slot % num_fragments
+def due_fragments(slot: int, num_fragments: int, per_slot: int = 1) -> range:
+    """The fragments due in `slot` of a plan of `num_fragments`, `per_slot` (the shards) at a
+    time: round robin over the P = num_fragments / per_slot slots of a cycle, so each fragment
+    syncs every P slots."""
+    first = slot % (num_fragments // per_slot) * per_slot
+    return range(first, first + per_slot)
+
+
+def slot_of(fragment: int, num_fragments: int, per_slot: int = 1) -> int:
+    """Where `fragment` falls in the cycle: it is due in slots s with s mod P equal to this."""
+    return fragment // per_slot % (num_fragments // per_slot)
 
 
 @dataclass
@@ -25,12 +39,22 @@ class Schedule:
     num_fragments: int
     slot: int = 0  # the next slot this learner fills
     skipped: int = 0  # slots jumped over to catch up with the schedule
+    per_slot: int = 1  # fragments due in each slot: the syncer's shards
 
-    def take(self) -> tuple[int, int]:
-        """Fill the next slot after an inner step: (slot, due fragment)."""
+    @property
+    def cycle(self) -> int:
+        """P: the slots in which every fragment is due once."""
+        return self.num_fragments // self.per_slot
+
+    def take(self) -> tuple[int, range]:
+        """Fill the next slot after an inner step: (slot, the fragments due in it)."""
         slot = self.slot
         self.slot += 1
-        return slot, due_fragment(slot, self.num_fragments)
+        return slot, due_fragments(slot, self.num_fragments, self.per_slot)
+
+    def next_slot_of(self, fragment: int) -> int:
+        """The first slot from the next one on in which `fragment` is due."""
+        return self.slot + (slot_of(fragment, self.num_fragments, self.per_slot) - self.slot) % self.cycle
 
     def skip(self, slots: int = 1) -> None:
         """Our push came after its round closed: we are behind the schedule, catch up."""

@@ -103,7 +103,7 @@ class Replay:
         self.fragments = [list(f) for f in self.model.plan.fragments]
         self.learners = [_Learner(m, s) for m, s in enumerate(scripts)]
         # How a (re)joining learner's schedule starts; ablations swap in one deaf to the syncer.
-        self.schedule_factory: Callable[[int, int, int], Schedule] = lambda num, slot, m: Schedule(num, slot)
+        self.schedule_factory: Callable[[int, int, int], Schedule] = lambda num, slot, m: Schedule(num, slot, per_slot=spec.shards)
         self.rngs = [np.random.default_rng([seed, m]) for m in range(len(scripts))]
         self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
         self.seq = itertools.count()
@@ -195,13 +195,14 @@ class Replay:
         lr.ledger.stepped(tokens)
         lr.trained_tokens += tokens
         lr.steps += 1
-        slot, p = lr.schedule.take()
+        slot, due = lr.schedule.take()
         t_done = self.now + lr.script.step_seconds * (1 + lr.script.jitter * (2 * self.rngs[m].random() - 1))
         for start, seconds in lr.script.pauses:  # a SIGSTOP: the step in progress ends late
             if self.now <= start < t_done:
                 t_done += seconds
-        if not lr.ledger.busy(p):
-            self._push(lr, p, slot, t_done)
+        for p in due:
+            if not lr.ledger.busy(p):
+                self._push(lr, p, slot, t_done)
         self.at(t_done, "step", m, life)
 
     def _absorb(self, lr: _Learner) -> None:

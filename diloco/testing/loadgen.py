@@ -3,8 +3,10 @@
 Each one joins (keeping only the Join header: the model itself is not needed), subscribes as
 a learner does, and pushes a precomputed int4 outer gradient of the due fragment at every slot
 of the shared schedule (slot s is fragment s mod P, due at t0 + s·T). It records when each
-slot's merge reached it. Against a sharded syncer (`--address` lists every shard's, in order)
-it joins and subscribes to every shard and pushes each fragment to its owner, as learners do. `bench/syncer_scale.py` runs this in its own process against a syncer
+slot's merge reached it. Against a sharded syncer of N shards (`--address` lists every shard's,
+in order) it joins and subscribes to every shard and, in each slot, pushes the slot's N
+fragments, one to each shard, side by side, as learners do (core/schedule.py); a slot's merge has
+reached it when every shard's part has. `bench/syncer_scale.py` runs this in its own process against a syncer
 process to measure how many learners one syncer really sustains.
 
     python -m diloco.testing.loadgen --address 127.0.0.1:PORT --shapes shapes.json \\
@@ -16,6 +18,7 @@ Last line: JSON (see `Report`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -31,6 +34,7 @@ import numpy as np
 from diloco.contract import TOKEN_ENV
 from diloco.core.codecs import encode_tensors
 from diloco.core.fragments import Method, owner, plan_fragments, specs_from_shapes
+from diloco.core.schedule import due_fragments
 from diloco.core.seed import InitialModel
 from diloco.shards import syncer_addresses
 from diloco.syncer.seeding import seed_chunks
@@ -70,11 +74,12 @@ class _Learner:
     name: str
     links: list[_Link]  # one per syncer shard, in shard order
     versions: list[int]
-    arrivals: dict[int, float] = field(default_factory=dict)  # closed slot -> when its merge arrived
+    arrivals: dict[tuple[int, int], float] = field(default_factory=dict)  # (closed slot, shard) -> when its merge arrived
     refused: int = 0
     late: int = 0
     bytes_pushed: int = 0
     bytes_received: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[str]], seed: int = 0) -> list[bytes]:
@@ -87,8 +92,9 @@ def outer_gradients(shapes: Mapping[str, tuple[int, ...]], fragments: list[list[
 def seed(addresses: list[str], token: str, shapes: Mapping[str, tuple[int, ...]], fragments: int,
          method: Method = "balanced") -> None:
     """Seed fresh syncer shards with a synthetic Θ₀ (zeros; a syncer runs no model code, so
-    learners bring it: syncer/seeding.py). The plan is what the syncer will derive."""
-    plan = plan_fragments(specs_from_shapes(shapes), fragments, method)
+    learners bring it: syncer/seeding.py). The plan is what the syncer will derive: P
+    (`fragments`) per shard."""
+    plan = plan_fragments(specs_from_shapes(shapes), fragments * len(addresses), method)
     initial = InitialModel({n: np.zeros(s, np.float32) for n, s in shapes.items()}, plan.fragments)
     for i, address in enumerate(addresses):
         with grpc.insecure_channel(address, options=GRPC_OPTIONS) as channel:
@@ -150,41 +156,48 @@ def _start_rejoins(address: str, shapes_file: str, start: float, every: float, c
                              "--prefix", prefix], stdout=subprocess.PIPE, text=True)
 
 
-def _subscribe(lr: _Learner, link: _Link, token: str, stop: threading.Event) -> None:
+def _subscribe(lr: _Learner, shard: int, link: _Link, token: str, stop: threading.Event) -> None:
     request = pb.SubscribeRequest(learner=lr.name, incarnation=link.header.incarnation, known_versions=lr.versions,
                                   exact=True, session_secret=link.header.session_secret)
     stream = link.stub.Subscribe(request, metadata=auth_metadata(token))
     stopper = threading.Thread(target=lambda: (stop.wait(), stream.cancel()), daemon=True)
     stopper.start()
+    received = 0
     try:
         for msg in stream:
-            lr.bytes_received += len(msg.data)
+            received += len(msg.data)
             if msg.last:
                 lr.versions[msg.fragment] = msg.version
-                lr.arrivals.setdefault(msg.slot - 1, time.monotonic())  # Published.slot is the closed slot + 1
+                lr.arrivals.setdefault((msg.slot - 1, shard), time.monotonic())  # Published.slot: the closed slot + 1
     except grpc.RpcError:
         if not stop.is_set():
             raise
+    finally:
+        with lr.lock:  # the learner's other shards' streams add theirs
+            lr.bytes_received += received
 
 
-def _push_loop(lr: _Learner, token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
-               step_seconds: float, ids: list[int]) -> None:
-    num = len(payloads)
+def _push_loop(lr: _Learner, shard: int, token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
+               step_seconds: float, ids: itertools.count) -> None:
+    """One learner's pushes to one shard: the slot's fragment that shard owns, every slot."""
+    link, shards = lr.links[shard], len(lr.links)
+    pushed = refused = late = 0  # added to the learner's at the end: its other shards' threads add theirs
     for s in range(first_slot, first_slot + slots):
         due = t0 + (s - first_slot) * step_seconds
         time.sleep(max(0.0, due - time.monotonic()))
-        p, blob = s % num, payloads[s % num]
-        link = lr.links[owner(p, len(lr.links))]
-        ids[0] += 1
+        p = next(q for q in due_fragments(s, len(payloads), shards) if owner(q, shards) == shard)
+        blob = payloads[p]
         header = pb.PushHeader(
             learner=lr.name, region="bench", incarnation=link.header.incarnation, fragment=p,
             base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
-            push_id=ids[0], slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
+            push_id=next(ids), slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
             session_secret=link.header.session_secret)
         reply = push(link.stub, header, blob, auth_metadata(token), 60)  # as a learner's client pushes
-        lr.bytes_pushed += len(blob)
-        lr.refused += not reply.accepted
-        lr.late += time.monotonic() > due + step_seconds
+        pushed += len(blob)
+        refused += not reply.accepted
+        late += time.monotonic() > due + step_seconds
+    with lr.lock:
+        lr.bytes_pushed, lr.refused, lr.late = lr.bytes_pushed + pushed, lr.refused + refused, lr.late + late
 
 
 def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
@@ -198,15 +211,17 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     fragments = [list(f.names) for f in team[0].links[0].header.fragments]
     payloads = outer_gradients(shapes, fragments)
     stop = threading.Event()
-    readers = [threading.Thread(target=_subscribe, args=(lr, link, token, stop), daemon=True)
-               for lr in team for link in lr.links]
+    readers = [threading.Thread(target=_subscribe, args=(lr, shard, link, token, stop), daemon=True)
+               for lr in team for shard, link in enumerate(lr.links)]
     for t in readers:
         t.start()
-    num = len(fragments)
+    shards = len(addresses)
+    num = len(fragments) // shards  # P: the slots of a cycle
     first_slot = (max(int(link.header.slot) for lr in team for link in lr.links) // num + 1) * num  # a fresh cycle
     t0 = time.monotonic() + 1.0  # subscriptions settle first
-    pushers = [threading.Thread(target=_push_loop, args=(lr, token, payloads, first_slot, slots, t0, step_seconds, [0]))
-               for lr in team]
+    pushers = [threading.Thread(target=_push_loop, args=(lr, shard, token, payloads, first_slot, slots, t0, step_seconds,
+                                                         ids))
+               for lr in team for ids in [itertools.count(1)] for shard in range(shards)]
     joiner = None
     if rejoin_every > 0:  # started now, so its own start-up is not in the counted slots
         counted = t0 + warmup_cycles * num * step_seconds
@@ -230,7 +245,8 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     worst, in_time, missed = 0.0, 0, {}
     for s in measured:
         start = t0 + (s - first_slot) * step_seconds
-        arrived = [min((t for c, t in lr.arrivals.items() if c >= s and c % num == s % num), default=float("inf"))
+        arrived = [max(min((t for (c, i), t in lr.arrivals.items() if i == shard and c >= s and c % num == s % num),
+                               default=float("inf")) for shard in range(shards))
                    for lr in team]
         latest = max(arrived) - start  # the slot's merge has reached every learner
         worst = max(worst, latest)
