@@ -26,10 +26,11 @@ TOKEN_HEADER = "authorization"
 
 _PROTO_DIR = Path(__file__).resolve().parent / "proto"
 _GENERATED = ("diloco_pb2.py", "diloco_pb2.pyi", "diloco_pb2_grpc.py")
+KEEPALIVE_MS = 10_000  # notice a dead peer within seconds, not minutes
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 10_000),  # notice a dead peer within seconds, not minutes
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
@@ -40,6 +41,16 @@ GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
+
+
+def server_options(keepalive_ms: int = KEEPALIVE_MS) -> list[tuple[str, int]]:
+    """A server's options: the channels' own, and pings accepted as often as peers send them.
+    gRPC's server takes a ping at most every 5 minutes while it sends nothing and hangs up after
+    two too early ("too many pings"), so an RPC it works on for 30 s without answering yet (a
+    Seed of a 1e9 model: decoded and its heap reserved before the reply) was cut off by the
+    client's own keepalive."""
+    opts = [(k, keepalive_ms if k == "grpc.keepalive_time_ms" else v) for k, v in GRPC_OPTIONS]
+    return [*opts, ("grpc.http2.min_ping_interval_without_data_ms", keepalive_ms // 2)]
 
 
 def _generate() -> None:

@@ -30,7 +30,7 @@ from diloco.syncer.seeding import Switch, Unseeded
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, add_syncer
+from diloco.wire import add_syncer, server_options
 
 log = logging.getLogger("diloco.syncer")
 
@@ -69,7 +69,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     # Each learner holds a subscription thread and briefly a push or join thread; spec.data.shards
     # counts other clusters' learners too, and the head-room admits scavengers.
     workers = 4 * max(job.spec.total_learners, job.spec.shard_count) + 64
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=server_options())
     incarnation = uuid.uuid4().hex[:12]  # changes at every start: learners re-join a new one
 
     def start(model: GlobalModel) -> SyncerCore:

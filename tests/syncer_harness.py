@@ -17,7 +17,7 @@ from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, push_chunks, rpc
+from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, push_chunks, rpc, server_options
 
 TOKEN = "test-token-0123456789"
 SHAPES = {"embed/embedding": (16, 8), "layers_0/up/kernel": (8, 32), "layers_0/down/kernel": (32, 8), "head/kernel": (8, 16)}
@@ -93,7 +93,7 @@ def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, mod
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     clock = FakeClock()
     core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock, shard=shard)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, TOKEN), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

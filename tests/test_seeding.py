@@ -37,7 +37,7 @@ from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import JoinRefused, SyncerClient
-from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, rpc
+from diloco.wire import add_syncer, auth_metadata, pb, rpc, server_options
 from tests import syncer_harness as sh
 from tests.helpers import without_learner_extra
 
@@ -62,7 +62,7 @@ def unseeded(tmp_path: Path) -> Iterator[tuple[str, Unseeded, Switch]]:
 
     gate = Unseeded(SPEC, 0, sh.TOKEN, on_seed=start)
     switch = Switch(gate)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=server_options())
     add_syncer(switch, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

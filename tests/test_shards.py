@@ -58,6 +58,17 @@ def test_a_push_to_the_wrong_shard_is_refused_and_changes_nothing(shards: list[s
     assert h1.core.model.versions == [0, 1, 0, 0]
 
 
+def test_every_slot_has_one_fragment_for_each_shard_and_no_other(shards: list[sh.Harness]) -> None:
+    """Slot s is due for fragments 2(s mod 2) and 2(s mod 2) + 1 here: shard 1's fragment 1 in
+    slot 1 (fragments 2 and 3's) is refused before its body is read; fragment 3 is taken."""
+    h1 = shards[1]
+    with pytest.raises(grpc.RpcError) as info:
+        h1.push(1, h1.fragment_tensors(1), slot=1)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "slot 1 is due for fragments 2-3, not fragment 1" in info.value.details()
+    assert h1.push(3, h1.fragment_tensors(3), slot=1).accepted and h1.push(1, h1.fragment_tensors(1), slot=2).accepted
+
+
 def test_join_sends_only_the_shards_fragments(shards: list[sh.Harness]) -> None:
     h1 = shards[1]
     request = pb.JoinRequest(learner="a-0", region="r", process=7,

@@ -15,7 +15,7 @@ from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import Outgoing, SyncerClient
-from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb
+from diloco.wire import add_syncer, auth_metadata, pb, server_options
 from tests import syncer_harness as sh
 
 
@@ -432,7 +432,7 @@ class Counting(SyncerServicer):
 @pytest.mark.parametrize("push_one", [True, False], ids=["current syncer", "syncer without PushOne"])
 def test_the_client_pushes_unary_and_streams_to_a_syncer_without_push_one(syncer: sh.Harness, push_one: bool) -> None:
     servicer = Counting(syncer.core, push_one)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=server_options())
     add_syncer(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

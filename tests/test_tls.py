@@ -15,7 +15,7 @@ from cryptography.x509.oid import NameOID
 
 from diloco.syncer.servicer import SyncerServicer
 from diloco.trainer.client import SyncerClient
-from diloco.wire import GRPC_OPTIONS, add_syncer
+from diloco.wire import add_syncer, server_options
 from tests import syncer_harness as sh
 
 
@@ -45,7 +45,7 @@ def tls_syncer(tmp_path: Path):
     cert = _cert("syncer", ca_key, ca_name, key, False, ["syncer.diloco.svc", "localhost"])
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     harness = sh.start()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=server_options())
     add_syncer(SyncerServicer(harness.core, sh.TOKEN), server)
     port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key_pem, cert.public_bytes(serialization.Encoding.PEM))]))
     server.start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,3 +41,39 @@ def test_any_bytes_give_a_chunk_or_a_reason_never_an_exception(raw: bytes) -> No
     else:  # what we accept, protobuf reads the same way
         want = pb.PushChunk.FromString(raw)
         assert bytes(got.data) == want.data and (got.header is not None) == want.HasField("header")
+
+
+def test_a_server_busy_on_an_rpc_for_several_keepalives_is_not_hung_up_on() -> None:
+    """A client-streamed RPC the server works on for 8 of the client's keepalive intervals before
+    answering (a large Seed): gRPC's default server policy hung up ("too many pings") after
+    three; `server_options` takes the client's pings. Keepalive scaled to 1 s to be quick."""
+    from concurrent import futures
+
+    import grpc
+
+    from diloco.wire import GRPC_OPTIONS, server_options
+
+    ka = 1000  # gRPC pings no more often than about once a second, whatever is asked
+
+    def slow(requests, context) -> bytes:
+        got = sum(len(r) for r in requests)
+        time.sleep(8 * ka / 1000)
+        return str(got).encode()
+
+    def call(options: list) -> str:
+        handler = grpc.method_handlers_generic_handler("t.Slow", {"Up": grpc.stream_unary_rpc_method_handler(slow)})
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=options)
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        client = [(k, ka if k == "grpc.keepalive_time_ms" else v) for k, v in GRPC_OPTIONS]
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=client) as channel:
+                return channel.stream_unary("/t.Slow/Up")(iter([b"x" * 100] * 3), timeout=30).decode()
+        except grpc.RpcError as exc:
+            return exc.details() or ""
+        finally:
+            server.stop(None)
+
+    assert call(server_options(ka)) == "300"
+    assert call([(k, ka if k == "grpc.keepalive_time_ms" else v) for k, v in GRPC_OPTIONS]) == "Too many pings"

@@ -31,7 +31,7 @@ from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
-from diloco.wire import GRPC_OPTIONS, add_syncer
+from diloco.wire import add_syncer, server_options
 from tests import syncer_harness as sh
 from tests.kube import NAMESPACE
 from tests.kube.controllers import Controllers, Runtime
@@ -103,7 +103,7 @@ def local_syncer(token: str, regions: set[str]) -> Iterator[str]:
     the operators' Status RPCs and for fake learners joining with `SyncerClient.join(sh.SHAPES)`."""
     spec = SyncerSpec(fragments=2)
     core = SyncerCore(spec, GlobalModel.fresh(spec, sh.params()), None, SyncerMetrics(), regions=frozenset(regions))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=GRPC_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, token), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
