@@ -2,11 +2,13 @@
 
     python bench/syncer_scale.py [--models 1e8,1e9] [--fragments 24] [--step-seconds 1.0]
                                  [--learners 1,2,4,6,8,12,16] [--shards 1,2] [--slots 96] [--warmup-cycles 2]
-                                 [--rejoin-every SECONDS] [--join-bytes-per-second B|none] [--smoke]
+                                 [--rejoin-every SECONDS] [--join-bytes-per-second B|none]
+                                 [--loadgen-processes 4] [--smoke]
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
-generator process (`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX),
+generator (`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
+`--loadgen-processes` processes started on one clock),
 each pinned to a core of its own while there are N + 1 cores (else none pinned), pushing precomputed int4 outer gradients on the shared
 schedule at one step per `--step-seconds`, each fragment to its shard. M is sustained when every
 push is accepted and sent on time and every slot's merge reaches every learner before the next
@@ -103,13 +105,13 @@ def cpu_seconds(pid: int) -> float:
 
 
 def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, warmup: int, prefix: str,
-          cpu: int | None, syncers: list[int], rejoin_every: float = 0.0) -> dict[str, Any]:
+          cpu: int | None, syncers: list[int], rejoin_every: float = 0.0, processes: int = 1) -> dict[str, Any]:
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
     cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
            str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix,
-           "--rejoin-every", str(rejoin_every)]
+           "--rejoin-every", str(rejoin_every), "--processes", str(processes)]
     before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=600 + 4 * slots * step)
     wall, after = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -145,7 +147,7 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
 
     def sustains(m: int) -> bool:
         row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, args.warmup_cycles, f"m{len(trials)}-{m}", generator,
-                    [proc.pid for proc, _ in syncers], args.rejoin_every)
+                    [proc.pid for proc, _ in syncers], args.rejoin_every, args.loadgen_processes)
         trials.append(row)
         print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
               f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)
@@ -182,6 +184,10 @@ def main() -> None:
                              "made by another process while the slots are counted; 0: none")
     parser.add_argument("--join-bytes-per-second", default=None,
                         help="spec.syncer.joinBytesPerSecond for the syncers ('none': unpaced; default: the spec's)")
+    parser.add_argument("--loadgen-processes", type=int, default=4,
+                        help="processes the synthetic learners are spread over, on the load generator's core: real "
+                             "learners are processes of their own, and one Python process's gRPC threads share one "
+                             "lock (with 1, the load generator's own receiving limited 2 shards at 1e9)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:

@@ -200,38 +200,26 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: list[bytes], firs
         lr.bytes_pushed, lr.refused, lr.late = lr.bytes_pushed + pushed, lr.refused + refused, lr.late + late
 
 
-def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
-        slots: int, prefix: str = "synthetic", warmup_cycles: int = 1, rejoin_every: float = 0.0,
-        shapes_file: str = "") -> Report:
-    """Join `learners` synthetic learners, push for `slots` slots, and report. `address`: one
-    host:port, or every shard's of a sharded syncer, comma-separated in shard order. With
-    `rejoin_every`, another process makes a whole Join that often while the slots are counted."""
-    addresses = syncer_addresses(address)
-    team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
-    fragments = [list(f.names) for f in team[0].links[0].header.fragments]
-    payloads = outer_gradients(shapes, fragments)
-    stop = threading.Event()
+def _listen(team: list[_Learner], token: str, stop: threading.Event) -> list[threading.Thread]:
+    """Every learner's subscription to every shard, each in a thread, as the learner's client has."""
     readers = [threading.Thread(target=_subscribe, args=(lr, shard, link, token, stop), daemon=True)
                for lr in team for shard, link in enumerate(lr.links)]
     for t in readers:
         t.start()
-    shards = len(addresses)
-    num = len(fragments) // shards  # P: the slots of a cycle
-    first_slot = (max(int(link.header.slot) for lr in team for link in lr.links) // num + 1) * num  # a fresh cycle
-    t0 = time.monotonic() + 1.0  # subscriptions settle first
+    return readers
+
+
+def _train(team: list[_Learner], token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
+           step_seconds: float, readers: list[threading.Thread], stop: threading.Event) -> None:
+    """Push for `slots` slots from `t0` (each learner to each shard side by side), let the last
+    merges arrive, and hang up."""
     pushers = [threading.Thread(target=_push_loop, args=(lr, shard, token, payloads, first_slot, slots, t0, step_seconds,
                                                          ids))
-               for lr in team for ids in [itertools.count(1)] for shard in range(shards)]
-    joiner = None
-    if rejoin_every > 0:  # started now, so its own start-up is not in the counted slots
-        counted = t0 + warmup_cycles * num * step_seconds
-        count = max(1, int((slots - warmup_cycles * num) * step_seconds // rejoin_every))
-        joiner = _start_rejoins(address, shapes_file, counted, rejoin_every, count, f"{prefix}-rejoin")
+               for lr in team for ids in [itertools.count(1)] for shard in range(len(lr.links))]
     for t in pushers:
         t.start()
     for t in pushers:
         t.join()
-    joins = json.loads(joiner.communicate(timeout=600)[0].strip().splitlines()[-1]) if joiner else []
     time.sleep(2 * step_seconds)  # the last slots' merges arrive
     stop.set()
     for t in readers:
@@ -239,23 +227,113 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     for lr in team:
         for link in lr.links:
             link.channel.close()
+
+
+@dataclass
+class _Outcome:
+    """What one process's synthetic learners saw: what the report is made of."""
+
+    arrivals: list[list[tuple[int, int, float]]]  # per learner: (closed slot, shard, when its merge arrived)
+    refused: int
+    late: int
+    bytes_pushed: int
+    bytes_received: int
+
+    @classmethod
+    def of(cls, team: list[_Learner]) -> _Outcome:
+        return cls([[(c, i, t) for (c, i), t in lr.arrivals.items()] for lr in team], sum(lr.refused for lr in team),
+                   sum(lr.late for lr in team), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team))
+
+
+def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float,
+        slots: int, prefix: str = "synthetic", warmup_cycles: int = 1, rejoin_every: float = 0.0,
+        shapes_file: str = "", processes: int = 1) -> Report:
+    """Join `learners` synthetic learners, push for `slots` slots, and report. `address`: one
+    host:port, or every shard's of a sharded syncer, comma-separated in shard order. With
+    `rejoin_every`, another process makes a whole Join that often while the slots are counted.
+    With `processes` > 1 the learners are spread over that many processes (`shapes_file` needed),
+    started on one clock: learners are processes of their own, and one Python process's gRPC
+    threads share its interpreter lock, which then limits the load generator, not the syncer."""
+    addresses = syncer_addresses(address)
+    shards = len(addresses)
+    stop = threading.Event()
+    if processes <= 1:
+        team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
+        readers = _listen(team, token, stop)
+        plan_size, latest = len(team[0].links[0].header.fragments), max(int(lk.header.slot) for lr in team for lk in lr.links)
+    else:
+        workers = _start_workers(address, shapes_file, learners, processes, step_seconds, slots, prefix)
+        ready = [json.loads(w.stdout.readline() or "null") for w in workers]  # type: ignore[union-attr]
+        if None in ready:
+            raise SystemExit("a load generator process exited before its learners joined; see its stderr above")
+        plan_size, latest = ready[0]["fragments"], max(r["slot"] for r in ready)
+    num = plan_size // shards  # P: the slots of a cycle
+    first_slot = (latest // num + 1) * num  # a fresh cycle
+    t0 = time.monotonic() + 1.0  # subscriptions settle first (CLOCK_MONOTONIC: one clock for every process here)
+    joiner = None
+    if rejoin_every > 0:  # started now, so its own start-up is not in the counted slots
+        counted = t0 + warmup_cycles * num * step_seconds
+        count = max(1, int((slots - warmup_cycles * num) * step_seconds // rejoin_every))
+        joiner = _start_rejoins(address, shapes_file, counted, rejoin_every, count, f"{prefix}-rejoin")
+    if processes <= 1:
+        payloads = outer_gradients(shapes, [list(f.names) for f in team[0].links[0].header.fragments])
+        _train(team, token, payloads, first_slot, slots, t0, step_seconds, readers, stop)
+        outcomes = [_Outcome.of(team)]
+    else:
+        for w in workers:  # every one told before any is waited for
+            w.stdin.write(f"{t0!r} {first_slot}\n")  # type: ignore[union-attr]
+            w.stdin.flush()  # type: ignore[union-attr]
+        outcomes = [_Outcome(**json.loads(w.communicate(timeout=600 + 4 * slots * step_seconds)[0].strip().splitlines()[-1]))
+                    for w in workers]
+    joins = json.loads(joiner.communicate(timeout=600)[0].strip().splitlines()[-1]) if joiner else []
     # Not counted: the first cycle, which opens every fragment's rounds, and any further warm-up
     # cycles (a large model's first publishes grow the syncer's heap; their backlog spills over).
     measured = range(first_slot + warmup_cycles * num, first_slot + slots)
+    arrivals = [a for o in outcomes for a in o.arrivals]
     worst, in_time, missed = 0.0, 0, {}
     for s in measured:
         start = t0 + (s - first_slot) * step_seconds
-        arrived = [max(min((t for (c, i), t in lr.arrivals.items() if i == shard and c >= s and c % num == s % num),
-                               default=float("inf")) for shard in range(shards))
-                   for lr in team]
-        latest = max(arrived) - start  # the slot's merge has reached every learner
-        worst = max(worst, latest)
-        in_time += latest <= step_seconds
-        if latest > step_seconds:
-            missed[s - first_slot] = round(latest, 2)
-    return Report(learners, len(measured), in_time, sum(lr.refused for lr in team), sum(lr.late for lr in team),
-                  round(worst, 3), sum(lr.bytes_pushed for lr in team), sum(lr.bytes_received for lr in team), missed,
+        arrived = [max(min((t for c, i, t in got if i == shard and c >= s and c % num == s % num), default=float("inf"))
+                       for shard in range(shards))
+                   for got in arrivals]
+        latest_s = max(arrived) - start  # the slot's merge has reached every learner
+        worst = max(worst, latest_s)
+        in_time += latest_s <= step_seconds
+        if latest_s > step_seconds:
+            missed[s - first_slot] = round(latest_s, 2)
+    return Report(learners, len(measured), in_time, sum(o.refused for o in outcomes), sum(o.late for o in outcomes),
+                  round(worst, 3), sum(o.bytes_pushed for o in outcomes), sum(o.bytes_received for o in outcomes), missed,
                   joins)
+
+
+def _start_workers(address: str, shapes_file: str, learners: int, processes: int, step_seconds: float, slots: int,
+                   prefix: str) -> list[subprocess.Popen[str]]:
+    """`processes` load generators of their share of the learners each, joined and subscribed
+    when they print their ready line; each starts pushing when told the common start."""
+    if not shapes_file:
+        raise ValueError("processes > 1 needs the shapes file")
+    shares = [learners // processes + (k < learners % processes) for k in range(processes)]
+    return [subprocess.Popen([sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes", shapes_file,
+                              "--learners", str(m), "--step-seconds", str(step_seconds), "--slots", str(slots),
+                              "--prefix", f"{prefix}-p{k}", "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            for k, m in enumerate(shares) if m > 0]
+
+
+def _work(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float, slots: int,
+          prefix: str) -> None:
+    """One of `run`'s processes: join and subscribe, say so, push from the start the parent
+    sends on stdin, and print what the learners saw."""
+    addresses = syncer_addresses(address)
+    team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
+    stop = threading.Event()
+    readers = _listen(team, token, stop)
+    header = team[0].links[0].header
+    print(json.dumps({"fragments": len(header.fragments),
+                      "slot": max(int(lk.header.slot) for lr in team for lk in lr.links)}), flush=True)
+    payloads = outer_gradients(shapes, [list(f.names) for f in header.fragments])
+    t0, first_slot = sys.stdin.readline().split()
+    _train(team, token, payloads, int(first_slot), slots, float(t0), step_seconds, readers, stop)
+    print(json.dumps(asdict(_Outcome.of(team))), flush=True)
 
 
 def main() -> None:
@@ -269,6 +347,9 @@ def main() -> None:
     parser.add_argument("--prefix", default="synthetic", help="learner ids: PREFIX-0, PREFIX-1, ...")
     parser.add_argument("--rejoin-every", type=float, default=0.0,
                         help="seconds between whole Joins another process makes while the slots are counted (0: none)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="processes the learners are spread over (one Python process's gRPC threads share one lock)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of --processes
     parser.add_argument("--rejoins", type=int, default=0, help=argparse.SUPPRESS)  # the joining process's own
     parser.add_argument("--rejoin-start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -281,8 +362,11 @@ def main() -> None:
         return
     if args.learners is None:
         parser.error("--learners is required")
+    if args.worker:
+        _work(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix)
+        return
     report = run(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix,
-                 args.warmup_cycles, args.rejoin_every, args.shapes)
+                 args.warmup_cycles, args.rejoin_every, args.shapes, args.processes)
     print(json.dumps({**asdict(report), "sustained": report.sustained}), flush=True)
 
 
