@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import mmap
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -177,7 +180,7 @@ def _subscribe(lr: _Learner, shard: int, link: _Link, token: str, stop: threadin
             lr.bytes_received += received
 
 
-def _push_loop(lr: _Learner, shard: int, token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
+def _push_loop(lr: _Learner, shard: int, token: str, payloads: Sequence[bytes | memoryview], first_slot: int, slots: int, t0: float,
                step_seconds: float, ids: itertools.count) -> None:
     """One learner's pushes to one shard: the slot's fragment that shard owns, every slot."""
     link, shards = lr.links[shard], len(lr.links)
@@ -192,9 +195,12 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: list[bytes], firs
             base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
             push_id=next(ids), slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
             session_secret=link.header.session_secret)
-        reply = push(link.stub, header, blob, auth_metadata(token), 60)  # as a learner's client pushes
+        try:
+            accepted = push(link.stub, header, blob, auth_metadata(token), 60).accepted  # as a learner's client pushes
+        except grpc.RpcError:  # counted, not fatal: the thread keeps the schedule and the counts stay true
+            accepted = False
         pushed += len(blob)
-        refused += not reply.accepted
+        refused += not accepted
         late += time.monotonic() > due + step_seconds
     with lr.lock:
         lr.bytes_pushed, lr.refused, lr.late = lr.bytes_pushed + pushed, lr.refused + refused, lr.late + late
@@ -209,7 +215,7 @@ def _listen(team: list[_Learner], token: str, stop: threading.Event) -> list[thr
     return readers
 
 
-def _train(team: list[_Learner], token: str, payloads: list[bytes], first_slot: int, slots: int, t0: float,
+def _train(team: list[_Learner], token: str, payloads: Sequence[bytes | memoryview], first_slot: int, slots: int, t0: float,
            step_seconds: float, readers: list[threading.Thread], stop: threading.Event) -> None:
     """Push for `slots` slots from `t0` (each learner to each shard side by side), let the last
     merges arrive, and hang up."""
@@ -260,14 +266,27 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     if processes <= 1:
         team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
         readers = _listen(team, token, stop)
-        plan_size, latest = len(team[0].links[0].header.fragments), max(int(lk.header.slot) for lr in team for lk in lr.links)
+        header = team[0].links[0].header
+    else:  # the plan, from a Join's header (a Join alone does not make a learner active)
+        probe = join(addresses, token, f"{prefix}-probe", shapes)
+        header = probe.links[0].header
+        for link in probe.links:
+            link.channel.close()
+    payloads = outer_gradients(shapes, [list(f.names) for f in header.fragments])  # before the clock starts
+    if processes <= 1:
+        latest = max(int(lk.header.slot) for lr in team for lk in lr.links)
     else:
-        workers = _start_workers(address, shapes_file, learners, processes, step_seconds, slots, prefix)
+        tmp = tempfile.TemporaryDirectory(prefix="loadgen-")
+        shared = Path(tmp.name) / "payloads"  # written once, mapped by every process
+        shared.write_bytes(b"".join(payloads))
+        sizes = ",".join(str(len(b)) for b in payloads)
+        workers = _start_workers(address, shapes_file, f"{shared}:{sizes}", learners, processes, step_seconds, slots,
+                                 prefix)
         ready = [json.loads(w.stdout.readline() or "null") for w in workers]  # type: ignore[union-attr]
         if None in ready:
             raise SystemExit("a load generator process exited before its learners joined; see its stderr above")
-        plan_size, latest = ready[0]["fragments"], max(r["slot"] for r in ready)
-    num = plan_size // shards  # P: the slots of a cycle
+        latest = max(r["slot"] for r in ready)
+    num = len(header.fragments) // shards  # P: the slots of a cycle
     first_slot = (latest // num + 1) * num  # a fresh cycle
     t0 = time.monotonic() + 1.0  # subscriptions settle first (CLOCK_MONOTONIC: one clock for every process here)
     joiner = None
@@ -276,7 +295,6 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
         count = max(1, int((slots - warmup_cycles * num) * step_seconds // rejoin_every))
         joiner = _start_rejoins(address, shapes_file, counted, rejoin_every, count, f"{prefix}-rejoin")
     if processes <= 1:
-        payloads = outer_gradients(shapes, [list(f.names) for f in team[0].links[0].header.fragments])
         _train(team, token, payloads, first_slot, slots, t0, step_seconds, readers, stop)
         outcomes = [_Outcome.of(team)]
     else:
@@ -285,6 +303,7 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
             w.stdin.flush()  # type: ignore[union-attr]
         outcomes = [_Outcome(**json.loads(w.communicate(timeout=600 + 4 * slots * step_seconds)[0].strip().splitlines()[-1]))
                     for w in workers]
+        tmp.cleanup()
     joins = json.loads(joiner.communicate(timeout=600)[0].strip().splitlines()[-1]) if joiner else []
     # Not counted: the first cycle, which opens every fragment's rounds, and any further warm-up
     # cycles (a large model's first publishes grow the syncer's heap; their backlog spills over).
@@ -306,8 +325,8 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
                   joins)
 
 
-def _start_workers(address: str, shapes_file: str, learners: int, processes: int, step_seconds: float, slots: int,
-                   prefix: str) -> list[subprocess.Popen[str]]:
+def _start_workers(address: str, shapes_file: str, payloads: str, learners: int, processes: int, step_seconds: float,
+                   slots: int, prefix: str) -> list[subprocess.Popen[str]]:
     """`processes` load generators of their share of the learners each, joined and subscribed
     when they print their ready line; each starts pushing when told the common start."""
     if not shapes_file:
@@ -315,14 +334,20 @@ def _start_workers(address: str, shapes_file: str, learners: int, processes: int
     shares = [learners // processes + (k < learners % processes) for k in range(processes)]
     return [subprocess.Popen([sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes", shapes_file,
                               "--learners", str(m), "--step-seconds", str(step_seconds), "--slots", str(slots),
-                              "--prefix", f"{prefix}-p{k}", "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                              "--prefix", f"{prefix}-p{k}", "--worker", payloads], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for k, m in enumerate(shares) if m > 0]
 
 
 def _work(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, step_seconds: float, slots: int,
-          prefix: str) -> None:
+          prefix: str, shared: str) -> None:
     """One of `run`'s processes: join and subscribe, say so, push from the start the parent
-    sends on stdin, and print what the learners saw."""
+    sends on stdin, and print what the learners saw. `shared`: FILE:SIZE,SIZE,... the payloads
+    the parent wrote, one per fragment, mapped rather than made again."""
+    path, sizes = shared.rsplit(":", 1)
+    with open(path, "rb") as fh:
+        mapped = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+    ends = list(itertools.accumulate(int(n) for n in sizes.split(",")))
+    payloads = [mapped[end - int(n):end] for end, n in zip(ends, sizes.split(","))]
     addresses = syncer_addresses(address)
     team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
     stop = threading.Event()
@@ -330,7 +355,6 @@ def _work(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learn
     header = team[0].links[0].header
     print(json.dumps({"fragments": len(header.fragments),
                       "slot": max(int(lk.header.slot) for lr in team for lk in lr.links)}), flush=True)
-    payloads = outer_gradients(shapes, [list(f.names) for f in header.fragments])
     t0, first_slot = sys.stdin.readline().split()
     _train(team, token, payloads, int(first_slot), slots, float(t0), step_seconds, readers, stop)
     print(json.dumps(asdict(_Outcome.of(team))), flush=True)
@@ -349,7 +373,7 @@ def main() -> None:
                         help="seconds between whole Joins another process makes while the slots are counted (0: none)")
     parser.add_argument("--processes", type=int, default=1,
                         help="processes the learners are spread over (one Python process's gRPC threads share one lock)")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one of --processes
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # one of --processes: FILE:SIZES of the payloads
     parser.add_argument("--rejoins", type=int, default=0, help=argparse.SUPPRESS)  # the joining process's own
     parser.add_argument("--rejoin-start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -363,7 +387,8 @@ def main() -> None:
     if args.learners is None:
         parser.error("--learners is required")
     if args.worker:
-        _work(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix)
+        _work(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix,
+              args.worker)
         return
     report = run(args.address, os.environ[TOKEN_ENV], shapes, args.learners, args.step_seconds, args.slots, args.prefix,
                  args.warmup_cycles, args.rejoin_every, args.shapes, args.processes)
