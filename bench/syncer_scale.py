@@ -8,9 +8,10 @@
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
 generator (`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
-`--loadgen-processes` processes started on one clock),
-each pinned to a core of its own while there are N + 1 cores (else none pinned), pushing precomputed int4 outer gradients on the shared
-schedule at one step per `--step-seconds`, each fragment to its shard. M is sustained when every
+`--loadgen-processes` processes started on one clock, by default one per core it has), each
+shard pinned to a core of its own and the load generator to the rest while there are N + 1 cores
+(else none pinned), pushing precomputed int4 outer gradients on the shared schedule at one step
+per `--step-seconds`, in each slot one fragment to each shard (core/schedule.py). M is sustained when every
 push is accepted and sent on time and every slot's merge reaches every learner before the next
 slot begins (the first two cycles of P slots excluded: the first opens the rounds, the
 second absorbs the backlog of a large model's first publishes, which grow the syncer's heap).
@@ -48,19 +49,19 @@ REPO = Path(__file__).resolve().parent.parent
 MODELS = {"5e5": (2, 128), "1e7": (6, 384), "1e8": (14, 768), "1e9": (24, 1856)}  # nominal size: (layers, dModel)
 
 
-def pinned(cpu: int | None) -> list[str]:
-    """A command prefix pinning the process to one core (None: the kernel places it)."""
-    ok = cpu is not None and shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
-    return ["taskset", "-c", str(cpu)] if ok else []
+def pinned(cpus: list[int] | None) -> list[str]:
+    """A command prefix pinning the process to those cores (None: the kernel places it)."""
+    ok = cpus is not None and shutil.which("taskset") is not None and (os.cpu_count() or 1) > 1
+    return ["taskset", "-c", ",".join(map(str, cpus or []))] if ok else []
 
 
-def placement(shards: int) -> tuple[list[int | None], int | None]:
-    """Cores for the shards and the load generator: one each while there are enough; else the
-    kernel balances them all over every core (pinning a shard beside the load generator would
-    starve one of them while another core idles)."""
+def placement(shards: int) -> tuple[list[list[int] | None], list[int] | None]:
+    """Cores for the shards (one each) and the load generator (the rest) while there are enough;
+    else the kernel balances them all over every core (pinning a shard beside the load generator
+    would starve one of them while another core idles)."""
     cpus = sorted(os.sched_getaffinity(0))
     if shards + 1 <= len(cpus):
-        return [cpus[i] for i in range(shards)], cpus[-1]
+        return [[cpus[i]] for i in range(shards)], cpus[shards:]
     return [None] * shards, None
 
 
@@ -82,7 +83,7 @@ def shapes_of(layers: int, d_model: int) -> dict[str, list[int]]:
     return {k: list(v) for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items()}
 
 
-def start_syncer(config: Path, token: str, log: Path, shard: int, cpu: int | None) -> tuple[subprocess.Popen[str], str]:
+def start_syncer(config: Path, token: str, log: Path, shard: int, cpu: list[int] | None) -> tuple[subprocess.Popen[str], str]:
     env = dict(os.environ, DILOCO_TOKEN=token)
     with open(log, "w") as err:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([*pinned(cpu), sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", str(config),
@@ -105,7 +106,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def trial(address: str, token: str, shapes: Path, learners: int, step: float, slots: int, warmup: int, prefix: str,
-          cpu: int | None, syncers: list[int], rejoin_every: float = 0.0, processes: int = 1) -> dict[str, Any]:
+          cpu: list[int] | None, syncers: list[int], rejoin_every: float = 0.0, processes: int = 1) -> dict[str, Any]:
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
@@ -147,7 +148,8 @@ def capacity(name: str, shards: int, learners: list[int], start: int, args: argp
 
     def sustains(m: int) -> bool:
         row = trial(address, token, shapes_file, m, args.step_seconds, args.slots, args.warmup_cycles, f"m{len(trials)}-{m}", generator,
-                    [proc.pid for proc, _ in syncers], args.rejoin_every, args.loadgen_processes)
+                    [proc.pid for proc, _ in syncers], args.rejoin_every,
+                    args.loadgen_processes or len(generator or os.sched_getaffinity(0)))
         trials.append(row)
         print(f"  {m:3d} learners: " + ("sustained" if row.get("sustained") else "NOT sustained") +
               f"  {json.dumps({k: v for k, v in row.items() if k not in ('learners', 'sustained')})}", flush=True)
@@ -184,10 +186,10 @@ def main() -> None:
                              "made by another process while the slots are counted; 0: none")
     parser.add_argument("--join-bytes-per-second", default=None,
                         help="spec.syncer.joinBytesPerSecond for the syncers ('none': unpaced; default: the spec's)")
-    parser.add_argument("--loadgen-processes", type=int, default=4,
-                        help="processes the synthetic learners are spread over, on the load generator's core: real "
-                             "learners are processes of their own, and one Python process's gRPC threads share one "
-                             "lock (with 1, the load generator's own receiving limited 2 shards at 1e9)")
+    parser.add_argument("--loadgen-processes", type=int, default=0,
+                        help="processes the synthetic learners are spread over (one Python process's gRPC threads "
+                             "share one lock); 0: one per core the load generator has (4 on its one core here "
+                             "kept fewer learners than 1: 6 against 10-12 at 1e9)")
     parser.add_argument("--smoke", action="store_true", help="a tiny model, P = 4, two short trials")
     args = parser.parse_args()
     if args.smoke:
