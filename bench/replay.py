@@ -145,10 +145,6 @@ class _Unshared:
     def skipped(self) -> int:
         return 0
 
-    @property
-    def per_slot(self) -> int:
-        return 1
-
     def take(self) -> tuple[int, range]:
         slot, _ = self.inner.take()
         p = (slot + self.offset) % self.num
@@ -158,6 +154,9 @@ class _Unshared:
         return 0
 
     def skip(self, slots: int = 1) -> None:
+        pass
+
+    def late(self, fragment: int) -> None:
         pass
 
 

@@ -100,7 +100,7 @@ class Syncer(Model):
     # Syncer processes. Each step's 1/P of the model is cut in one fragment per shard (the plan
     # holds P x shards fragments; fragment q is merged, checkpointed and published by shard
     # q mod shards), so every shard works on every slot and N shards shorten each slot's chain.
-    # One is enough for 48 learners of 1e8 parameters and 12 of 1e9 at 1 s steps on one core
+    # One is enough for 48 learners of 1e8 parameters and 10-12 of 1e9 at 1 s steps on one core
     # (docs/BENCHMARKS.md §5).
     shards: int = Field(1, ge=1, le=64)
     compression: Codec = "int4"  # +0.09% loss vs bf16

@@ -226,8 +226,8 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
         ledger.refused(p, push_id)
     for p, push_id, merged_into, late in accepted:
         ledger.accepted(p, push_id, merged_into)
-        if late and p % schedule.per_slot == 0:  # one skip per late slot, not one per shard's fragment
-            schedule.skip()
+        if late:
+            schedule.late(p)
         settled = ledger.settle(p)
         if settled is not None:
             shift(settled)

@@ -56,6 +56,13 @@ class Schedule:
         """The first slot from the next one on in which `fragment` is due."""
         return self.slot + (slot_of(fragment, self.num_fragments, self.per_slot) - self.slot) % self.cycle
 
+    def late(self, fragment: int) -> None:
+        """A push of `fragment` came after its round closed: skip a slot, once per slot however
+        many shards said so (only the slot's first fragment counts; the next publish's
+        position corrects the rest)."""
+        if fragment % self.per_slot == 0:
+            self.skip()
+
     def skip(self, slots: int = 1) -> None:
         """Our push came after its round closed: we are behind the schedule, catch up."""
         self.slot += slots

@@ -188,7 +188,7 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: Sequence[bytes | 
     for s in range(first_slot, first_slot + slots):
         due = t0 + (s - first_slot) * step_seconds
         time.sleep(max(0.0, due - time.monotonic()))
-        p = next(q for q in due_fragments(s, len(payloads), shards) if owner(q, shards) == shard)
+        p = due_fragments(s, len(payloads), shards)[shard]  # fragment q belongs to shard q mod N
         blob = payloads[p]
         header = pb.PushHeader(
             learner=lr.name, region="bench", incarnation=link.header.incarnation, fragment=p,
@@ -206,13 +206,16 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: Sequence[bytes | 
         lr.bytes_pushed, lr.refused, lr.late = lr.bytes_pushed + pushed, lr.refused + refused, lr.late + late
 
 
-def _listen(team: list[_Learner], token: str, stop: threading.Event) -> list[threading.Thread]:
-    """Every learner's subscription to every shard, each in a thread, as the learner's client has."""
+def _join_team(addresses: list[str], token: str, shapes: Mapping[str, tuple[int, ...]], learners: int, prefix: str,
+               stop: threading.Event) -> tuple[list[_Learner], list[threading.Thread], int]:
+    """Join `learners` synthetic learners and subscribe each to every shard in a thread, as the
+    learner's client does: (the team, its readers, the newest slot any shard said)."""
+    team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
     readers = [threading.Thread(target=_subscribe, args=(lr, shard, link, token, stop), daemon=True)
                for lr in team for shard, link in enumerate(lr.links)]
     for t in readers:
         t.start()
-    return readers
+    return team, readers, max(int(link.header.slot) for lr in team for link in lr.links)
 
 
 def _train(team: list[_Learner], token: str, payloads: Sequence[bytes | memoryview], first_slot: int, slots: int, t0: float,
@@ -264,8 +267,7 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
     shards = len(addresses)
     stop = threading.Event()
     if processes <= 1:
-        team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
-        readers = _listen(team, token, stop)
+        team, readers, latest = _join_team(addresses, token, shapes, learners, prefix, stop)
         header = team[0].links[0].header
     else:  # the plan, from a Join's header (a Join alone does not make a learner active)
         probe = join(addresses, token, f"{prefix}-probe", shapes)
@@ -273,9 +275,7 @@ def run(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learner
         for link in probe.links:
             link.channel.close()
     payloads = outer_gradients(shapes, [list(f.names) for f in header.fragments])  # before the clock starts
-    if processes <= 1:
-        latest = max(int(lk.header.slot) for lr in team for lk in lr.links)
-    else:
+    if processes > 1:
         tmp = tempfile.TemporaryDirectory(prefix="loadgen-")
         shared = Path(tmp.name) / "payloads"  # written once, mapped by every process
         shared.write_bytes(b"".join(payloads))
@@ -348,13 +348,9 @@ def _work(address: str, token: str, shapes: Mapping[str, tuple[int, ...]], learn
         mapped = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
     ends = list(itertools.accumulate(int(n) for n in sizes.split(",")))
     payloads = [mapped[end - int(n):end] for end, n in zip(ends, sizes.split(","))]
-    addresses = syncer_addresses(address)
-    team = [join(addresses, token, f"{prefix}-{i}", shapes) for i in range(learners)]
     stop = threading.Event()
-    readers = _listen(team, token, stop)
-    header = team[0].links[0].header
-    print(json.dumps({"fragments": len(header.fragments),
-                      "slot": max(int(lk.header.slot) for lr in team for lk in lr.links)}), flush=True)
+    team, readers, latest = _join_team(syncer_addresses(address), token, shapes, learners, prefix, stop)
+    print(json.dumps({"slot": latest}), flush=True)
     t0, first_slot = sys.stdin.readline().split()
     _train(team, token, payloads, int(first_slot), slots, float(t0), step_seconds, readers, stop)
     print(json.dumps(asdict(_Outcome.of(team))), flush=True)
