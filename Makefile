@@ -13,6 +13,17 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# The syncer image's install, exactly (`pip install .`, no extras: no JAX): the slim lane runs
+# the syncer, the operator and the base commands in it (tests/test_slim.py). Rebuilt when the
+# package changes, since a non-editable install holds a copy.
+SLIM := .venv-slim
+$(SLIM)/.installed: pyproject.toml $(shell find diloco syncer operator -name '*.py' -o -name '*.proto')
+	test -d $(SLIM) || $(PYTHON) -P -m venv $(SLIM)
+	$(SLIM)/bin/python -P -m pip install --quiet --upgrade pip
+	$(SLIM)/bin/python -P -m pip install --quiet .
+	rm -rf build
+	touch $@
+
 run: $(VENV)/.installed
 	$(BIN)/diloco run examples/quickstart.yaml --out runs/quickstart
 
@@ -25,7 +36,7 @@ check: lint
 
 # The realapi lane needs a Kubernetes 1.20 control plane: built from Debian's sources on first
 # use (about 8 minutes), cached under ~/.cache/decoupled-diloco after.
-test: lint
+test: lint $(SLIM)/.installed
 	bash scripts/system-deps.sh
 	bash scripts/control-plane.sh build
 	$(BIN)/pytest
@@ -34,7 +45,7 @@ bench: $(VENV)/.installed
 	bash bench/run_all.sh
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(SLIM) runs .pytest_cache .hypothesis
 
 # The real images: builds the base (debootstrap), both Dockerfiles (buildah) and trains a tiny job
 # in podman containers, as the operator runs them (docs/IMAGES.md). Root; minutes on first build.

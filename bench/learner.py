@@ -48,7 +48,8 @@ PEAK_FLOPS = {
 PLAIN = r"""
 import json, os, signal, sys, time
 os.sched_setaffinity(0, {0})
-from diloco.launch import learner_runtime, split_host_threads
+from diloco.launch import learner_runtime
+from diloco.trainer.runtime import split_host_threads
 learner_runtime()  # as the learner does: the same allocator and XLA settings on both sides
 split_host_threads(sys.argv[2] or None)  # as the learner's --host-cpus does
 import jax, numpy as np

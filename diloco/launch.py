@@ -47,27 +47,10 @@ def pin_cpus(spec: str | None) -> None:
     """Pin this process to CPUs (`"0"`, `"0,1"`) before JAX starts: XLA's thread flags do nothing
     on small CPU hosts, and pinned learners share cores fairly (docs/DEVELOPMENT.md, "Several processes on few cores")."""
     if spec:
-        _pin(_cpu_set(spec, "--cpus"), "--cpus")
+        pin(cpu_set(spec, "--cpus"), "--cpus")
 
 
-def split_host_threads(spec: str | None) -> None:
-    """Move this thread, and every thread it starts from now on (gRPC's, the learner's sender
-    and subscriber), to the host CPUs `spec`; JAX's runtime threads, started here first, stay
-    where `pin_cpus` put the process. On a CPU device the cores are the device, and without
-    this the learner's communication takes its cycles from XLA's, which on an accelerator
-    it never does: its host has cores of its own. Call it from the main thread, after
-    `jax.distributed` (which must come before JAX's backend) and before any other thread."""
-    if not spec:
-        return
-    cpus = _cpu_set(spec, "--host-cpus")
-    import jax
-    import numpy as np
-
-    jax.device_put(np.zeros(1, np.float32)).block_until_ready()  # the backend and its worker threads
-    _pin(cpus, "--host-cpus")
-
-
-def _cpu_set(spec: str, flag: str) -> set[int]:
+def cpu_set(spec: str, flag: str) -> set[int]:
     try:
         cpus = {int(c) for c in spec.split(",") if c.strip()}
     except ValueError:
@@ -77,7 +60,7 @@ def _cpu_set(spec: str, flag: str) -> set[int]:
     return cpus
 
 
-def _pin(cpus: set[int], flag: str) -> None:
+def pin(cpus: set[int], flag: str) -> None:
     """Pin the calling thread; on Linux the threads it starts later inherit its CPUs."""
     try:
         os.sched_setaffinity(0, cpus)

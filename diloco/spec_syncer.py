@@ -86,7 +86,7 @@ class Syncer(Model):
     # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
     READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "shards", "adoption")
     # Pod settings, and exposure (its TLS files show in the syncer's pod template itself).
-    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose")
+    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose", "checkpoint_storage")
 
     quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
     grace_window: GraceWindow = Field(default_factory=GraceWindow)
@@ -127,6 +127,10 @@ class Syncer(Model):
     # A syncer crash loses at most this much merging, and learners hand most of it back (Recover);
     # writing more often costs disk bandwidth for no gain.
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
+    # The checkpoint volume's size on Kubernetes (each shard's, when sharded). Unset: twice what
+    # the syncer keeps for the built-in model (diloco/shapes.py sizes it without JAX). A model from
+    # spec.model.module has shapes only its code knows, so it needs this set.
+    checkpoint_storage: str | None = Field(None, pattern=r"^[1-9][0-9]{0,8}(Mi|Gi|Ti)$")
     # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
     # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model
     # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the

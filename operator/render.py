@@ -27,13 +27,15 @@ from diloco.contract import (
 from diloco.operator import access, exposure, learners, overlay, parts, policies
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner, meta
+from diloco.shapes import parameter_shapes
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
 
 
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
-    """Names that Kubernetes would refuse later, and TPU slices the learners cannot fill;
-    reported like spec errors, with the field path."""
-    return learners.problems(job) + overlay.job_problems(job)
+    """Names that Kubernetes would refuse later, TPU slices the learners cannot fill, and a
+    checkpoint volume nobody can size; reported like spec errors, with the field path."""
+    sized = job.spec.syncer.checkpoint_storage is not None or parameter_shapes(job.spec.model) is not None
+    return learners.problems(job) + overlay.job_problems(job) + ([] if sized else [STORAGE_NEEDED])
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
@@ -107,34 +109,49 @@ def token_secret(owner: Owner, token: str) -> dict[str, Any]:
             "type": "Opaque", "data": {n.TOKEN_KEY: encoded}}
 
 
-def checkpoint_bytes(spec: JobSpec) -> int:
-    """Room for the checkpoints the syncer keeps, as its own code sizes them for this model."""
+def checkpoint_bytes(spec: JobSpec) -> int | None:
+    """Room for the checkpoints the syncer keeps, as its own code sizes them, from the model's
+    shapes as the spec fixes them (no JAX: the operator runs from the syncer image). None for a
+    user's own module, whose shapes only its code knows."""
     from diloco.syncer.checkpoint import disk_bytes
     from diloco.syncer.state import GlobalModel
-    from diloco.trainer.model import parameter_shapes  # JAX: imported only when sizing a volume
 
+    shapes = parameter_shapes(spec.model)
+    if shapes is None:
+        return None
     # With room for momentum buffers even at the default outer momentum 0, which keeps none:
     # spec.syncer.outerMomentum may be turned on later, and a claim does not grow by itself.
-    return disk_bytes(GlobalModel.state_bytes(parameter_shapes(spec.model), momentum=True))
+    return disk_bytes(GlobalModel.state_bytes(shapes, momentum=True))
 
 
-def checkpoint_gib(spec: JobSpec) -> int:
-    return max(1, math.ceil(2 * checkpoint_bytes(spec) / 2**30))  # twice the estimate: head-room
+def checkpoint_storage(spec: JobSpec) -> str:
+    """The checkpoint claim's size: spec.syncer.checkpointStorage, else twice the estimate (head-room)."""
+    if spec.syncer.checkpoint_storage is not None:
+        return spec.syncer.checkpoint_storage
+    estimate = checkpoint_bytes(spec)
+    if estimate is None:  # name_problems refuses such a job before anything is rendered
+        raise ValueError(STORAGE_NEEDED)
+    return f"{max(1, math.ceil(2 * estimate / 2**30))}Gi"
 
 
-def checkpoint_claim(owner: Owner, name: str, gib: int) -> dict[str, Any]:
+STORAGE_NEEDED = ("spec.syncer.checkpointStorage: a model from spec.model.module has shapes only its code knows, "
+                  "so the operator cannot size the syncer's checkpoint volume; set it (e.g. \"50Gi\": about "
+                  "4 checkpoints x 8 bytes per parameter, twice over for head-room)")
+
+
+def checkpoint_claim(owner: Owner, name: str, storage: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": meta(owner, name, n.SYNCER),
-            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}}
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}}
 
 
 def checkpoint_claims(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
     """The syncer's volume, or one per shard under the names the StatefulSet's claim template
     would give them: made first by the operator, they carry the job's retention policy."""
-    gib = checkpoint_gib(spec)
+    storage = checkpoint_storage(spec)
     if spec.syncer.shards == 1:
-        return [checkpoint_claim(owner, n.checkpoints(owner.name), gib)]
-    return [checkpoint_claim(owner, n.shard_checkpoints(owner.name, i), gib) for i in range(spec.syncer.shards)]
+        return [checkpoint_claim(owner, n.checkpoints(owner.name), storage)]
+    return [checkpoint_claim(owner, n.shard_checkpoints(owner.name, i), storage) for i in range(spec.syncer.shards)]
 
 
 def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
@@ -228,7 +245,7 @@ def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
             "volumeClaimTemplates": [{
                 "metadata": {"name": n.CHECKPOINT_VOLUME, "labels": n.labels(owner.name, n.SYNCER)},
                 "spec": {"accessModes": ["ReadWriteOnce"],
-                         "resources": {"requests": {"storage": f"{checkpoint_gib(job.spec)}Gi"}}},
+                         "resources": {"requests": {"storage": checkpoint_storage(job.spec)}}},
             }],
         },
     }

@@ -102,7 +102,8 @@ def test_xla_cpu_flags_keep_the_users_own(monkeypatch: pytest.MonkeyPatch) -> No
 SPLIT = r"""
 import json, os, sys, threading
 from pathlib import Path
-from diloco.launch import pin_cpus, split_host_threads
+from diloco.launch import pin_cpus
+from diloco.trainer.runtime import split_host_threads
 pin_cpus(sys.argv[1])
 split_host_threads(sys.argv[2])
 import jax, jax.numpy as jnp
@@ -143,7 +144,7 @@ def test_host_cpus_take_the_learners_own_threads_and_leave_the_device_cpus_to_xl
 
 @pytest.mark.parametrize("spec", ["x", "99999"])
 def test_a_bad_host_cpus_flag_names_the_flag_and_the_cpus_there_are(spec: str) -> None:
-    from diloco.launch import split_host_threads
+    from diloco.trainer.runtime import split_host_threads
 
     before = os.sched_getaffinity(0)
     with pytest.raises(SystemExit, match=r"--host-cpus '.+': .*it may use"):

@@ -425,3 +425,25 @@ def test_ready_learners_come_from_ready_pods_not_terminating_ones_and_a_gang_nee
     one_host = job().spec.learner_groups[0]
     us = [learner_pod("demo-us-0", "us"), learner_pod("demo-us-1", "us", terminating=True), learner_pod("x-eu-0", "eu")]
     assert learners.ready_learners(one_host, us) == 1  # Ready but terminating is leaving: not counted
+
+
+def test_the_checkpoint_volume_is_sized_from_the_spec_or_set_by_hand() -> None:
+    """A 1B model's volume from its shapes alone (diloco/shapes.py: no JAX in the operator's
+    image): 1.1e9 parameters x 8 bytes (Θ and momentum) x 4 checkpoints (3 kept, 1 being written), x 2."""
+    big = job(model={"preset": "llama-1b"})
+    claim = by_key(render.children(big, OWNER, TOKEN, started=True, finished=False))[
+        ("PersistentVolumeClaim", "demo-checkpoints")]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "66Gi"
+    assert render.checkpoint_storage(job(syncer={"checkpointStorage": "3Ti"}).spec) == "3Ti"
+    sharded = by_key(render.children(job(syncer={"fragments": 4, "shards": 2, "checkpointStorage": "700Mi"}),
+                                     OWNER, TOKEN, started=True, finished=False))
+    assert sharded[("StatefulSet", "demo-syncer")]["spec"]["volumeClaimTemplates"][0]["spec"]["resources"] == \
+        {"requests": {"storage": "700Mi"}}
+
+
+def test_a_users_own_module_needs_the_volume_size_named() -> None:
+    own = job(model={"module": "my_models.wide:build"})
+    (problem,) = render.name_problems(own)
+    assert problem.startswith("spec.syncer.checkpointStorage:") and "spec.model.module" in problem
+    assert render.name_problems(job(model={"module": "my_models.wide:build"},
+                                    syncer={"checkpointStorage": "20Gi"})) == []

@@ -44,7 +44,8 @@ def _warm_codecs(syncer: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from diloco.contract import Event, Exit, LearnerId
-    from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token, split_host_threads
+    from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token
+    from diloco.trainer.runtime import split_host_threads
 
     t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools

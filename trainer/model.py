@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from diloco.shapes import parameter_shapes as spec_shapes
 from diloco.spec import TransformerModel
 
 Params = dict[str, jax.Array]
@@ -83,15 +84,18 @@ def shapes(params: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _shapes_of(cfg_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def traced_shapes(cfg_json: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """What Flax's init makes, traced (no arrays computed): the truth diloco/shapes.py is checked against."""
     cfg = TransformerModel.model_validate_json(cfg_json)
     abstract = jax.eval_shape(build(cfg).init, jax.random.PRNGKey(0), jnp.zeros((1, cfg.context), jnp.int32))
     return tuple((k, tuple(v.shape)) for k, v in _flat(abstract["params"]).items())
 
 
 def parameter_shapes(cfg: TransformerModel) -> dict[str, tuple[int, ...]]:
-    """The model's parameter shapes without computing any (for sizing volumes and memory)."""
-    return dict(_shapes_of(cfg.model_dump_json()))
+    """The model's parameter shapes without computing any: the built-in families' from the spec
+    (diloco/shapes.py, what the operator sizes volumes with), a user's module's by tracing it."""
+    known = spec_shapes(cfg)
+    return known if known is not None else dict(traced_shapes(cfg.model_dump_json()))
 
 
 def count(params: dict[str, Any]) -> int:
