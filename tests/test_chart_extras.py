@@ -325,7 +325,7 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
     so without CEL rules), and may do nothing else."""
     import base64
 
-    from diloco.operator.kube import ApiError, Kube
+    from diloco.operator.kube import MERGE_PATCH, ApiError, Kube
     from tests.helpers import wait_for
     from tests.realapi.controlplane import ControlPlane
 
@@ -374,18 +374,13 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
         del stale["spec"]["versions"][0]["additionalPrinterColumns"][-1]
 
         def make_stale() -> None:
-            """PUT `stale` over the newest version: the API server's CRD controller updates the
-            status (names accepted, established) on its own, so a version read a moment ago can
-            be gone by the PUT (409); read it again then, as any client of an update does."""
-            for attempt in range(5):
-                latest = admin.request("GET", path)["metadata"]["resourceVersion"]
-                try:
-                    admin.request("PUT", path, {**stale, "metadata": {**stale["metadata"], "resourceVersion": latest}},
-                                  params={"fieldManager": "helm"})
-                    return
-                except ApiError as exc:
-                    if exc.status != 409 or attempt == 4:
-                        raise
+            """Write `stale` over the CRD as Helm does: a merge patch, which carries no
+            resourceVersion. (A PUT must carry one, and the API server's own CRD controllers
+            write the CRD's status and finalizers on their own schedule after every change:
+            CI once lost that race with a 409. There is no version here to go stale.)"""
+            admin.request("PATCH", path, {"spec": {"names": stale["spec"]["names"], "versions": stale["spec"]["versions"]}},
+                          params={"fieldManager": "helm"}, content_type=MERGE_PATCH)
+            assert admin.request("GET", path)["spec"]["names"]["shortNames"] == ["old"]
 
         make_stale()
         done = diloco_crd_apply()
