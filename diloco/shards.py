@@ -66,6 +66,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
         contributions_refused=sum(r.contributions_refused for r in replies),
         bytes_received=sum(r.bytes_received for r in replies), bytes_sent=sum(r.bytes_sent for r in replies),
         regions=[regions[k] for k in sorted(regions)], max_norm_ratio=max(r.max_norm_ratio for r in replies),
+        max_steps_ratio=max(r.max_steps_ratio for r in replies),
         shard=0, shards=n, unseeded=unseeded,
     )
 

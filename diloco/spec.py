@@ -155,10 +155,17 @@ class JobSpec(Model):
                 "group": g.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})}
 
     def syncer_inputs(self) -> dict[str, Any]:
-        """What the syncer reads at start (its pod restarts when this changes)."""
+        """What the syncer reads at start (its pod restarts when this changes): the batch size
+        too, which bounds the tokens a push may report."""
         s = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         syncer = {k: v for k, v in s["syncer"].items() if k not in Syncer.NOT_READ_BY_SYNCER}
-        return {"model": s["model"], "data": s["data"], "syncer": syncer}
+        return {"model": s["model"], "data": s["data"], "syncer": syncer,
+                "training": {"batchSize": s["training"]["batchSize"]}}
+
+    @property
+    def tokens_per_step(self) -> int:
+        """What one inner step of one learner trains: batchSize sequences of context tokens."""
+        return self.training.batch_size * self.model.context
 
     def runs_here(self) -> bool:
         """Whether this operator runs the job (spec.managedBy absent or naming this operator)."""

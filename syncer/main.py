@@ -74,7 +74,8 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
 
     def start(model: GlobalModel) -> SyncerCore:
         """The syncer proper, once it has a model; RPCs switch to it at once."""
-        core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard, incarnation=incarnation)
+        core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard, incarnation=incarnation,
+                          tokens_per_step=job.spec.tokens_per_step)
         if store is not None and not restored:
             # A fresh job's first checkpoint, before anything is published: it holds the provenance
             # key and Θ₀'s hash, so a syncer that crashes before its first scheduled checkpoint still

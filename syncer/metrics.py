@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 # Outcomes of a push or recovery offer: merged; too stale; for a future version; malformed;
 # NaN or Inf; an outlier by norm; a recovery offer without this job's provenance tag; a request
 # from a process that does not hold the learner id it claims.
-OUTCOMES = ("accepted", "stale", "future", "invalid", "nonfinite", "outlier", "forged", "impostor", "misrouted")
+OUTCOMES = ("accepted", "stale", "future", "invalid", "nonfinite", "outlier", "forged", "impostor", "misrouted",
+            "counters")
 
 
 class SyncerMetrics:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from diloco.core.fragments import owned_by, owner
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.admission import Admission, Refused, check_header, outer_gradient
+from diloco.syncer.admission import Admission, Counters, Refused, check_header, credit_limit, outer_gradient
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
@@ -85,6 +86,9 @@ class SyncerCore:
     in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
     exclusive_waiting: int = 0  # checkpoints and Recovers waiting for `merging`
     shard: int = 0  # of spec.shards: this process merges, checkpoints and publishes its fragments only
+    # spec.training.batchSize x spec.model.context: the most tokens one inner step trains, which
+    # bounds what a push may report (syncer/admission.py Counters).
+    tokens_per_step: int = 0
 
     def region_of(self, learner: str) -> str:
         info = self.learners.get(learner)
@@ -95,6 +99,7 @@ class SyncerCore:
         self.book: RoundBook[Outer] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
         self.admission = Admission(self.model.plan.num_fragments, self.spec.max_norm_ratio)
+        self.counters = Counters(self.tokens_per_step, self.spec.fragments, self.model.plan.num_fragments)
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -118,15 +123,21 @@ class SyncerCore:
         self.check_header(header)
         p = header.fragment
         tensors, norm = outer_gradient(blob, p, self.model.shapes(p))
-        c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens),
-                         dict[str, Source](tensors), session=int(header.session), push_id=int(header.push_id),
-                         slot=int(header.slot) if header.push_id else None, trained_tokens=int(header.trained_tokens))
+        key = f"{header.learner}/{header.session}"
         with self.lock:
             info = self.learners.setdefault(header.learner, LearnerInfo(region=header.region))
-            info.last_seen, info.loss = self.clock(), header.loss
+            info.last_seen = self.clock()
+            if math.isfinite(header.loss) and header.loss >= 0:  # shown in status only; never trusted further
+                info.loss = header.loss
             self.last_push = info.last_seen
-            if (merged_into := self.admission.retried(c.origin, c.push_id)) is not None:  # the reply was lost
+            if (merged_into := self.admission.retried((header.learner, header.session), header.push_id)) is not None:
                 return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into)
+            self.counters.check(p, int(header.steps), int(header.tokens))
+            c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens),
+                             dict[str, Source](tensors), session=int(header.session), push_id=int(header.push_id),
+                             slot=int(header.slot) if header.push_id else None,
+                             trained_tokens=credit_limit(int(header.trained_tokens), self.model.known_tokens(key),
+                                                         int(header.tokens)))
             ratio = self.admission.check_norm(p, norm, header.learner)
             if ratio is not None:
                 self.metrics.norm_ratio.observe(ratio)
@@ -138,7 +149,8 @@ class SyncerCore:
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
-            self.model.report(f"{c.learner}/{c.session}", c.trained_tokens)
+            self.counters.taken(p, c.steps)
+            self.model.report(key, c.trained_tokens)
             info.contributions += 1
             info.bytes_received += len(blob)
             info.staleness += offer.lag

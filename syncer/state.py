@@ -126,6 +126,11 @@ class GlobalModel:
             self._unmerged += self._beyond_credit(key, trained_tokens) - self._beyond_credit(key, self.reported.get(key, 0))
             self.reported[key] = trained_tokens
 
+    def known_tokens(self, key: str) -> int:
+        """A learner process's trained tokens as far as this syncer has taken them (credited in a
+        merge, or reported by an accepted push)."""
+        return max(self.credited.get(key, 0), self.reported.get(key, 0))
+
     def tokens_trained(self) -> int:
         """The job's trained tokens: those merged, plus what accepted pushes carry beyond their
         process's credit."""

@@ -28,6 +28,7 @@ def status_reply(core: SyncerCore) -> pb.StatusReply:
             grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
             contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
             regions=_regions(core), max_norm_ratio=core.admission.max_ratio_seen,
+            max_steps_ratio=core.counters.max_ratio_seen,
             shard=core.shard, shards=core.spec.shards,
         )
 

@@ -20,6 +20,7 @@ from diloco.syncer.state import GlobalModel
 from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, push_chunks, rpc, server_options
 
 TOKEN = "test-token-0123456789"
+TOKENS_PER_STEP = 512  # the harness job's batchSize x context: pushes report steps x this
 SHAPES = {"embed/embedding": (16, 8), "layers_0/up/kernel": (8, 32), "layers_0/down/kernel": (32, 8), "head/kernel": (8, 16)}
 
 
@@ -59,18 +60,18 @@ class Harness:
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
              total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
              slot: int | None = None, trained_tokens: int | None = None, secret: bytes | None = None,
-             unary: bool = False) -> pb.PushReply:
+             unary: bool = False, tokens: int | None = None) -> pb.PushReply:
         """A push as the learner's client makes it; `unary`: through PushOne (one chunk)."""
         if blob is None:
             blob = encode_tensors(tensors or {}, codec)  # type: ignore[arg-type]
         header = pb.PushHeader(
             learner=learner, region="r", incarnation=self.core.incarnation, fragment=fragment,
             base_version=(self.core.model.versions + [0] * 8)[fragment] if base_version is None else base_version,
-            steps=steps, tokens=steps * 512, step_seconds=0.05,
+            steps=steps, tokens=steps * TOKENS_PER_STEP if tokens is None else tokens, step_seconds=0.05,
             total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
             push_id=next(self.push_ids) if push_id is None else push_id,
             slot=fragment // self.core.spec.shards if slot is None else slot,  # core/schedule.py due_fragments
-            trained_tokens=steps * 512 if trained_tokens is None else trained_tokens,
+            trained_tokens=steps * TOKENS_PER_STEP if trained_tokens is None else trained_tokens,
             session_secret=self.secret(learner) if secret is None else secret,
         )
         msgs = list(push_chunks(header, blob))
@@ -92,7 +93,8 @@ def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, mod
     spec = spec or SyncerSpec(fragments=2)
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     clock = FakeClock()
-    core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock, shard=shard)
+    core = SyncerCore(spec, model or GlobalModel.fresh(spec, params()), store, SyncerMetrics(), clock=clock, shard=shard,
+                      tokens_per_step=TOKENS_PER_STEP)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, TOKEN), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -110,7 +110,7 @@ def test_a_sharded_client_joins_pushes_to_owners_and_adopts_from_all(shards: lis
         for p in range(4):
             delta = {n: np.full(sh.SHAPES[n], 0.01, np.float32) for n in plan.fragments[p]}
             client.submit(Outgoing(p, 0, 4, 4 * 512, 0.05, 2.0, encode_tensors(delta, "int4"), 1.0, "", push_id=p + 1,
-                                   slot=p // 2, trained_tokens=(p + 1) * 2048))
+                                   slot=p // 2, trained_tokens=(p // 2 + 1) * 2048))
         wait_for(lambda: sum(len(h.core.book.contributors(p)) for h in shards for p in h.core.owned) == 4)
         for h in shards:
             h.core.merge_ready(flush=True)
@@ -129,9 +129,9 @@ def test_a_sharded_client_joins_pushes_to_owners_and_adopts_from_all(shards: lis
         wait_for(arrived)
         assert got == {0: 1, 1: 1, 2: 1, 3: 1}
         # Each publish carries its shard's count of the job's tokens (every push carries its
-        # learner's cumulative count, so each shard sees them all): 2 and 4 pushes' worth here.
-        assert max(tokens[0], tokens[2]) == shards[0].core.model.tokens_merged == 3 * 2048
-        assert max(tokens[1], tokens[3]) == shards[1].core.model.tokens_merged == 4 * 2048
+        # learner's cumulative count, one push per shard each slot): two slots' worth on each.
+        assert max(tokens[0], tokens[2]) == shards[0].core.model.tokens_merged == 2 * 2048
+        assert max(tokens[1], tokens[3]) == shards[1].core.model.tokens_merged == 2 * 2048
         assert sorted(f for f, *_ in accepted) == [0, 1, 2, 3]
         status = aggregate([h.core.status() for h in shards])
         assert list(status.versions) == [1, 1, 1, 1] and status.outer_steps == 4 and status.shards == 2

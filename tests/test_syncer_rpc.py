@@ -290,19 +290,20 @@ def test_the_final_flush_closes_rounds_below_quorum(syncer: sh.Harness) -> None:
 
 
 def test_join_reports_the_schedule_position_and_the_jobs_tokens(syncer: sh.Harness) -> None:
-    assert syncer.push(1, syncer.fragment_tensors(1), slot=41, trained_tokens=3 * 2048).accepted
+    # A process's pushes of 4 steps (2048 tokens) each; its count reaches 2 x 2048 in the second.
+    assert syncer.push(1, syncer.fragment_tensors(1), slot=41, trained_tokens=2048).accepted
     syncer.clock.now += 10
     assert syncer.core.merge_ready() == [1]
-    assert syncer.push(0, syncer.fragment_tensors(0), slot=44, trained_tokens=5 * 2048).accepted  # not merged yet
+    assert syncer.push(0, syncer.fragment_tensors(0), slot=44, trained_tokens=2 * 2048).accepted  # not merged yet
     req = pb.JoinRequest(learner="b-0", region="r",
                          tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
     header = next(iter(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))).header
     assert header.slot == 45
     # Where the joiner's learning-rate schedule resumes: every token accepted pushes report,
-    # merged (3 x 2048) or in an open round (2 x 2048 more).
-    assert syncer.core.model.tokens_merged == 3 * 2048 and header.job_tokens == 5 * 2048
+    # merged (2048) or in an open round (2048 more).
+    assert syncer.core.model.tokens_merged == 2048 and header.job_tokens == 2 * 2048
     status = syncer.stub.Status(pb.StatusRequest(), metadata=auth_metadata(sh.TOKEN))
-    assert {ls.learner: ls.tokens_trained for ls in status.learners}["a-0"] == 5 * 2048  # its newest push's count
+    assert {ls.learner: ls.tokens_trained for ls in status.learners}["a-0"] == 2 * 2048  # its newest push's count
 
 
 def test_an_outlier_outer_gradient_is_refused_and_nothing_changes(syncer: sh.Harness) -> None:

@@ -65,6 +65,7 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
         "bytes_received": received,
         "contributions_refused": tracker.refused,
         "max_push_norm_ratio": round(tracker.max_norm_ratio, 3),
+        "max_push_steps_ratio": round(tracker.max_steps_ratio, 3),
         "max_publish_gap_seconds": tracker.max_publish_gap,
         "wall_seconds": wall,
         "tokens_per_second": tracker.tokens_trained / wall if wall > 0 else 0.0,

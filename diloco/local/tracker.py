@@ -65,6 +65,7 @@ class RunTracker:
     last_chaos: str = ""
     refused: int = 0
     max_norm_ratio: float = 0.0  # the largest push norm over its fragment's median, any incarnation
+    max_steps_ratio: float = 0.0  # the largest push steps over its bound's base (syncer/admission.py Counters)
 
     def __post_init__(self) -> None:
         self.slots = {n: Slot(n) for n in self.learners}
@@ -147,6 +148,7 @@ class RunTracker:
         self.active_learners = int(e["active_learners"])
         self.refused = int(e.get("refused", 0))
         self.max_norm_ratio = max(self.max_norm_ratio, float(e.get("max_norm_ratio", 0.0)))
+        self.max_steps_ratio = max(self.max_steps_ratio, float(e.get("max_steps_ratio", 0.0)))
         for name, tokens in dict(e.get("learners_trained", {})).items():
             if name in self.slots:
                 self.slots[name].reported_tokens = max(self.slots[name].reported_tokens, int(tokens))
