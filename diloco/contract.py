@@ -20,6 +20,9 @@ TOKEN_ENV = "DILOCO_TOKEN"  # the job token's variable when no --token-file is g
 SYNCER_GRPC_PORT = 50051  # gRPC's conventional port
 SYNCER_METRICS_PORT = 9101
 LEARNER_METRICS_PORT = 9100  # Prometheus exporters conventionally sit at 9100+
+# Push refusals (the syncer's `outcome`s) that throw no training away: a superseded process's last
+# pushes, a forged recovery, a push to the wrong shard. Every other refusal is badput (goodput).
+REFUSED_WITHOUT_WORK = frozenset({"impostor", "forged", "misrouted"})
 MIN_TOKEN_CHARS = 16  # 64 bits of hex: guessing it over the network is hopeless
 # A learner of spec.learnerGroups[].hostsPerLearner > 1 is H processes of one SPMD program:
 # jax.distributed's coordinator (host 0's address), this process's id and the count. Flags win

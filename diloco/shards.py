@@ -7,6 +7,7 @@ see the job's syncer through these functions, so they agree on what the shards a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from diloco.core.fragments import owner
@@ -54,6 +55,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
             got_r.bytes_received += rs.bytes_received
             got_r.mean_staleness += rs.mean_staleness * rs.contributions  # a sum until divided below
             got_r.contributions += rs.contributions
+            got_r.step_seconds = max(got_r.step_seconds, rs.step_seconds)  # every shard hears every learner
     for got_r in regions.values():
         got_r.mean_staleness = got_r.mean_staleness / got_r.contributions if got_r.contributions else 0.0
     return pb.StatusReply(
@@ -67,6 +69,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
         bytes_received=sum(r.bytes_received for r in replies), bytes_sent=sum(r.bytes_sent for r in replies),
         regions=[regions[k] for k in sorted(regions)], max_norm_ratio=max(r.max_norm_ratio for r in replies),
         max_steps_ratio=max(r.max_steps_ratio for r in replies),
+        refused_by_outcome=dict(sum((Counter(dict(r.refused_by_outcome)) for r in replies), Counter())),
         shard=0, shards=n, unseeded=unseeded,
     )
 

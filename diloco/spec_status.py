@@ -127,12 +127,32 @@ class RegionStatus(StatusModel):
 
 
 class Accounting(StatusModel):
-    """The goodput's running sums (so an operator restart continues them)."""
+    """Goodput's and availability's running sums (so an operator restart continues them)."""
 
     desired_learner_seconds: Seconds = Field(description="Learner-seconds the spec asked for while running.")
     active_learner_seconds: Seconds = Field(description="Of those, learner-seconds the syncer saw connected.")
+    down_learner_seconds: Seconds | Absent = Field(None, description="Of those, learner-seconds not connected.")
+    group_seconds: dict[str, Seconds] | Absent = Field(None, description="Desired learner-seconds by group.")
+    step_seconds: dict[str, Seconds] | Absent = Field(
+        None, description="Each group's newest measured step time (its region's median), for its capacity.")
+    useful_tokens: Count | Absent = Field(None, description="Tokens merged into the global model while counting "
+                                                            "(this cluster's regions).")
+    refused_pushes: Count | Absent = Field(None, description="Pushes refused for what they held (work thrown away).")
+    last_tokens_merged: Count | Absent = Field(None, description="Tokens merged at the last sample.")
+    last_refused: Count | Absent = Field(None, description="The syncer's refusal count at the last sample.")
+    last_incarnation: str | Absent = Field(None, description="The syncer incarnation at the last sample.")
     sampled_at: float = Field(description="When the sums were last advanced (Unix seconds); a longer gap "
                                           "(the operator was down) is not counted.")
+
+
+class Badput(StatusModel):
+    """The capacity that did not become training in the model, by reason, as shares of it."""
+
+    down: Annotated[float, Field(ge=0.0, le=1.0)] = Field(description="Desired learners not connected.")
+    refused: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        description="Pushes refused (stale, out of bounds, outliers), one learner-step each (a lower bound).")
+    other: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
+        description="The rest: starting and joining, work lost to kills, merges in flight, evaluations.")
 
 
 class FailureEntry(StatusModel):
@@ -201,10 +221,14 @@ class JobStatus(StatusModel):
                                                             "column); the last known while the syncer is silent.")
     tokens_merged: Count | Absent = Field(None, description="Tokens merged into the global model, every cluster's.")
     regions: list[RegionStatus] | Absent = Field(None, description="The syncer's view by region (every cluster).")
-    accounting: Accounting | Absent = Field(None, description="The goodput's running sums.")
+    accounting: Accounting | Absent = Field(None, description="Goodput's and availability's running sums.")
     goodput: Annotated[float, Field(ge=0.0, le=1.0)] | Absent = Field(
-        None, description="Learner-time goodput: active over desired learner-seconds since the job started "
-                          "(the Goodput column).")
+        None, description="Tokens merged into the global model over the tokens the desired learners could have "
+                          "trained at their measured step rates, since the job started (the Goodput column).")
+    availability: Annotated[float, Field(ge=0.0, le=1.0)] | Absent = Field(
+        None, description="Desired learner-seconds the syncer saw connected over all desired learner-seconds "
+                          "(connected is not productive: refused pushes count here, not in goodput).")
+    badput: Badput | Absent = Field(None, description="Capacity lost, by reason (shares of capacity).")
     start_time: AwareDatetime | None = Field(None, description="When the job (last) started running; cleared on "
                                                                "suspend, so activeDeadlineSeconds restarts.")
     completion_time: AwareDatetime | Absent = Field(None, description="When it succeeded or failed.")

@@ -31,15 +31,38 @@ class OperatorMetrics:
                                    JOB_LABELS, registry=r)
         self.forced_deletions = Counter("diloco_operator_forced_deletions_total",
                                         "Pods force-deleted after being stuck Terminating", JOB_LABELS, registry=r)
-        self.goodput = Gauge("diloco_job_goodput_ratio", "Share of desired learner-time the syncer saw training",
+        self.goodput = Gauge("diloco_job_goodput_ratio",
+                             "Tokens merged into the global model over what the desired learners could have trained",
                              JOB_LABELS, registry=r)
+        self.availability = Gauge("diloco_job_availability_ratio",
+                                  "Share of desired learner-time the syncer saw learners connected", JOB_LABELS, registry=r)
+        self.badput = Gauge("diloco_job_badput_ratio", "Share of the capacity lost, by reason (down, refused, other)",
+                            [*JOB_LABELS, "reason"], registry=r)
+        # The sums behind goodput, for rates over a window (the GoodputLow alert): a cumulative
+        # ratio moves too slowly on a long job.
+        self.useful_tokens = Gauge("diloco_job_useful_tokens", "Tokens merged into the global model while running",
+                                   JOB_LABELS, registry=r)
+        self.capacity_tokens = Gauge("diloco_job_capacity_tokens",
+                                     "Tokens the desired learners could have trained at their measured rates",
+                                     JOB_LABELS, registry=r)
         self.learners = Gauge("diloco_job_learners", "Learners of a job by state (desired, ready)",
                               [*JOB_LABELS, "state"], registry=r)
 
-    def job_status(self, namespace: str, job: str, status: dict[str, object]) -> None:
-        goodput = status.get("goodput")
-        if isinstance(goodput, (int, float)):
-            self.goodput.labels(namespace, job).set(goodput)
+    def job_status(self, namespace: str, job: str, status: dict[str, object],
+                   capacity_tokens: float | None = None) -> None:
+        for gauge, key in ((self.goodput, "goodput"), (self.availability, "availability")):
+            value = status.get(key)
+            if isinstance(value, (int, float)):
+                gauge.labels(namespace, job).set(value)
+        badput = status.get("badput")
+        if isinstance(badput, dict):
+            for reason, share in badput.items():
+                self.badput.labels(namespace, job, reason).set(share)
+        accounting = status.get("accounting")
+        if isinstance(accounting, dict) and isinstance(accounting.get("usefulTokens"), int):
+            self.useful_tokens.labels(namespace, job).set(accounting["usefulTokens"])
+        if capacity_tokens is not None:
+            self.capacity_tokens.labels(namespace, job).set(capacity_tokens)
         for state, key in (("desired", "desiredLearners"), ("ready", "readyLearners")):
             value = status.get(key)
             if isinstance(value, int):
@@ -47,7 +70,9 @@ class OperatorMetrics:
 
     def forget(self, namespace: str, job: str) -> None:
         """Drop a deleted job's gauges (counters stay until restart, as Prometheus expects)."""
-        for gauge, extra in ((self.goodput, [()]), (self.learners, [("desired",), ("ready",)])):
+        for gauge, extra in ((self.goodput, [()]), (self.availability, [()]), (self.useful_tokens, [()]),
+                             (self.capacity_tokens, [()]), (self.badput, [("down",), ("refused",), ("other",)]),
+                             (self.learners, [("desired",), ("ready",)])):
             for rest in extra:
                 with contextlib.suppress(KeyError):  # never set for this job
                     gauge.remove(namespace, job, *rest)

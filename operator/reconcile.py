@@ -19,6 +19,7 @@ from diloco.operator import (
     exposure,
     failures,
     gangs,
+    goodput,
     immutable,
     kueue,
     learners,
@@ -197,7 +198,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     diff = st.changed(status, new)
     if diff:
         ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
-    ctx.metrics.job_status(namespace, name, new)
+    ctx.metrics.job_status(namespace, name, new, goodput.capacity_tokens(job.spec, new.get("accounting") or {}))
     ctx.metrics.reconciles.labels("ok").inc()
     ttl = job.spec.run_policy.ttl_seconds_after_finished
     done_at = st.parse_time(new.get("completionTime") or status.get("completionTime"))

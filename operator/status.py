@@ -18,12 +18,9 @@ from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator import conditions as c
-from diloco.operator import failures
+from diloco.operator import failures, goodput
 from diloco.operator.access import Blocker
 from diloco.spec import JobSpec, JobStatus, Phase
-
-# Longer gaps between samples mean the operator was down: do not guess what happened then.
-MAX_SAMPLE_GAP = 120.0
 
 
 def rfc3339(ts: float) -> str:
@@ -48,6 +45,7 @@ class RegionView:
     bytes_received: int
     contributions: int
     mean_staleness: float
+    step_seconds: float = 0.0  # the median of its learners' step times (0: none reported yet)
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,7 @@ class SyncerView:
     active_learners: int
     readmissions: int  # re-joins the syncer saw: joins beyond each learner's first
     regions: tuple[RegionView, ...] = ()
+    refused: int = 0  # pushes refused for what they held (stale, counters, outlier, ...): work thrown away
 
 
 @dataclass(frozen=True)
@@ -133,18 +132,6 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
     return None
 
 
-def _accounting(status: dict[str, Any], desired: int, active: int, now: float, counting: bool) -> dict[str, Any]:
-    """Learner-time goodput: desired learner-seconds vs those the syncer saw learners connected."""
-    acc = {"desiredLearnerSeconds": 0.0, "activeLearnerSeconds": 0.0, **(status.get("accounting") or {})}
-    last = acc.get("sampledAt")
-    gap = now - last if isinstance(last, (int, float)) else None
-    if counting and gap is not None and 0 < gap <= MAX_SAMPLE_GAP:
-        acc["desiredLearnerSeconds"] = round(acc["desiredLearnerSeconds"] + desired * gap, 3)
-        acc["activeLearnerSeconds"] = round(acc["activeLearnerSeconds"] + min(active, desired) * gap, 3)
-    acc["sampledAt"] = round(now, 3)
-    return acc
-
-
 def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation: int,
             ended: Ending | None = None) -> dict[str, Any]:
     """The next status of a valid job (a fresh `ended` or a recorded ending included)."""
@@ -188,10 +175,8 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation:
     elif spec.suspend and status.get("startTime"):
         out["startTime"] = None  # as for a Job: a resume starts the deadline's clock again
     active = own_active(spec, obs.syncer) if obs.syncer else 0
-    acc = _accounting(status, desired, active, obs.now, counting=running)
-    out["accounting"] = acc
-    if acc["desiredLearnerSeconds"] > 0:
-        out["goodput"] = round(acc["activeLearnerSeconds"] / acc["desiredLearnerSeconds"], 3)
+    out["accounting"] = acc = goodput.advance(spec, status, obs, desired, active, counting=running)
+    out.update(goodput.figures(spec, acc))
 
     conds = _conditions(spec, status, list(status.get("conditions") or []), out, obs, ended, running, ready,
                         desired, now, generation)

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from diloco.contract import REFUSED_WITHOUT_WORK
 from diloco.operator.status import RegionView, SyncerView
 
 log = logging.getLogger("diloco.operator")
@@ -75,7 +76,8 @@ class SyncerClients:
         reply = aggregate(replies)
         regions = tuple(RegionView(region=r.region, learners=int(r.learners), active_learners=int(r.active_learners),
                                    tokens_merged=int(r.tokens_merged), bytes_received=int(r.bytes_received),
-                                   contributions=int(r.contributions), mean_staleness=float(r.mean_staleness))
+                                   contributions=int(r.contributions), mean_staleness=float(r.mean_staleness),
+                                   step_seconds=float(r.step_seconds))
                         for r in reply.regions)
         return SyncerView(
             incarnation=reply.incarnation,
@@ -84,6 +86,7 @@ class SyncerClients:
             active_learners=int(reply.active_learners),
             readmissions=int(sum(max(0, ls.joins - 1) for ls in reply.learners)),
             regions=regions,
+            refused=int(sum(n for outcome, n in reply.refused_by_outcome.items() if outcome not in REFUSED_WITHOUT_WORK)),
         ), ""
 
     def forget(self, namespace: str, job: str) -> None:

@@ -28,12 +28,6 @@ log = logging.getLogger("diloco.syncer")
 MAX_ID = 128
 NORM_HISTORY = 64  # accepted norms per fragment the median is taken over: ~16 rounds of 4 learners
 NORM_WARMUP = 16  # no outlier check before this many: early rounds move fast, and few samples mislead
-# A push may report at most this many times the inner steps of the fragment's recent accepted
-# pushes (or of one schedule cycle, P, whichever is more). Honest pushes report about P: twice
-# that after a refused or lost push of the fragment, (lag + 1) x P with stale pushes taken, and
-# a slowly growing count while rounds cannot close (the median grows with it). Measured: the
-# chaos example's largest ratio is in docs/OPERATIONS.md, "Integrity".
-STEPS_RATIO = 4.0
 
 
 class Refused(Exception):
@@ -74,62 +68,6 @@ def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int], 
                    f"{h.fragment} (slot s is due for fragment{'s' if shards > 1 else ''} {_rule(num, shards)})")
     if problem:
         raise Refused(code, problem)
-
-
-@dataclass
-class Counters:
-    """Bounds on the counters a push reports, which set its merge weight (w = tokens x
-    tokens/steps), the job's trained tokens (the token budget) and every learner's learning-rate
-    position (core/schedule.py JobProgress). A learner holding the job token could otherwise
-    steer all three by lying (docs/OPERATIONS.md, "Integrity").
-
-    - tokens <= steps x batchSize x context: exact, the spec fixes what one step trains;
-    - steps <= STEPS_RATIO x max(P, the median of the fragment's recent accepted steps);
-    - a learner process's trained tokens advance, per accepted push, by at most that push's
-      (so bounded) tokens: `credit_limit`."""
-
-    tokens_per_step: int  # spec.training.batchSize x spec.model.context
-    cycle: int  # P: the slots in which every fragment is due once
-    num_fragments: int  # the plan's: P x shards
-    steps: list[deque[int]] = field(default_factory=list)  # per fragment: recent accepted steps
-    max_ratio_seen: float = 0.0  # of every push checked, the largest steps over the bound's base
-
-    def __post_init__(self) -> None:
-        if self.tokens_per_step < 1 or self.cycle < 1:
-            raise ValueError(f"tokens_per_step ({self.tokens_per_step}) and cycle ({self.cycle}) must be positive")
-        self.steps = [deque(maxlen=NORM_HISTORY) for _ in range(self.num_fragments)]
-
-    def _base(self, p: int) -> float:
-        return max(float(self.cycle), float(np.median(self.steps[p])) if self.steps[p] else 0.0)
-
-    def steps_bound(self, p: int) -> int:
-        return int(STEPS_RATIO * self._base(p))
-
-    def check(self, p: int, steps: int, tokens: int) -> None:
-        """Raise Refused (outcome `counters`) if a push's counters are out of bounds."""
-        self.max_ratio_seen = max(self.max_ratio_seen, steps / self._base(p))
-        if steps > (bound := self.steps_bound(p)):
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{steps} inner steps since the anchor of fragment {p} exceed the bound of {bound} "
-                          f"({STEPS_RATIO:g} x max(P = {self.cycle}, the median of its recent pushes)); "
-                          "re-sync from the global model", "counters")
-        if tokens > steps * self.tokens_per_step:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{tokens} tokens over {steps} inner steps exceed steps x batchSize x context = "
-                          f"{steps * self.tokens_per_step}; re-sync from the global model", "counters")
-
-    def taken(self, p: int, steps: int) -> None:
-        self.steps[p].append(steps)
-
-
-def credit_limit(trained_tokens: int, known: int, tokens: int) -> int:
-    """A learner process's cumulative trained tokens as far as one accepted push can vouch for:
-    at most `tokens` (the push's own, bounded by `Counters`) beyond what is already `known` of
-    it. An honest process trains about one step between two of its pushes, far less than a
-    push's P steps, so the limit only bites a liar (or, briefly, a process whose count this
-    syncer last saw long ago: after a restart from an older checkpoint, it catches up over a
-    few pushes)."""
-    return min(trained_tokens, known + tokens)
 
 
 def _listed(due: range) -> str:

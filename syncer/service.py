@@ -30,8 +30,9 @@ from diloco.core.fragments import owned_by, owner
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.admission import Admission, Counters, Refused, check_header, credit_limit, outer_gradient
+from diloco.syncer.admission import Admission, Refused, check_header, outer_gradient
 from diloco.syncer.checkpoint import CheckpointStore
+from diloco.syncer.counters import RESTART_WINDOW, SLACK_CYCLES, Counters, credit_limit
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.publisher import CHAIN, Publisher, Update
@@ -73,6 +74,7 @@ class SyncerCore:
     lock: threading.Condition = field(default_factory=threading.Condition)
     learners: dict[str, LearnerInfo] = field(default_factory=dict)
     refused: int = 0
+    refused_by: dict[str, int] = field(default_factory=dict)  # by outcome
     bytes_received: int = 0
     bytes_sent: int = 0
     last_publish: float = 0.0
@@ -99,7 +101,9 @@ class SyncerCore:
         self.book: RoundBook[Outer] = self.model.round_book()
         self.published_slot = list(self.book.closed_slot)
         self.admission = Admission(self.model.plan.num_fragments, self.spec.max_norm_ratio)
-        self.counters = Counters(self.tokens_per_step, self.spec.fragments, self.model.plan.num_fragments)
+        # A syncer that has merged nothing (a fresh job) has no learners whose counters began before it.
+        self.counters = Counters(self.tokens_per_step, self.spec.fragments,
+                                 started=self.clock() - (RESTART_WINDOW if self.model.outer_steps == 0 else 0.0))
         self.last_publish = self.clock()
         self.max_push_bytes = [
             sum(encoded_size(s, "fp32") + len(n) + 10 for n, s in self.model.shapes(p).items()) + 8
@@ -132,7 +136,9 @@ class SyncerCore:
             self.last_push = info.last_seen
             if (merged_into := self.admission.retried((header.learner, header.session), header.push_id)) is not None:
                 return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into)
-            self.counters.check(p, int(header.steps), int(header.tokens))
+            origin = (header.learner, int(header.session))
+            self.counters.observe_step(header.learner, header.step_seconds)
+            self.counters.check(origin, p, int(header.base_version), int(header.steps), int(header.tokens), info.last_seen)
             c = Contribution(header.learner, p, int(header.base_version), int(header.steps), int(header.tokens),
                              dict[str, Source](tensors), session=int(header.session), push_id=int(header.push_id),
                              slot=int(header.slot) if header.push_id else None,
@@ -141,7 +147,8 @@ class SyncerCore:
             ratio = self.admission.check_norm(p, norm, header.learner)
             if ratio is not None:
                 self.metrics.norm_ratio.observe(ratio)
-            self.book.observe_step_time(header.step_seconds)
+            if (median := self.counters.step_median()) is not None:  # one vote per learner: no liar moves it
+                self.book.observe_step_time(median)
             offer = self.book.offer(c, self.clock(), self.model.versions[p])
             if offer.verdict is not Verdict.ACCEPTED:
                 self.count_refusal("stale" if offer.verdict is Verdict.STALE else "future")
@@ -149,7 +156,7 @@ class SyncerCore:
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
-            self.counters.taken(p, c.steps)
+            self.counters.taken(c.origin, p, info.last_seen)
             self.model.report(key, c.trained_tokens)
             info.contributions += 1
             info.bytes_received += len(blob)
@@ -178,15 +185,29 @@ class SyncerCore:
         with self.lock:
             info = self.learners.get(learner)
             live = info is not None and (info.subscriptions > 0 or self.clock() - info.last_seen < LIVE_SECONDS)
-            return self.admission.open_session(learner, process, supersede, live)
+            secret = self.admission.open_session(learner, process, supersede, live)
+            self.counters.join((learner, process), self.clock())
+            return secret
 
     def check_session(self, learner: str, secret: bytes) -> None:
         with self.lock:
             self.admission.check_session(learner, secret)
 
+    def check_state_count(self, learner: str, count: int) -> None:
+        """A donor's AdamW step count, which sets the joiner's bias correction, within the steps
+        the job's accepted pushes vouch for. Not the donor's own: a re-admitted learner carries on
+        the count of the peer whose moments it adopted."""
+        with self.lock:
+            bound = self.model.tokens_trained() // max(self.tokens_per_step, 1) + SLACK_CYCLES * self.spec.fragments
+        if not 0 < count <= bound:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"optimizer state at step {count}: the job's learners have trained at most {bound} steps "
+                          f"as their pushes report (learner {learner!r})", "counters")
+
     def count_refusal(self, outcome: str) -> None:
         with self.lock:
             self.refused += 1
+            self.refused_by[outcome] = self.refused_by.get(outcome, 0) + 1
         self.metrics.contributions.labels(outcome).inc()
 
     def check_header(self, h: pb.PushHeader) -> None:
@@ -299,6 +320,7 @@ class SyncerCore:
                 with self.lock:
                     self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
                     result = self.model.commit(merged)
+                    self.counters.merged_into([c.origin for c in closed.contributions], p, result.version)
                     self.published_slot[p] = closed.slot
                     values = self.model.fragment(p)
                     self._count_merge(result, closed, now, deadline)

@@ -222,6 +222,7 @@ class SyncerServicer:
             if not 0 < header.total_bytes <= self.max_state_bytes:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"optimizer state of {header.total_bytes} bytes: "
                               f"expected 1 to {self.max_state_bytes} (two moments of this model)")
+            self.core.check_state_count(header.learner, int(header.count))
             blob = _assemble(first, request_iterator, header.total_bytes, "optimizer state")
         return pb.ShareStateReply(relayed=self.relay.offer(header.learner, int(header.count), bytes(blob)))
 

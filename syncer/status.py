@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING
 
 from diloco.wire import pb
@@ -28,7 +29,7 @@ def status_reply(core: SyncerCore) -> pb.StatusReply:
             grace_seconds=core.book.timings.grace(core.book.policy), step_seconds=core.book.timings.step.get(),
             contributions_refused=core.refused, bytes_received=core.bytes_received, bytes_sent=core.bytes_sent,
             regions=_regions(core), max_norm_ratio=core.admission.max_ratio_seen,
-            max_steps_ratio=core.counters.max_ratio_seen,
+            max_steps_ratio=core.counters.max_ratio_seen, refused_by_outcome=dict(core.refused_by),
             shard=core.shard, shards=core.spec.shards,
         )
 
@@ -47,4 +48,7 @@ def _regions(core: SyncerCore) -> list[pb.RegionStatus]:
         r.mean_staleness += info.staleness  # a sum until divided below
     for r in out.values():
         r.mean_staleness = r.mean_staleness / r.contributions if r.contributions else 0.0
+        steps = [e.get() for n, e in core.counters.step_seconds.items() if e.value is not None
+                 and n in core.learners and core.region_of(n) == r.region]
+        r.step_seconds = statistics.median(steps) if steps else 0.0
     return [out[k] for k in sorted(out)]

@@ -1,4 +1,4 @@
-"""Counters a learner cannot lie with (syncer/admission.py `Counters`, `credit_limit`).
+"""Counters a learner cannot lie with (syncer/counters.py).
 
 A learner holding the job token reports, with every push, the inner steps and tokens since its
 anchor and its process's cumulative trained tokens. They set the merge weight (w = tokens x
@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from diloco.core.merge import token_weights
 from diloco.core.schedule import JobProgress
-from diloco.syncer.admission import STEPS_RATIO, Counters, Refused, credit_limit
+from diloco.syncer.admission import Refused
+from diloco.syncer.counters import RESTART_WINDOW, SLACK_CYCLES, SPEED, Counters, credit_limit
 from diloco.wire import auth_metadata, pb
 from tests import syncer_harness as sh
 
@@ -57,18 +58,26 @@ def refusal(fn) -> str:
     return info.value.details()
 
 
+PAST = -1  # steps one past the bound: 40 s since the liar joined, at 4x the job's 50 ms steps, plus 2 cycles
+
+
 @pytest.mark.parametrize(("steps", "tokens", "why"), [
     (1, 2**62, "exceed steps x batchSize x context"),  # the weight attack: w = 2^124
     (1, TPS + 1, "exceed steps x batchSize x context"),  # one token past the bound
-    (10**6, 10**6 * TPS, "inner steps since the anchor"),  # consistent, but a million steps in one cycle
-    (int(STEPS_RATIO * P) + 1, (int(STEPS_RATIO * P) + 1) * TPS, "inner steps since the anchor"),
+    (10**6, 10**6 * TPS, "inner steps since the anchor"),  # consistent, but a million steps in 40 s
+    (PAST, PAST, "inner steps since the anchor"),  # one step past what 40 s allow
 ])
 def test_a_push_with_counters_out_of_bounds_is_refused_and_nothing_moves(syncer: sh.Harness, steps: int, tokens: int,
                                                                         why: str) -> None:
+    syncer.secret("liar-0")  # it joins with the others, and lies two rounds later
     honest_rounds(syncer, 2)
     params, versions, merged, job_tokens = job_state(syncer)
     honest = JobProgress(learners=2, tokens_per_step=TPS, tokens=job_tokens)
     position = honest.position()
+    bound = syncer.core.counters.steps_bound(("liar-0", 1), 0, versions[0], syncer.clock.now)
+    assert bound == pytest.approx(40 / (0.05 / SPEED) + SLACK_CYCLES * P, abs=1)
+    if steps == PAST:
+        steps, tokens = bound + 1, (bound + 1) * TPS
     details = refusal(lambda: syncer.push(0, syncer.fragment_tensors(0, 0.01), learner="liar-0", steps=steps,
                                           tokens=tokens, slot=2 * P, trained_tokens=tokens))
     assert why in details and "re-sync" in details
@@ -81,7 +90,10 @@ def test_a_push_with_counters_out_of_bounds_is_refused_and_nothing_moves(syncer:
     assert honest.position() == position  # every honest learner's learning rate stays where it was
     assert syncer.core.metrics.contributions.labels("counters")._value.get() == 1
     status = syncer.stub.Status(pb.StatusRequest(), metadata=auth_metadata(sh.TOKEN))
-    assert status.contributions_refused == 1 and status.max_steps_ratio >= steps / P
+    assert status.contributions_refused == 1
+    syncer.clock.now -= 10
+    assert syncer.push(0, syncer.fragment_tensors(0, 0.01), learner="liar-0", steps=bound, slot=2 * P,
+                       trained_tokens=bound * TPS).accepted  # at the bound: taken
 
 
 def test_a_lie_about_the_processes_trained_tokens_moves_the_count_by_at_most_its_push(syncer: sh.Harness) -> None:
@@ -100,42 +112,86 @@ def test_a_lie_about_the_processes_trained_tokens_moves_the_count_by_at_most_its
     assert syncer.core.model.tokens_merged < budget  # a budget of 10x what was trained is far from reached
 
 
+def test_a_fresh_joiner_is_bounded_from_its_join_and_a_rejoiner_after_a_restart_is_not() -> None:
+    """Counters start at a Join; a process re-joining a syncer that restarted moments ago has
+    counters from before it (their start is unknown here), so only the token bound applies."""
+    fresh = Counters(TPS, cycle=P, started=-RESTART_WINDOW)
+    fresh.observe_step("a-0", 0.1)
+    fresh.join(("b-0", 7), now=100.0)
+    with pytest.raises(Refused):  # 1 s since its Join at 0.1 s / 4: at most 40 steps, plus 2 cycles
+        fresh.check(("b-0", 7), 0, 0, 45, 45 * TPS, now=101.0)
+    fresh.check(("b-0", 7), 0, 0, 44, 44 * TPS, now=101.0)
+    restarted = Counters(TPS, cycle=P, started=0.0)
+    restarted.observe_step("a-0", 0.1)
+    restarted.join(("b-0", 7), now=5.0)
+    restarted.check(("b-0", 7), 0, 0, 10**6, 10**6 * TPS, now=6.0)
+    with pytest.raises(Refused):
+        restarted.check(("b-0", 7), 0, 0, 1, 2**62, now=6.0)
+
+
+def test_a_merge_starts_the_counters_over_once_the_learner_holds_its_version() -> None:
+    c = Counters(TPS, cycle=P, started=-RESTART_WINDOW)
+    c.observe_step("a-0", 0.1)
+    c.join(("a-0", 1), now=0.0)
+    c.taken(("a-0", 1), 0, now=50.0)
+    c.merged_into([("a-0", 1)], 0, version=3)
+    assert c.steps_bound(("a-0", 1), 0, base_version=3, now=51.0) == 40 + SLACK_CYCLES * P  # since its merged push
+    assert c.steps_bound(("a-0", 1), 0, base_version=2, now=51.0) == 2040 + SLACK_CYCLES * P  # not adopted yet
+    c.join(("a-0", 2), now=60.0)  # a restarted process supersedes it
+    assert c.steps_bound(("a-0", 2), 0, base_version=3, now=61.0) == 40 + SLACK_CYCLES * P
+    assert ("a-0", 1) not in c.joined
+
+
+def test_one_learner_cannot_move_the_step_time_the_bound_and_the_grace_window_use() -> None:
+    c = Counters(TPS, cycle=P, started=0.0)
+    for learner in ("a-0", "b-0", "c-0"):
+        c.observe_step(learner, 0.1)
+    c.observe_step("liar-0", 1e-9)
+    assert c.step_median() == pytest.approx(0.1)
+
+
 def test_the_bound_follows_honest_steps_that_grow_while_rounds_cannot_close() -> None:
-    """Quorum 2 with one learner left: nothing merges, so its pushes carry P, 2P, 3P, ... steps
-    since the same anchor. The median grows with them: never refused."""
-    counters = Counters(TPS, cycle=4, num_fragments=4)
-    for k in range(1, 60):
-        counters.check(0, 4 * k, 4 * k * TPS)
-        counters.taken(0, 4 * k)
-    with pytest.raises(Refused):  # a jump far past the recent pushes is still refused
-        counters.check(0, 10_000, 10_000 * TPS)
+    """Quorum 2 with one learner left, or a syncer starved of CPU: nothing merges, and an honest
+    learner's pushes carry P, 2P, 3P, ... steps since the same start. Time passes with them."""
+    c = Counters(TPS, cycle=4, started=-RESTART_WINDOW)
+    c.join(("a-0", 1), now=0.0)
+    for k in range(1, 200):
+        c.observe_step("a-0", 0.05)
+        c.check(("a-0", 1), 0, 0, 4 * k, 4 * k * TPS, now=4 * k * 0.05)
+        c.taken(("a-0", 1), 0, now=4 * k * 0.05)
+    with pytest.raises(Refused):  # 4x faster than it says it steps is the most believed
+        c.check(("a-0", 1), 0, 0, 10_000, 10_000 * TPS, now=40.0)
 
 
-def test_a_bounded_liar_gets_at_most_a_bounded_share_of_the_merge() -> None:
-    """What the bounds leave a liar: steps at the bound, tokens at steps x batch x context. Its
-    weight is STEPS_RATIO times an honest learner's, not 1e31 times (the issue's reproduction)."""
+def test_a_bounded_liar_gets_a_bounded_share_of_the_merge() -> None:
+    """What the bounds leave a liar: SPEED x the steps an honest learner took, tokens at steps x
+    batch x context. Its weight is SPEED times an honest one's, not 1e31 times (the issue's
+    reproduction)."""
     honest = [(P * TPS, P)] * 2
-    liar = (int(STEPS_RATIO * P) * TPS, int(STEPS_RATIO * P))
+    liar = (int(SPEED * P) * TPS, int(SPEED * P))
     weights = token_weights([t for t, _ in [*honest, liar]], [s for _, s in [*honest, liar]])
-    assert weights[-1] / weights.sum() == pytest.approx(STEPS_RATIO / (STEPS_RATIO + 2))
+    assert weights[-1] / weights.sum() == pytest.approx(SPEED / (SPEED + 2))
     unbounded = token_weights([P * TPS, P * TPS, 2**63], [P, P, 1])
     assert unbounded[-1] / unbounded.sum() == 1.0  # what admission now refuses: the others' ~1e-31
 
 
-@given(steps=st.integers(1, 10**9), extra=st.integers(-(10**6), 10**6), history=st.lists(st.integers(1, 40), max_size=70))
-def test_counters_at_their_bounds_pass_and_past_them_are_refused(steps: int, extra: int, history: list[int]) -> None:
-    counters = Counters(TPS, cycle=4, num_fragments=1)
-    for h in history:
-        counters.taken(0, h)
+@given(steps=st.integers(1, 10**9), extra=st.integers(-(10**6), 10**6), seconds=st.floats(0.0, 1e4),
+       step=st.floats(1e-3, 10.0))
+def test_counters_at_their_bounds_pass_and_past_them_are_refused(steps: int, extra: int, seconds: float,
+                                                                 step: float) -> None:
+    c = Counters(TPS, cycle=4, started=-RESTART_WINDOW)
+    c.observe_step("a-0", step)
+    c.join(("a-0", 1), now=0.0)
     tokens = steps * TPS + extra
-    within = steps <= counters.steps_bound(0) and tokens <= steps * TPS
-    before = list(counters.steps[0])
+    bound = c.steps_bound(("a-0", 1), 0, 0, seconds)
+    assert bound == int(seconds / (step / SPEED)) + SLACK_CYCLES * 4
+    within = steps <= bound and tokens <= steps * TPS
     try:
-        counters.check(0, steps, tokens)
+        c.check(("a-0", 1), 0, 0, steps, tokens, now=seconds)
         assert within
     except Refused as exc:
         assert not within and exc.outcome == "counters"
-    assert list(counters.steps[0]) == before  # checking records nothing
+    assert c.received == {} and c.merged == {}  # checking records nothing
 
 
 @given(trained=st.integers(0, 2**63), known=st.integers(0, 2**40), tokens=st.integers(1, 2**40))

@@ -55,6 +55,9 @@ def test_learners_killed_and_readmitted_while_training_goes_on(tmp_path: Path) -
     assert summary["max_publish_gap_seconds"] < 5.0, summary
     assert summary["tokens_merged"] > 0 and summary["outer_versions"] > 100
     assert 0.2 < summary["goodput"] <= 1.0
+    # Honest learners, killed and re-admitted, stay within the counter bounds (syncer/counters.py).
+    assert "counters" not in summary["contributions_refused_by_outcome"], summary
+    assert 0 < summary["max_push_steps_ratio"] <= 1.0, summary
 
     end = max(e["t"] for e in events)
     kills = [e for e in events if e["event"] == "kill"]
@@ -99,6 +102,7 @@ def test_syncer_killed_and_restarted_resumes_from_checkpoint(tmp_path: Path) -> 
     assert any(e["event"] == "recovered" for e in events)
     assert final[-1]["outer_steps"] > final[0]["outer_steps"] + 20
     assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 1.0
+    assert not any("counters" in s.get("refused_by", {}) for s in status), "an honest learner hit the counter bounds"
 
 
 def test_a_sharded_syncer_trains_and_loses_one_shard_without_losing_a_merge(tmp_path: Path) -> None:

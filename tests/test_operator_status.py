@@ -53,13 +53,60 @@ def test_running_degraded_and_counts() -> None:
     assert s2["syncer"]["readmissions"] == 1
 
 
-def test_goodput_is_active_over_desired_learner_time() -> None:
+def test_availability_is_active_over_desired_learner_time() -> None:
     s = st.compute(spec(), {}, obs(syncer=view(active=4)), 1)
     s = st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), 1)
     s = st.compute(spec(), s, obs(T0 + 20, syncer=view(active=2)), 1)
-    assert s["goodput"] == pytest.approx(0.75)  # 10 s at 4/4, 10 s at 2/4
+    assert s["availability"] == pytest.approx(0.75)  # 10 s at 4/4, 10 s at 2/4
     gap = st.compute(spec(), s, obs(T0 + 20 + 3600, syncer=view(active=0)), 1)
-    assert gap["goodput"] == s["goodput"]  # the operator was down: nothing is guessed
+    assert gap["availability"] == s["availability"]  # the operator was down: nothing is guessed
+    assert "goodput" not in s  # no step time measured yet: no capacity to divide by
+
+
+def regional(us_tokens: int, eu_tokens: int, refused: int, active: int = 4, step: float = 0.1) -> st.SyncerView:
+    regions = tuple(st.RegionView(region=r, learners=2, active_learners=active // 2, tokens_merged=t, bytes_received=0,
+                                  contributions=0, mean_staleness=0.0, step_seconds=step)
+                    for r, t in (("us", us_tokens), ("eu", eu_tokens)))
+    return st.SyncerView(incarnation="i1", outer_version=12, tokens_merged=us_tokens + eu_tokens, active_learners=active,
+                         readmissions=0, regions=regions, refused=refused)
+
+
+def two_regions() -> JobSpec:
+    return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "j"},
+                      "spec": {"learnerGroups": [{"name": "us", "region": "us", "replicas": 2},
+                                                 {"name": "eu", "region": "eu", "replicas": 2}]}}).spec
+
+
+def test_a_connected_learner_whose_pushes_are_all_refused_is_available_and_not_productive() -> None:
+    """Four learners connected for 100 s at 0.1 s steps (batch 8 x context 128 = 1024 tokens a
+    step): capacity 4 x 1000 x 1024 tokens. The us pair's pushes are merged; the eu pair's are
+    all refused (one a step each): availability 1, goodput the us pair's half, badput refused."""
+    job = two_regions()
+    per_learner = 1000 * job.tokens_per_step
+    s = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), 1)
+    s = st.compute(job, s, obs(T0 + 100, ready={"us": 2, "eu": 2}, syncer=regional(2 * per_learner, 0, 2000)), 1)
+    assert s["availability"] == 1.0
+    assert s["goodput"] == pytest.approx(0.5)
+    assert s["badput"] == {"down": 0.0, "refused": 0.5, "other": 0.0}
+    honest = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), 1)
+    honest = st.compute(job, honest, obs(T0 + 100, ready={"us": 2, "eu": 2},
+                                         syncer=regional(2 * per_learner, 2 * per_learner, 0)), 1)
+    assert honest["goodput"] == 1.0 and honest["availability"] == 1.0
+
+
+def test_goodput_counts_down_learners_against_the_capacity_and_only_this_clusters_regions() -> None:
+    job = two_regions()
+    per_learner = 1000 * job.tokens_per_step
+    s = st.compute(job, {}, obs(syncer=regional(0, 0, 0, active=2)), 1)
+    # Half the learners down for 100 s; the up half trained at full speed; another cluster's
+    # region merged tokens too, which this cluster's goodput does not claim.
+    other = st.RegionView(region="asia", learners=2, active_learners=2, tokens_merged=10**9, bytes_received=0,
+                          contributions=0, mean_staleness=0.0, step_seconds=0.1)
+    view = regional(2 * per_learner, 0, 0, active=2)
+    view = dataclasses.replace(view, regions=(*view.regions, other))
+    s = st.compute(job, s, obs(T0 + 100, syncer=view), 1)
+    assert s["availability"] == pytest.approx(0.5) and s["goodput"] == pytest.approx(0.5)
+    assert s["badput"]["down"] == pytest.approx(0.5) and s["badput"]["refused"] == 0.0
 
 
 def test_suspended_pending_and_invalid() -> None:

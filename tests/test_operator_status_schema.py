@@ -34,8 +34,8 @@ def spec(**extra: Any) -> JobSpec:
 
 
 def view(tokens: int = 5000, active: int = 4) -> st.SyncerView:
-    regions = (st.RegionView("europe-west4", 2, active // 2, tokens // 2, 1 << 20, 40, 0.25),
-               st.RegionView("us-central1", 2, active - active // 2, tokens // 2, 2 << 20, 80, 0.1234))
+    regions = (st.RegionView("europe-west4", 2, active // 2, tokens // 2, 1 << 20, 40, 0.25, 0.08),
+               st.RegionView("us-central1", 2, active - active // 2, tokens // 2, 2 << 20, 80, 0.1234, 0.05))
     return st.SyncerView(incarnation="61297fb1efe6", outer_version=12, tokens_merged=tokens, active_learners=active,
                          readmissions=1, regions=regions)
 
@@ -77,7 +77,7 @@ def test_running_lost_readmitted_and_finished() -> None:
     s = check(st.compute(spec(), {}, obs(syncer=view()), 1))
     assert s["phase"] == "Running" and s["regions"] and s["syncer"]["incarnation"]
     s = check(st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), 1))
-    assert "goodput" in s and s["accounting"]["desiredLearnerSeconds"] > 0
+    assert {"goodput", "availability", "badput"} <= set(s) and s["accounting"]["desiredLearnerSeconds"] > 0
     us1 = LearnerId("us", 1)
     for lost in (pods.Loss("Deleted", "pod j-us-1 deleted"), pods.Loss("Preempted", "pod j-eu-0: preempted")):
         learner = us1 if lost.reason == "Deleted" else LearnerId("eu", 0)

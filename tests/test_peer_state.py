@@ -131,7 +131,7 @@ def syncer():
     h.close()
 
 
-def share(h: sh.Harness, learner: str, blob: bytes, count: int = 40, secret: bytes | None = None,
+def share(h: sh.Harness, learner: str, blob: bytes, count: int = 3, secret: bytes | None = None,
           total: int | None = None) -> pb.ShareStateReply:
     header = pb.StateHeader(learner=learner, session_secret=h.secret(learner) if secret is None else secret,
                             count=count, total_bytes=len(blob) if total is None else total)
@@ -155,9 +155,10 @@ def test_a_push_reply_asks_a_peer_and_its_upload_reaches_the_waiting_learner(syn
             break
         threading.Event().wait(0.02)
     assert reply is not None and reply.accepted and reply.share_state
-    assert share(syncer, "a-0", b"moments" * 1000, count=77).relayed
+    # One push of 4 steps so far: a step count of 8 is within what it vouched for (4, plus 2 cycles of 2).
+    assert share(syncer, "a-0", b"moments" * 1000, count=8).relayed
     t.join(10)
-    assert result[0].header.learner == "a-0" and result[0].header.count == 77
+    assert result[0].header.learner == "a-0" and result[0].header.count == 8
     assert b"".join(c.data for c in result) == b"moments" * 1000
 
 
@@ -171,6 +172,9 @@ def test_state_rpcs_refuse_strangers_and_oversize_uploads(syncer: sh.Harness) ->
     with pytest.raises(grpc.RpcError) as info:
         share(syncer, "a-0", b"xyz", total=5)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "truncated" in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:  # a step count no push vouched for (it sets AdamW's bias correction)
+        share(syncer, "a-0", b"x", count=10**9)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "at most" in info.value.details()
     req = pb.FetchStateRequest(learner="a-1", session_secret=syncer.secret("a-1"), wait_seconds=0.1)
     with pytest.raises(grpc.RpcError) as info:
         list(syncer.stub.FetchState(req, metadata=auth_metadata(sh.TOKEN), timeout=10))

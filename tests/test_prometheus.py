@@ -242,23 +242,34 @@ class OperatorExporter:
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.metrics.registry)
         self.desired = len(cluster.learners)
-        self.desired_seconds = self.active_seconds = 0.0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        last = time.monotonic()
+        """The job's status as the operator computes it (operator/goodput.py), every half second."""
+        from diloco.operator import goodput
+        from diloco.operator.status import Observation, RegionView, SyncerView
+        from diloco.spec import parse_job
+
+        spec = parse_job(self.cluster.manifest).spec
+        status: dict[str, Any] = {}
         while not self.stop.wait(0.5):
-            now = time.monotonic()
             s = self.cluster.latest_status()
             fresh = s is not None and time.time() - s.t < 2.0
             active = min(s.active_learners, self.desired) if fresh else 0  # type: ignore[union-attr]
-            self.desired_seconds += self.desired * (now - last)
-            self.active_seconds += active * (now - last)
-            last = now
-            self.metrics.job_status(NAMESPACE, JOB, {"goodput": round(self.active_seconds / self.desired_seconds, 3),
-                                                     "desiredLearners": self.desired, "readyLearners": active})
+            view = None
+            if fresh and s is not None:
+                region = RegionView(region=spec.learner_groups[0].region, learners=self.desired, active_learners=active,
+                                    tokens_merged=s.tokens_merged, bytes_received=0, contributions=0,
+                                    mean_staleness=0.0, step_seconds=s.step_seconds)
+                view = SyncerView(incarnation=s.incarnation, outer_version=sum(s.versions), tokens_merged=s.tokens_merged,
+                                  active_learners=active, readmissions=0, regions=(region,), refused=s.refused)
+            acc = goodput.advance(spec, status, Observation(now=time.time(), syncer=view), self.desired, active,
+                                  counting=True)
+            status = {"accounting": acc, **goodput.figures(spec, acc), "desiredLearners": self.desired,
+                      "readyLearners": active}
+            self.metrics.job_status(NAMESPACE, JOB, status, goodput.capacity_tokens(spec, acc))
 
     def lost(self, group: str) -> None:
         self.metrics.losses.labels(NAMESPACE, JOB, group, "Failed").inc()

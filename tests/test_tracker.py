@@ -17,14 +17,16 @@ def test_accounting_adds_up_and_counts_lost_work() -> None:
         ev(6, "joined", "b", restart=0, eval_loss=5.5, pull_seconds=1.0),
         ev(7, "status", "runner", incarnation="s1", tokens_merged=10, versions=[1, 1], outer_steps=2,
            active_learners=2, seconds_since_publish=0.1),
-        ev(10, "progress", "a", train_seconds=4.0, acked_train_seconds=3.5),
+        ev(10, "progress", "a", train_seconds=4.0, acked_train_seconds=3.5, trained_tokens=400),
         ev(10.5, "kill", "runner", target="a"),
         ev(12, "spawned", "runner", target="a"), ev(12, "restart", "runner", target="a"),
         ev(13, "kill", "runner", target="a"),  # killed again before it joined
         ev(14, "spawned", "runner", target="a"),
         ev(16, "joined", "a", restart=2, eval_loss=3.0, pull_seconds=0.5),
-        ev(20, "exit", "a", train_seconds=3.0, acked_train_seconds=3.0),
-        ev(20, "exit", "b", train_seconds=12.0, acked_train_seconds=11.0),
+        ev(20, "exit", "a", train_seconds=3.0, acked_train_seconds=3.0, trained_tokens=300),
+        ev(20, "exit", "b", train_seconds=12.0, acked_train_seconds=11.0, trained_tokens=1200),
+        ev(20, "status", "runner", incarnation="s1", tokens_merged=1750, versions=[9, 9], outer_steps=18,
+           active_learners=2, seconds_since_publish=0.1, refused_by={"stale": 30, "impostor": 4}),
     ]
     for e in stream:
         tr.observe(e)
@@ -35,7 +37,14 @@ def test_accounting_adds_up_and_counts_lost_work() -> None:
     assert acc["state_pull"] == pytest.approx(2.0)
     assert acc["startup"] == pytest.approx(4.5 + 1.0 + 1.5 + 5.0)  # a, a-unjoined, a again, b
     assert tr.readmissions() == 1 and len(tr.kills) == 2
-    assert tr.goodput(20.0) == pytest.approx(17.5 / 40)
+    # Both learners train 100 tokens a second: a capacity of 4,000 tokens in 20 s, 1,750 merged.
+    assert tr.capacity_tokens(20.0) == pytest.approx(4000.0)
+    assert tr.goodput(20.0) == pytest.approx(1750 / 4000)
+    assert tr.availability(20.0) == pytest.approx((5.5 + 4.0 + 14.0) / 40)  # joined until killed or done
+    badput = tr.badput(20.0, tokens_per_step=10)
+    assert badput["joining"] == pytest.approx(14.0 * 100 / 4000) and badput["lost_to_kills"] == pytest.approx(50 / 4000)
+    assert badput["refused"] == pytest.approx(30 * 10 / 4000)  # stale pushes; a superseded process's are no work
+    assert sum(badput.values()) + tr.goodput(20.0) == pytest.approx(1.0, abs=1e-3)
 
 
 def test_publish_gap_only_counts_while_someone_is_up() -> None:

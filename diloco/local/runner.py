@@ -109,6 +109,7 @@ class LocalRun:
                           bytes_received=reply.bytes_received, bytes_sent=reply.bytes_sent,
                           refused=reply.contributions_refused, checkpoint_version=reply.checkpoint_version,
                           max_norm_ratio=reply.max_norm_ratio, max_steps_ratio=reply.max_steps_ratio,
+                          refused_by=dict(reply.refused_by_outcome),
                           learners_trained={ls.learner: ls.tokens_trained for ls in reply.learners})
 
     def run(self, view: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco.contract import Event
+from diloco.contract import REFUSED_WITHOUT_WORK, Event
 
 
 @dataclass
@@ -64,6 +64,9 @@ class RunTracker:
     max_publish_gap: float = 0.0
     last_chaos: str = ""
     refused: int = 0
+    refused_by: dict[str, int] = field(default_factory=dict)  # by outcome, this syncer incarnation
+    refused_work: int = 0  # pushes refused for what they held, every incarnation (badput)
+    _refused_work_now: int = 0  # of the current incarnation
     max_norm_ratio: float = 0.0  # the largest push norm over its fragment's median, any incarnation
     max_steps_ratio: float = 0.0  # the largest push steps over its bound's base (syncer/admission.py Counters)
 
@@ -147,6 +150,12 @@ class RunTracker:
         self.outer_steps = int(e["outer_steps"])
         self.active_learners = int(e["active_learners"])
         self.refused = int(e.get("refused", 0))
+        self.refused_by = {str(k): int(v) for k, v in dict(e.get("refused_by", {})).items()}
+        work = sum(v for k, v in self.refused_by.items() if k not in REFUSED_WITHOUT_WORK)
+        if work < self._refused_work_now:  # a new syncer incarnation counts from 0
+            self._refused_work_now = 0
+        self.refused_work += work - self._refused_work_now
+        self._refused_work_now = work
         self.max_norm_ratio = max(self.max_norm_ratio, float(e.get("max_norm_ratio", 0.0)))
         self.max_steps_ratio = max(self.max_steps_ratio, float(e.get("max_steps_ratio", 0.0)))
         for name, tokens in dict(e.get("learners_trained", {})).items():
@@ -190,10 +199,53 @@ class RunTracker:
     def readmissions(self) -> int:
         return sum(1 for s in self.slots.values() for inc in s.incarnations if inc.restart > 0)
 
+    def capacity_tokens(self, wall: float) -> float:
+        """What the learners could have trained in `wall` seconds, each at its own measured rate
+        (its processes' trained tokens over their training time; one never measured takes the
+        others' median): the denominator of goodput, as the operator's (operator/goodput.py)."""
+        rates = {name: sum(i.trained_tokens for i in s.incarnations) / seconds
+                 for name, s in self.slots.items() if (seconds := sum(i.train_seconds for i in s.incarnations)) > 0}
+        if not rates:
+            return 0.0
+        fallback = sorted(rates.values())[len(rates) // 2]
+        return wall * sum(rates.get(name, fallback) for name in self.slots)
+
     def goodput(self, wall: float) -> float:
-        """Useful learner time (training work the syncer acknowledged) over provisioned time."""
+        """Tokens merged into the global model over what the learners' capacity could have trained."""
+        capacity = self.capacity_tokens(wall)
+        return min(1.0, self.tokens_merged / capacity) if capacity > 0 else 0.0
+
+    def availability(self, wall: float) -> float:
+        """Learner-seconds some process of each learner was joined to the syncer, over wall x
+        learners. Joined is not productive: a learner whose pushes are refused is available."""
+        t_end = max([t for t, _, _ in self.status] + [0.0])
+        up = sum(max(0.0, (inc.end if inc.end is not None else t_end) - inc.joined_at)
+                 for s in self.slots.values() for inc in s.incarnations)
         provisioned = wall * max(len(self.slots), 1)
-        return self.accounting(wall)["productive"] / provisioned if provisioned > 0 else 0.0
+        return min(1.0, up / provisioned) if provisioned > 0 else 0.0
+
+    def badput(self, wall: float, tokens_per_step: int) -> dict[str, float]:
+        """Capacity that did not reach the global model, by reason, as shares of it: joining
+        (process start to joined, and pulling the model), down (no process running), lost to
+        kills (training thrown away before it was pushed), refused (one learner-step per refused
+        push, a lower bound), other (evaluations, merges in flight at the end, idling)."""
+        capacity = self.capacity_tokens(wall)
+        if capacity <= 0:
+            return {}
+        rate = capacity / (wall * max(len(self.slots), 1))  # tokens per learner-second
+        secs = self.accounting(wall)
+        joined = self.availability(wall) * wall * len(self.slots)
+        shares = {"joining": (secs["startup"] + secs["state_pull"]) * rate / capacity,
+                  "down": max(0.0, wall * len(self.slots) - joined - secs["startup"] - secs["state_pull"]) * rate / capacity,
+                  "lost_to_kills": secs["lost"] * rate / capacity,
+                  "refused": self.refused_work * tokens_per_step / capacity}
+        left = max(0.0, 1.0 - self.goodput(wall))
+        out = {}
+        for reason, share in shares.items():  # each within what is left, in this order
+            out[reason] = round(min(share, left), 4)
+            left -= out[reason]
+        out["other"] = round(left, 4)
+        return out
 
     def accounting(self, wall: float) -> dict[str, float]:
         """Learner seconds by kind, summed over slots; they add up to wall x learners.

@@ -100,6 +100,7 @@ class Status:
     checkpoint_version: int
     seconds_since_publish: float
     learners: dict[str, dict[str, float]] = field(default_factory=dict)
+    step_seconds: float = 0.0  # the learners' median step time, as the syncer hears it
 
 
 class Cluster:
@@ -253,7 +254,7 @@ class Cluster:
                                  "seconds_since_seen": ls.seconds_since_seen} for ls in r.learners}
         return Status(time.time(), r.incarnation, list(r.versions), r.outer_steps, r.tokens_merged,
                       r.active_learners, r.contributions_refused, r.checkpoint_version, r.seconds_since_publish,
-                      learners)
+                      learners, r.step_seconds)
 
     def latest_status(self) -> Status | None:
         with self.cond:
