@@ -18,9 +18,9 @@ be checked against its data; what the syncer can check it against is its own clo
 - a process's trained tokens advance, per accepted push, by at most that push's own (so
   bounded) tokens: `credit_limit`.
 
-What stays open: a process's first push into a syncer that restarted moments ago (the
-`RESTART_WINDOW`), whose counters began in the previous incarnation, is bounded by tokens and
-the outlier norm only. No clock here: `now` comes in, so every rule is tested deterministically.
+What stays open: in the first `RESTART_WINDOW` of a syncer restored from a checkpoint, while
+learners that lived through the restart settle, steps are bounded by tokens and the outlier
+norm only. No clock here: `now` comes in, so every rule is tested deterministically.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ SPEED = 4.0
 # Allowance in schedule cycles (P steps each) for what the clock cannot see: a push made before
 # it was received, and the steps of a merged push the learner had not yet adopted.
 SLACK_CYCLES = 2
-# A process that joins this soon after the syncer started is re-joining a restarted syncer: its
-# counters began before this incarnation, so their start is unknown here.
+# After a restart from a checkpoint, learners re-join with counters that began before this
+# incarnation: steps are not bounded for this long (learners retry a lost syncer for seconds).
 RESTART_WINDOW = 120.0
 HISTORY = 4  # merged pushes remembered per process and fragment: anchors it may not yet have adopted
 
@@ -88,16 +88,17 @@ class Counters:
 
     def since(self, origin: tuple[str, int], p: int, base_version: int) -> float | None:
         """When the process's counters for fragment p last started over, as far as a push
-        against `base_version` can have (None: unknown, a re-join into a restarted syncer)."""
+        against `base_version` can have (None: it never joined this syncer)."""
         anchors = [t for v, t in self.merged.get((origin, p), ()) if v <= base_version]
-        if anchors:
-            return anchors[-1]
-        joined = self.joined.get(origin)
-        if joined is None or joined - self.started < RESTART_WINDOW:
-            return None
-        return joined
+        return anchors[-1] if anchors else self.joined.get(origin)
 
     def steps_bound(self, origin: tuple[str, int], p: int, base_version: int, now: float) -> int | None:
+        """None: no bound. So in a restarted syncer's first RESTART_WINDOW: learners that lived
+        through the restart re-join with counters that began before it, hand merges back (Recover)
+        and settle their ledgers over a few rounds (seen: an honest push with 16 steps 0.4 s after
+        its learner re-joined, its last merge not yet taken off its counters)."""
+        if now - self.started < RESTART_WINDOW:
+            return None
         floor, since = self.step_floor(), self.since(origin, p, base_version)
         if floor is None or since is None:
             return None

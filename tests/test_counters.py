@@ -113,8 +113,8 @@ def test_a_lie_about_the_processes_trained_tokens_moves_the_count_by_at_most_its
 
 
 def test_a_fresh_joiner_is_bounded_from_its_join_and_a_rejoiner_after_a_restart_is_not() -> None:
-    """Counters start at a Join; a process re-joining a syncer that restarted moments ago has
-    counters from before it (their start is unknown here), so only the token bound applies."""
+    """Counters start at a Join; processes re-joining a syncer restored moments ago have counters
+    from before it (their start is unknown here), so only the token bound applies, for a while."""
     fresh = Counters(TPS, cycle=P, started=-RESTART_WINDOW)
     fresh.observe_step("a-0", 0.1)
     fresh.join(("b-0", 7), now=100.0)
@@ -127,6 +127,8 @@ def test_a_fresh_joiner_is_bounded_from_its_join_and_a_rejoiner_after_a_restart_
     restarted.check(("b-0", 7), 0, 0, 10**6, 10**6 * TPS, now=6.0)
     with pytest.raises(Refused):
         restarted.check(("b-0", 7), 0, 0, 1, 2**62, now=6.0)
+    with pytest.raises(Refused):  # once the window is over, from its Join
+        restarted.check(("b-0", 7), 0, 0, 10**6, 10**6 * TPS, now=RESTART_WINDOW)
 
 
 def test_a_merge_starts_the_counters_over_once_the_learner_holds_its_version() -> None:
