@@ -56,7 +56,6 @@ class Counters:
     joined: dict[tuple[str, int], float] = field(default_factory=dict)  # per process: its Join
     # per (process, fragment): (the version that merged one of its pushes, when that push arrived)
     merged: dict[tuple[tuple[str, int], int], deque[tuple[int, float]]] = field(default_factory=dict)
-    received: dict[tuple[tuple[str, int], int], float] = field(default_factory=dict)  # pushes in open rounds
     max_ratio_seen: float = 0.0  # of every push checked, the largest steps over its bound
 
     def __post_init__(self) -> None:
@@ -69,7 +68,6 @@ class Counters:
         learner = origin[0]
         self.joined = {o: t for o, t in self.joined.items() if o[0] != learner}
         self.merged = {k: v for k, v in self.merged.items() if k[0][0] != learner}
-        self.received = {k: v for k, v in self.received.items() if k[0][0] != learner}
         self.joined[origin] = now
 
     def observe_step(self, learner: str, seconds: float) -> None:
@@ -121,16 +119,11 @@ class Counters:
                           f"at {SPEED:g}x the job's median step time, plus {SLACK_CYCLES} cycles); re-sync from the "
                           "global model", "counters")
 
-    def taken(self, origin: tuple[str, int], p: int, now: float) -> None:
-        """An accepted push in an open round: when it arrived, for when it is merged."""
-        self.received[(origin, p)] = now
-
-    def merged_into(self, origins: list[tuple[str, int]], p: int, version: int) -> None:
-        """A round of p merged into `version`: each process's counters start over from its push."""
-        for origin in origins:
-            at = self.received.pop((origin, p), None)
-            if at is not None:
-                self.merged.setdefault((origin, p), deque(maxlen=HISTORY)).append((version, at))
+    def merged_into(self, pushes: list[tuple[tuple[str, int], float]], p: int, version: int) -> None:
+        """A round of p merged into `version`: each process's counters start over from its push
+        (its origin, and when the syncer took it)."""
+        for origin, at in pushes:
+            self.merged.setdefault((origin, p), deque(maxlen=HISTORY)).append((version, at))
 
 
 def credit_limit(trained_tokens: int, known: int, tokens: int) -> int:

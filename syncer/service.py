@@ -143,7 +143,7 @@ class SyncerCore:
                              dict[str, Source](tensors), session=int(header.session), push_id=int(header.push_id),
                              slot=int(header.slot) if header.push_id else None,
                              trained_tokens=credit_limit(int(header.trained_tokens), self.model.known_tokens(key),
-                                                         int(header.tokens)))
+                                                         int(header.tokens)), received_at=info.last_seen)
             ratio = self.admission.check_norm(p, norm, header.learner)
             if ratio is not None:
                 self.metrics.norm_ratio.observe(ratio)
@@ -156,7 +156,6 @@ class SyncerCore:
             # The open round closes into the next version, or the one after if p is being merged now.
             merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
             self.admission.taken(c.origin, c.push_id, p, norm, merged_into)
-            self.counters.taken(c.origin, p, info.last_seen)
             self.model.report(key, c.trained_tokens)
             info.contributions += 1
             info.bytes_received += len(blob)
@@ -320,7 +319,8 @@ class SyncerCore:
                 with self.lock:
                     self.lease.reserve(p, self.model.versions[p] + 1, self.model.versions)
                     result = self.model.commit(merged)
-                    self.counters.merged_into([c.origin for c in closed.contributions], p, result.version)
+                    self.counters.merged_into([(c.origin, c.received_at) for c in closed.contributions], p,
+                                              result.version)
                     self.published_slot[p] = closed.slot
                     values = self.model.fragment(p)
                     self._count_merge(result, closed, now, deadline)

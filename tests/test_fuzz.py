@@ -154,7 +154,6 @@ def restore(h: sh.Harness, snap: Any) -> None:
         core.model.versions[:] = versions
         for p in range(2):
             core.book.reset(p)
-        core.counters.received.clear()
         core.counters.max_ratio_seen = 0.0
 
 

@@ -79,6 +79,7 @@ class Contribution(Generic[Payload]):
     push_id: int = 0
     slot: int | None = None  # the schedule slot; None: on schedule by definition
     trained_tokens: int = 0  # the session's cumulative trained tokens at this push
+    received_at: float = 0.0  # when the syncer took it (its clock): where the learner's counters start over once merged
 
     @property
     def origin(self) -> tuple[str, int]:
