@@ -52,3 +52,10 @@ clean:
 .PHONY: test-images
 test-images: $(VENV)/.installed
 	DILOCO_TEST_IMAGES=1 $(BIN)/pytest -m images -s tests/test_images.py
+
+# A real node: the kubelet and kube-proxy from the control plane's tree, Debian's containerd and
+# runc, the images of test-images inside it; the chart and a sized-down examples/k8s-cpu-kind.yaml
+# run there end to end (docs/KUBERNETES.md, "A real node"). Root; the first run builds for minutes.
+.PHONY: test-cluster
+test-cluster: $(VENV)/.installed
+	DILOCO_TEST_CLUSTER=1 $(BIN)/pytest -m cluster -s tests/test_cluster.py

@@ -3,6 +3,8 @@
 #
 #   scripts/control-plane.sh build     # -> $KUBE_CACHE/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler}
 #   scripts/control-plane.sh path      # prints the bin folder (builds first if needed)
+#   scripts/control-plane.sh build-node  # -> $KUBE_CACHE/node/{kubelet,kube-proxy} (a real node, make test-cluster)
+#   scripts/control-plane.sh node-path   # prints the node's bin folder (builds first if needed)
 #
 # Why from source: no registry or release host is reachable from our machines, only Debian's apt.
 # Debian bookworm ships the `kubernetes` source package (1.20.2 with its vendor/ tree), Go 1.19
@@ -11,26 +13,31 @@
 # cores and ~3 GB of disk; the binaries (~250 MB) are cached under $KUBE_CACHE and the tree is
 # removed afterwards. Two fixes make the 1.20 tree build with Go 1.19 (see ../shared/SPEC.md §5):
 # Debian's reflect2 1.0.2 replaces the vendored 1.0.1, and an `rsync` shim when none is installed.
+# The node's binaries come from the same tree, fetched again (the tree is not kept) and cached in
+# their own folder, so building them never touches the control plane's cache (and vice versa).
 set -euo pipefail
 
 CACHE="${KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/decoupled-diloco/kube-1.20}"
 BIN="$CACHE/bin"
 WANT=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+NODE_BIN="$CACHE/node"
+NODE_WANT=(kubelet kube-proxy)
 
 built() {
   for b in "${WANT[@]}"; do [[ -x "$BIN/$b" ]] || return 1; done
 }
 
+node_built() {
+  for b in "${NODE_WANT[@]}"; do [[ -x "$NODE_BIN/$b" ]] || return 1; done
+}
+
 say() { echo "control-plane: $*" >&2; }
 
-build() {
-  if built; then
-    say "cached in $BIN"
-    return 0
-  fi
-  local work="$CACHE/work"
+# Downloads and unpacks the patched tree, Go and etcd into $1 (a fresh folder).
+fetch() {
+  local work="$1"
   rm -rf "$work"
-  mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/src" "$work/root" "$work/shim" "$BIN"
+  mkdir -p "$work/lists/partial" "$work/archives/partial" "$work/src" "$work/root" "$work/shim"
   # A private apt state: the machine's own bookworm mirror, plus the deb-src line apt-get source needs.
   local mirror
   mirror="$( (cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null || true) \
@@ -58,6 +65,17 @@ build() {
     printf '#!/bin/sh\nshift\nexec cp -p "$@"\n' > "$work/shim/rsync"
     chmod +x "$work/shim/rsync"
   fi
+}
+
+build() {
+  if built; then
+    say "cached in $BIN"
+    return 0
+  fi
+  local work="$CACHE/work"
+  fetch "$work"
+  mkdir -p "$BIN"
+  local tree="$work/src/tree"
   local goroot="$work/root/usr/lib/go-1.19"
   say "building kube-apiserver, kube-controller-manager and kube-scheduler (about 10 minutes)"
   (cd "$tree" && env PATH="$goroot/bin:$work/shim:$PATH" GOROOT="$goroot" GOPATH="$work/gopath" \
@@ -76,8 +94,39 @@ build() {
   say "built into $BIN"
 }
 
+# The kubelet and kube-proxy of the same tree, for a real node (tests/test_cluster.py). Its own
+# work folder and cache: the control plane's binaries are neither needed nor rebuilt. About the
+# same time as the control plane; KUBE_NODE_GOFLAGS (default -p=1) leaves a core to others.
+build_node() {
+  if node_built; then
+    say "node cached in $NODE_BIN"
+    return 0
+  fi
+  local work="$CACHE/work-node"
+  fetch "$work"
+  mkdir -p "$NODE_BIN"
+  local tree="$work/src/tree"
+  local goroot="$work/root/usr/lib/go-1.19"
+  say "building kubelet and kube-proxy (about 10 minutes)"
+  (cd "$tree" && env PATH="$goroot/bin:$work/shim:$PATH" GOROOT="$goroot" GOPATH="$work/gopath" \
+      GOCACHE="$work/gocache" GOPROXY=off GOFLAGS="${KUBE_NODE_GOFLAGS:--p=1}" CGO_ENABLED=0 \
+      make WHAT="cmd/kubelet cmd/kube-proxy" > "$work/build.log" 2>&1) || {
+    tail -n 40 "$work/build.log" >&2
+    say "build failed; the full log is $work/build.log"
+    exit 1
+  }
+  for b in "${NODE_WANT[@]}"; do
+    cp "$(find "$tree/_output" -type f -name "$b" -perm -u+x | head -n1)" "$NODE_BIN/$b"
+  done
+  node_built || { say "a binary is missing from $NODE_BIN"; exit 1; }
+  rm -rf "$work"
+  say "built into $NODE_BIN"
+}
+
 case "${1:-build}" in
   build) build ;;
   path) build && echo "$BIN" ;;
-  *) echo "usage: $0 build|path" >&2; exit 2 ;;
+  build-node) build_node ;;
+  node-path) build_node && echo "$NODE_BIN" ;;
+  *) echo "usage: $0 build|path|build-node|node-path" >&2; exit 2 ;;
 esac
