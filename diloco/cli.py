@@ -11,6 +11,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+DISTRIBUTION = "decoupled-diloco"  # pyproject.toml's [project] name
+
 
 def build_parser() -> argparse.ArgumentParser:
     from diloco import commands
@@ -20,11 +22,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="diloco",
         description="Decoupled DiLoCo: asynchronous, fault-tolerant LLM pre-training.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parsers(sub)
     sim_cli.add_simulate_parser(sub)
     sim_cli.add_bandwidth_parser(sub)
     return parser
+
+
+def version() -> str:
+    """The installed package's version (its metadata: what `pip install` recorded), so an image
+    and a bug report name the same release."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """Subcommand registration. Handlers import their component lazily so `diloco --help` and
-`diloco validate` start fast and never load JAX or gRPC."""
+`diloco validate` start fast and never load JAX or gRPC (validate runs the operator's pure
+admission checks, which the syncer image has)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ from diloco import contract, extras
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest")
+    p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest as the operator does at admission")
     p.add_argument("file", help="YAML manifest")
+    p.add_argument("--gateway-api", action="store_true",
+                   help="the operator was installed with syncerExposure.gatewayAPI=true (GRPCRoute exposure allowed)")
+    p.add_argument("--no-kueue", action="store_true",
+                   help="the operator was installed without kueue.enabled: skip Kueue's checks of a job labelled "
+                        "with a queue (by default a labelled job is checked as Kueue will see it)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("run", help="run a job on this machine: one syncer and a process per learner")
@@ -103,12 +109,19 @@ def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = 
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """The spec's own rules, then every check the operator makes before it runs a job
+    (operator/admission.py), with the operator's messages; exit 2 on any problem."""
+    from diloco.operator import admission
     from diloco.spec import SpecError, load_job
 
     try:
         job = load_job(args.file)
     except SpecError as exc:
-        for line in exc.problems:
+        problems = exc.problems
+    else:
+        problems = admission.problems(job, gateway_api=args.gateway_api, kueue_enabled=not args.no_kueue)
+    if problems:
+        for line in problems:
             print(line, file=sys.stderr)
         return 2
     spec = job.spec

@@ -89,9 +89,15 @@ CleanPodPolicy = Literal["None", "Running", "All"]
 
 
 class RunPolicy(Model):
-    active_deadline_seconds: int | None = Field(None, ge=1)  # unset: a job runs until its budget or steps
+    # Unset: a job runs until its budget or steps. Counted from the job's start, time spent
+    # waiting for capacity (Pending) included, as for a Kubernetes Job.
+    active_deadline_seconds: int | None = Field(None, ge=1)
     ttl_seconds_after_finished: int | None = Field(None, ge=0)  # unset: finished jobs stay for inspection
     backoff_limit: int = Field(6, ge=0)  # Kubernetes Job's default
+    # How long one of the job's pods may stay Unschedulable (waiting for capacity) before the job
+    # ends Failed/SchedulingTimeoutExceeded. Unset: it waits for capacity forever, as JobSet and
+    # Kubeflow Trainer jobs do; waiting never counts against backoffLimit (operator/capacity.py).
+    scheduling_timeout_seconds: int | None = Field(None, ge=1)
     # Retain: the checkpoint is the trained model, and a deleted job (kubectl delete, the TTL above)
     # must not take it along; read when the volume is created.
     checkpoint_retention: CheckpointRetention = "Retain"

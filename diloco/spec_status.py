@@ -28,7 +28,8 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 # pods.Loss reasons: a deletion, an eviction, a preemption (spot reclaims and node shutdowns too), a
 # failed pod or container; Chaos and Rollout are restarts the operator caused (planned).
 LossReason = Literal["Deleted", "Evicted", "Preempted", "Failed", "Chaos", "Rollout"]
-# failures.py: pod states a restart cannot fix.
+# failures.py: pod states a restart cannot fix. Unschedulable is no longer one (a pod waiting for
+# capacity is not failing: operator/capacity.py); it stays so statuses written before still validate.
 FailureReason = Literal["ImagePullFailed", "Unschedulable", "ConfigError", "TokenRefused"]
 # metav1.Condition's own limits, so the condition list reads like any other object's.
 CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -51,13 +52,15 @@ class Condition(StatusModel):
     type: str = Field(max_length=316, pattern=CONDITION_TYPE,
                       description="Created (children exist), Running (learners train with a ready syncer), "
                                   "Degraded (some desired learners not ready), Suspended (spec.suspend), "
-                                  "PodsFailing (a pod fails in a way a restart cannot fix), SpecRejected (an "
-                                  "edit of an immutable field was refused), Admitted (queued in Kueue: "
-                                  "admitted or waiting), Succeeded, Failed.")
+                                  "PodsFailing (a pod fails in a way a restart cannot fix), PodsUnschedulable "
+                                  "(a pod waits for capacity), ChildrenRefused (the API server refused a child: "
+                                  "quota, webhook, RBAC), SpecRejected (an edit of an immutable field was "
+                                  "refused), Admitted (queued in Kueue: admitted or waiting), Succeeded, Failed.")
     status: ConditionStatus = Field(description="True, False or Unknown.")
     reason: str = Field(min_length=1, max_length=1024, pattern=CONDITION_REASON,
                         description="Why, in one CamelCase word (e.g. LearnersTraining, TokenBudgetReached, "
-                                    "InvalidSpec, BackoffLimitExceeded, SecretMissing).")
+                                    "InvalidSpec, BackoffLimitExceeded, ImagePullFailed, "
+                                    "SchedulingTimeoutExceeded, QuotaExceeded, SecretMissing).")
     message: str = Field(max_length=MAX_MESSAGE, description="Details for people: what is wrong and the fix.")
     last_transition_time: AwareDatetime = Field(description="When the status last changed (RFC 3339, UTC).")
     observed_generation: Count | Absent = Field(None, description="metadata.generation this condition is about.")
@@ -160,7 +163,8 @@ class FailureEntry(StatusModel):
 
     pod: str = Field(description="The pod's name.")
     who: str = Field(description="`learner <group>-<index>` or `syncer`.")
-    reason: FailureReason = Field(description="ImagePullFailed, Unschedulable, ConfigError or TokenRefused.")
+    reason: FailureReason = Field(description="ImagePullFailed, ConfigError or TokenRefused (Unschedulable: only "
+                                              "from operators before waiting for capacity stopped counting).")
     message: str = Field(description="What is wrong.")
 
 

@@ -5,7 +5,8 @@ matches, and still holds every field it was rendered with, is left alone, so a r
 operator restart issues no writes at all, while a hand edit is put back on the next pass. Changes
 go out as server-side apply (fields we stop setting are removed). Children this job owns
 that are no longer rendered (a removed group, pods of a suspended job) are deleted (PRUNABLE
-kinds only); what it does not own (a retained checkpoint volume) never is.
+kinds only); what it does not own (a retained checkpoint volume) never is. A write the API
+server refuses (a quota, a webhook, RBAC: refusals.py) is recorded and the others still go out.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco.operator import drift
+from diloco.operator import drift, refusals
 from diloco.operator import naming as n
-from diloco.operator.kube import Kube
+from diloco.operator.kube import ApiError, Kube
 
 MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "StatefulSet", "Deployment",
                  "NetworkPolicy", "PodDisruptionBudget")
@@ -56,6 +57,7 @@ def owned_by(obj: dict[str, Any], uid: str) -> bool:
 class Plan:
     apply: list[dict[str, Any]] = field(default_factory=list)
     delete: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[refusals.Refusal] = field(default_factory=list)  # what the API server refused (sync)
 
     def summary(self) -> list[str]:
         return [f"applied {k}/{nm}" for k, nm in map(key, self.apply)] + \
@@ -101,13 +103,28 @@ def observe(kube: Kube, namespace: str, job: str,
 def sync(kube: Kube, namespace: str, job: str, owner_uid: str, desired: list[dict[str, Any]],
          kinds: tuple[str, ...] = MANAGED_KINDS,
          live: dict[Key, dict[str, Any]] | None = None) -> tuple[dict[Key, dict[str, Any]], Plan]:
-    """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done.
-    `live`: the children as the caller just observed them (else they are listed here)."""
+    """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done
+    (with the writes the API server refused). `live`: the children as the caller just observed
+    them (else they are listed here)."""
     live = dict(live) if live is not None else observe(kube, namespace, job, kinds)
-    todo = plan(desired, list(live.values()), owner_uid)
+    todo, done = plan(desired, list(live.values()), owner_uid), Plan()
     for obj in todo.apply:
-        live[key(obj)] = kube.apply(obj)
+        try:
+            live[key(obj)] = kube.apply(obj)
+        except ApiError as exc:
+            if not refusals.refused(exc):
+                raise
+            done.refused.append(refusals.of(obj, "update" if key(obj) in live else "create", exc))
+            continue
+        done.apply.append(obj)
     for obj in todo.delete:
-        kube.delete(obj["kind"], namespace, obj["metadata"]["name"], uid=obj["metadata"].get("uid"))
+        try:
+            kube.delete(obj["kind"], namespace, obj["metadata"]["name"], uid=obj["metadata"].get("uid"))
+        except ApiError as exc:
+            if not refusals.refused(exc):
+                raise
+            done.refused.append(refusals.of(obj, "delete", exc))
+            continue
         live.pop(key(obj), None)
-    return live, todo
+        done.delete.append(obj)
+    return live, done

@@ -12,9 +12,13 @@ from diloco.spec_status import MAX_MESSAGE
 
 CREATED, RUNNING, DEGRADED, SUSPENDED, SUCCEEDED, FAILED = (
     "Created", "Running", "Degraded", "Suspended", "Succeeded", "Failed")
-# Set only once they first apply: a pod failing permanently (failures.py), a refused edit (immutable.py).
-PODS_FAILING, SPEC_REJECTED = "PodsFailing", "SpecRejected"
-ORDER = (CREATED, RUNNING, DEGRADED, SUSPENDED, PODS_FAILING, SPEC_REJECTED, SUCCEEDED, FAILED)
+# Set only once they first apply: a pod failing permanently (failures.py), a pod waiting for
+# capacity (capacity.py), a child write the API server refused (refusals.py), a refused edit
+# (immutable.py).
+PODS_FAILING, PODS_UNSCHEDULABLE, CHILDREN_REFUSED, SPEC_REJECTED = (
+    "PodsFailing", "PodsUnschedulable", "ChildrenRefused", "SpecRejected")
+ORDER = (CREATED, RUNNING, DEGRADED, SUSPENDED, PODS_FAILING, PODS_UNSCHEDULABLE, CHILDREN_REFUSED, SPEC_REJECTED,
+         SUCCEEDED, FAILED)
 
 Condition = dict[str, Any]
 

@@ -18,6 +18,7 @@ import kopf
 
 from diloco.operator import naming
 from diloco.operator.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
+from diloco.operator.failures import IMAGE_PULL_GRACE
 from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
 from diloco.operator.policies import OPERATOR_LABELS, Peers
@@ -56,8 +57,9 @@ class Config:
     status_interval: float = 10.0  # seconds between status refreshes (and the Status RPC)
     chaos_interval: float = 2.0  # how finely chaos follows its schedule
     stuck_timeout: float = 120.0  # seconds past a pod's grace period before it is force-deleted
-    # Seconds a pod may stay unschedulable before that counts as a permanent failure (failures.py).
-    unschedulable_grace: float = 300.0
+    # Seconds every pod of a group may be stuck pulling its image before the job ends
+    # (failures.image_stuck). Not an environment setting: tests shorten it.
+    image_pull_grace: float = IMAGE_PULL_GRACE
     # Where the operator dials a job's syncer; tests map Service names to local ports.
     syncer_address: Callable[[str, str], str] = naming.syncer_address
     # The chart's syncerExposure: may the operator manage GRPCRoutes (Gateway API CRDs and RBAC
@@ -75,7 +77,6 @@ class Config:
         return cls(status_interval=_env_float("DILOCO_STATUS_INTERVAL_SECONDS", cls.status_interval),
                    chaos_interval=_env_float("DILOCO_CHAOS_INTERVAL_SECONDS", cls.chaos_interval),
                    stuck_timeout=_env_float("DILOCO_STUCK_POD_TIMEOUT_SECONDS", cls.stuck_timeout),
-                   unschedulable_grace=_env_float("DILOCO_UNSCHEDULABLE_GRACE_SECONDS", cls.unschedulable_grace),
                    gateway_api=os.environ.get("DILOCO_GATEWAY_API", "false").lower() == "true",
                    expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"),
                    kueue=os.environ.get("DILOCO_KUEUE", "false").lower() == "true",

@@ -1,15 +1,23 @@
-"""Pure failure policy: which pod states a restart cannot fix, and their count against
-`spec.runPolicy.backoffLimit`.
+"""Pure failure policy: which pod states a restart cannot fix, their count against
+`spec.runPolicy.backoffLimit`, and when an image that cannot be pulled ends the job.
 
 A learner that crashes, is OOM-killed, killed by a signal, preempted or loses its node is what
-the method absorbs: its pod comes back and re-joins, and nothing here counts it. A pod that
-cannot pull its image, stays unschedulable past a grace period, or whose container exits with
-`Exit.CONFIG` or `Exit.REFUSED` fails the same way on every retry. Each such failure is counted
-once (keyed by pod uid, container and container instance) in `status.failures`, so the count
-survives pod replacements, duplicate passes and operator restarts; more than backoffLimit of
-them end the job Failed/BackoffLimitExceeded (status.ending). The syncer's pods are classified
-the same way: its config errors count too (and show why it crash-loops), beside the existing
-limit on its restarts.
+the method absorbs: its pod comes back and re-joins, and nothing here counts it. A pod waiting
+for capacity (Unschedulable) is not failing either (capacity.py). A pod that cannot pull its
+image, or whose container exits with `Exit.CONFIG` or `Exit.REFUSED`, fails the same way on every
+retry. Each such failure is counted once (keyed by pod uid, container and container instance) in
+`status.failures`, so the count survives pod replacements, duplicate passes and operator
+restarts; more than backoffLimit of them end the job Failed/BackoffLimitExceeded (status.ending).
+
+An image pull that fails is counted once per pod (the kubelet retries it in the same container
+instance, so no new instance ever counts again): two learners on a bad image are 2 failures,
+never more than a backoffLimit of 6. So a second rule ends such a job: when every pod of a
+learner group, or of the syncer, has been stuck pulling its image for IMAGE_PULL_GRACE, the
+group cannot run at all and the job ends Failed/ImagePullFailed (`image_stuck`). One pod stuck
+beside running ones (one node's registry mirror, a rollout to a bad tag, which replaces one
+pod at a time) leaves the job running with PodsFailing. The syncer's pods are classified the
+same way: its config errors count too (and show why it crash-loops), beside the existing limit
+on its restarts.
 """
 
 from __future__ import annotations
@@ -24,18 +32,19 @@ from diloco.operator import conditions as c
 from diloco.operator import naming as n
 
 IMAGE_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName"})
-UNSCHEDULABLE_GRACE = 300.0  # seconds: room for a cluster autoscaler to add a node
+# Seconds every pod of a group may stay stuck pulling its image before the job ends: the kubelet's
+# pull back-off reaches its 5-minute cap by then, and a registry outage or a credential being
+# rotated has had time to clear.
+IMAGE_PULL_GRACE = 300.0
 # Counted keys remembered (of pods still present; ~80 bytes each): a failure whose key was
 # dropped would count again, but that many failures at once are far past any backoffLimit.
 KEEP_KEYS = 1000
 SHOWN = 10  # pods listed in status.failures.current; `failingPods` counts them all
 
-IMAGE, UNSCHEDULABLE, CONFIG, REFUSED = "ImagePullFailed", "Unschedulable", "ConfigError", "TokenRefused"
+IMAGE, CONFIG, REFUSED = "ImagePullFailed", "ConfigError", "TokenRefused"
 FIXES = {
     IMAGE: ("check the image name and tag (spec.learnerGroups[].image, spec.syncer.image), that the registry "
             "is reachable, and the namespace's imagePullSecrets"),
-    UNSCHEDULABLE: ("no node fits the pod: compare its nodeSelector, tolerations and resources with the "
-                    "cluster's nodes (kubectl describe pod), or add capacity"),
     CONFIG: "the manifest or a flag is wrong and its log says which (kubectl logs --previous); fix the job's spec",
     REFUSED: ("the syncer refused it for good (a wrong job token or admission): check the token Secret "
               "(spec.syncer.external.tokenSecret in a learners-only cluster)"),
@@ -48,10 +57,10 @@ FIELD = "failures"  # status.failures
 class Failure:
     """One permanent failure of one pod: `key` names it, so it is counted once."""
 
-    key: str  # "<pod uid>/<container or scheduling>/<instance>"
+    key: str  # "<pod uid>/<container>/<instance>"
     pod: str
     who: str  # "learner us-1", "syncer"
-    reason: str  # IMAGE, UNSCHEDULABLE, CONFIG or REFUSED
+    reason: str  # IMAGE, CONFIG or REFUSED
     detail: str
 
     @property
@@ -69,7 +78,8 @@ def _time(value: str | None) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def _who(pod: dict[str, Any]) -> str:
+def who(pod: dict[str, Any]) -> str:
+    """How a pod is named in messages: `learner us-1`, `syncer`."""
     found = n.learner_of(pod)
     if found is not None:
         return f"learner {found[1]}"
@@ -95,8 +105,9 @@ def _container(uid: str, cs: dict[str, Any]) -> tuple[str, str, str] | None:
     return None
 
 
-def classify(pod: dict[str, Any], now: float, grace: float = UNSCHEDULABLE_GRACE) -> Failure | None:
-    """The pod's permanent failure now, or None (running, starting, or failing transiently)."""
+def classify(pod: dict[str, Any]) -> Failure | None:
+    """The pod's permanent failure now, or None (running, starting, waiting for capacity, or
+    failing transiently)."""
     meta, s = pod.get("metadata", {}), pod.get("status") or {}
     uid, name = meta.get("uid", ""), meta.get("name", "?")
     if meta.get("deletionTimestamp"):
@@ -104,13 +115,42 @@ def classify(pod: dict[str, Any], now: float, grace: float = UNSCHEDULABLE_GRACE
     for cs in [*(s.get("initContainerStatuses") or []), *(s.get("containerStatuses") or [])]:
         found = _container(uid, cs)
         if found is not None:
-            return Failure(found[0], name, _who(pod), found[1], found[2])
-    sched = next((x for x in s.get("conditions") or [] if x.get("type") == "PodScheduled"), None)
-    if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable":
-        since = _time(sched.get("lastTransitionTime")) or _time(meta.get("creationTimestamp"))
-        if since is not None and now - since >= grace:
-            return Failure(f"{uid}/scheduling/0", name, _who(pod), UNSCHEDULABLE,
-                           f"unschedulable for {now - since:.0f} s: {sched.get('message') or 'no node fits'}")
+            return Failure(found[0], name, who(pod), found[1], found[2])
+    return None
+
+
+def _group(pod: dict[str, Any]) -> str:
+    """The pods that run the same image: a learner group's, or the syncer's."""
+    found = n.learner_of(pod)
+    if found is not None:
+        return f"learner group {found[1].group}"
+    return str((pod.get("metadata", {}).get("labels") or {}).get(n.COMPONENT) or "pod")
+
+
+def _stuck_since(pod: dict[str, Any]) -> float | None:
+    """Since when a pod has not run: its Ready condition's last flip to False (a container that
+    ran, then lost its image), else when the kubelet took it, else when it was created."""
+    meta, s = pod.get("metadata", {}), pod.get("status") or {}
+    ready = next((x for x in s.get("conditions") or [] if x.get("type") == "Ready"), None)
+    if ready and ready.get("status") == "False" and ready.get("lastTransitionTime"):
+        return _time(ready["lastTransitionTime"])
+    return _time(s.get("startTime")) or _time(meta.get("creationTimestamp"))
+
+
+def image_stuck(pods: list[dict[str, Any]], now: float, grace: float = IMAGE_PULL_GRACE) -> str | None:
+    """The Failed ending's message once every pod of a learner group (or the syncer) has been
+    stuck pulling its image for `grace` seconds, else None."""
+    groups: dict[str, list[tuple[dict[str, Any], Failure | None]]] = {}
+    for pod in pods:
+        if not pod.get("metadata", {}).get("deletionTimestamp"):
+            groups.setdefault(_group(pod), []).append((pod, classify(pod)))
+    for group, members in sorted(groups.items()):
+        waits = [now - since for pod, f in members
+                 if f is not None and f.reason == IMAGE and (since := _stuck_since(pod)) is not None]
+        if len(waits) == len(members) and min(waits) >= grace:
+            first = next(f for _, f in members if f is not None)
+            return (f"every pod of the {group} ({len(members)}) has been unable to pull its image for at least "
+                    f"{min(waits):.0f} s; pod {first.pod}: {first.detail}; fix: {first.fix}, then re-create the job")
     return None
 
 
@@ -122,12 +162,11 @@ def counting(pods: list[dict[str, Any]], wanted: Callable[[str], bool]) -> list[
     return [p for p in pods if (found := n.learner_of(p)) is None or wanted(str(found[1]))]
 
 
-def fold(status: dict[str, Any], pods: list[dict[str, Any]], now: float,
-         grace: float = UNSCHEDULABLE_GRACE) -> tuple[dict[str, Any], list[Failure]]:
+def fold(status: dict[str, Any], pods: list[dict[str, Any]], now: float) -> tuple[dict[str, Any], list[Failure]]:
     """The status patch (`{"failures": ...}`, empty when nothing changed) and the failures
     first seen in this pass. Keys of pods no longer present are dropped: they cannot recur."""
     prior: dict[str, Any] = status.get(FIELD) or {}
-    found = [f for f in (classify(p, now, grace) for p in pods) if f is not None]
+    found = [f for f in map(classify, pods) if f is not None]
     if not found and not prior:
         return {}, []
     counted = list(prior.get("counted") or [])

@@ -63,9 +63,12 @@ def bearer_token(cfg: Any) -> str | None:
 
 
 class ApiError(RuntimeError):
-    def __init__(self, status: int, message: str):
+    """A refused request: `status` (HTTP), and the API server's Status `reason` (Forbidden,
+    Invalid, ...) and `detail` (its message alone) where it sent one."""
+
+    def __init__(self, status: int, message: str, reason: str = "", detail: str = ""):
         super().__init__(f"HTTP {status}: {message}")
-        self.status = status
+        self.status, self.reason, self.detail = status, reason, detail or message
 
 
 class Kube:
@@ -110,10 +113,12 @@ class Kube:
         text = response.data.decode("utf-8", "replace")
         if response.status >= 400:
             try:
-                message = json.loads(text).get("message", text)
+                body = json.loads(text)
             except ValueError:
-                message = text
-            raise ApiError(response.status, f"{method} {path}: {message}")
+                body = None
+            body = body if isinstance(body, dict) else {}
+            message = str(body.get("message", text))
+            raise ApiError(response.status, f"{method} {path}: {message}", str(body.get("reason") or ""), message)
         return json.loads(text) if text else {}
 
     def prefix(self, kind: str) -> str:

@@ -1,4 +1,5 @@
-"""The operator's own Prometheus metrics: reconciles, learner losses and re-admissions, goodput.
+"""The operator's own Prometheus metrics: reconciles, learner losses and re-admissions, refused
+child writes, goodput.
 
 Per-job series carry `diloco_namespace` and `diloco_job` labels (not `namespace`/`job`, which
 Prometheus sets on every target and would rename ours to `exported_*`) and are removed when
@@ -17,8 +18,13 @@ JOB_LABELS = ["diloco_namespace", "diloco_job"]
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
-        self.reconciles = Counter("diloco_operator_reconciles_total", "Job reconciliations by outcome",
+        self.reconciles = Counter("diloco_operator_reconciles_total",
+                                  "Job reconciliations by outcome (ok, invalid, error: an exception left the pass)",
                                   ["outcome"], registry=r)
+        # By kind and reason only, not by job: the condition and Event on the job say which one.
+        self.refused_writes = Counter("diloco_operator_child_writes_refused_total",
+                                      "Child writes the API server refused (quota, webhook, RBAC, invalid)",
+                                      ["kind", "reason"], registry=r)
         self.losses = Counter("diloco_operator_learner_losses_total", "Learner pods lost, by reason",
                               [*JOB_LABELS, "diloco_group", "reason"], registry=r)
         self.readmissions = Counter("diloco_operator_learner_readmissions_total",

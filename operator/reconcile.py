@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from secrets import token_urlsafe
 from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator import (
     access,
+    admission,
+    capacity,
     children,
     exposure,
     failures,
@@ -25,6 +28,7 @@ from diloco.operator import (
     learners,
     pods,
     policies,
+    refusals,
     render,
     restarts,
 )
@@ -48,7 +52,7 @@ def load(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str]]:
                          "spec": body.get("spec")})
     except SpecError as exc:
         return None, exc.problems
-    problems = render.name_problems(job)
+    problems = admission.spec_problems(job)
     return (None, problems) if problems else (job, [])
 
 
@@ -114,7 +118,11 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
         body = ctx.api.get(KIND, namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
-        _reconcile(ctx, body, time.time())
+        try:
+            _reconcile(ctx, body, time.time())
+        except Exception:  # kopf logs it and retries; the counter makes it visible to alerts
+            ctx.metrics.reconciles.labels("error").inc()
+            raise
 
 
 def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
@@ -125,7 +133,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     live: dict[children.Key, Any] | None = None  # observed once, for the shard check and the sync
     queue = kueue.queue(ctx.config.kueue, meta.get("labels"))  # queued in Kueue: kueue.py
     if job is not None:
-        problems = exposure.problems(job, ctx.config.gateway_api) + (kueue.problems(job) if queue else [])
+        problems = admission.install_problems(job, gateway_api=ctx.config.gateway_api, queued=queue is not None)
         if not problems and job.spec.syncer.external is None:
             live = children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
             changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
@@ -163,9 +171,12 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
-    obs = _observe(ctx, job, owner, live, job_pods, target, probe, blocker, now)
-    counted, fresh = ({}, []) if was_finished else failures.fold(
-        status, failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot)), now, ctx.config.unschedulable_grace)
+    # The pods whose state is the job's: waiting for capacity (capacity.py) or failing (failures.py).
+    mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot))
+    obs = replace(_observe(ctx, job, owner, live, job_pods, target, probe, blocker, now),
+                  unschedulable=tuple(capacity.waiting(mine, now)),
+                  image_stuck=failures.image_stuck(mine, now, ctx.config.image_pull_grace))
+    counted, fresh = ({}, []) if was_finished else failures.fold(status, mine, now)
     for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
         post(ref, reason, message, warning=True)
     ended = None if was_finished else st.ending(job.spec, {**status, **counted}, obs)
@@ -179,8 +190,12 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
         desired = render.children(job, owner, token, started=True, finished=True, link=link,
                                   outcome=policies.outcome(new), peers=ctx.config.peers) + queued
-        children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
+        _, cleaned = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
+        done.refused.extend(cleaned.refused)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
+    new = _show_refusals(ctx, ref, status, new, done.refused, st.rfc3339(now), generation)
+    if (waiting := capacity.started_waiting(status.get("conditions") or [], new["conditions"])) is not None:
+        post(ref, capacity.WAITING, waiting["message"], warning=True)
     for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
         pod_meta = pod["metadata"]
         if ctx.api.delete("Pod", namespace, pod_meta["name"], grace_seconds=0, uid=pod_meta.get("uid")):
@@ -205,6 +220,20 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     if ttl is not None and done_at is not None and now - done_at >= ttl:
         post(ref, "TTLExpired", f"finished {now - done_at:.0f} s ago; deleting (ttlSecondsAfterFinished={ttl})")
         ctx.api.delete(KIND, namespace, name, uid=owner.uid)
+
+
+def _show_refusals(ctx: Context, ref: dict[str, Any], status: dict[str, Any], new: dict[str, Any],
+                   found: list[refusals.Refusal], stamp: str, generation: int) -> dict[str, Any]:
+    """Refused child writes as the job shows them: condition ChildrenRefused, a Warning Event
+    when they change, and the metric, counted per refused write (refusals.py)."""
+    meta = ref["metadata"]
+    for r in found:
+        ctx.metrics.refused_writes.labels(r.kind, r.reason).inc()
+    conds = refusals.condition(new["conditions"], found, stamp, generation)
+    for r in refusals.news(status.get("conditions") or [], conds, found):
+        log.warning("%s/%s: %s", meta["namespace"], meta["name"], r.describe())
+        post(ref, r.reason, r.describe(), warning=True)
+    return {**new, "conditions": conds}
 
 
 def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link,

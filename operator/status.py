@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.contract import LearnerId
+from diloco.operator import capacity, failures, goodput
 from diloco.operator import conditions as c
-from diloco.operator import failures, goodput
 from diloco.operator.access import Blocker
 from diloco.spec import JobSpec, JobStatus, Phase
 
@@ -72,6 +72,8 @@ class Observation:
     syncer_error: str = ""  # its gRPC status code's name then (UNAVAILABLE, UNAUTHENTICATED, ...)
     exposed_address: str = ""  # where other clusters dial this syncer, once known
     blocker: Blocker | None = None  # why no pods run (a Secret the job names, a refused token)
+    unschedulable: tuple[capacity.Waiting, ...] = ()  # pods waiting for capacity, longest first
+    image_stuck: str | None = None  # a whole group unable to pull its image (failures.image_stuck)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,9 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
         if deadline and elapsed >= deadline:
             return Ending(False, "DeadlineExceeded",
                           f"ran {elapsed:.0f} s, past spec.runPolicy.activeDeadlineSeconds={deadline}")
+    waited = capacity.timed_out(list(obs.unschedulable), spec.run_policy.scheduling_timeout_seconds, obs.now)
+    if waited is not None:
+        return Ending(False, capacity.TIMED_OUT, waited)
     if obs.syncer_restarts > spec.run_policy.backoff_limit:
         return Ending(False, "BackoffLimitExceeded",
                       f"the syncer restarted {obs.syncer_restarts} times, over spec.runPolicy.backoffLimit="
@@ -129,6 +134,8 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
     permanent = failures.exceeded(status, spec.run_policy.backoff_limit)
     if permanent is not None:  # pods that fail the same way on every retry (failures.py)
         return Ending(False, "BackoffLimitExceeded", permanent)
+    if obs.image_stuck is not None:
+        return Ending(False, failures.IMAGE, obs.image_stuck)
     return None
 
 
@@ -228,6 +235,7 @@ def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any
     up, reason, message = _running(obs, running, out["syncer"]["ready"], ready, desired)
     conds = c.set_condition(conds, c.RUNNING, up, reason, message, now, gen)
     conds = failures.condition(conds, status, spec.run_policy.backoff_limit, now, gen)
+    conds = capacity.condition(conds, list(obs.unschedulable), spec.run_policy.scheduling_timeout_seconds, now, gen)
     degraded = up and ready < desired
     message = ""
     if degraded:

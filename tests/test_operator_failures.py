@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ def unschedulable(since: float) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("reason", sorted(failures.IMAGE_WAITING))
 def test_image_pull_errors_are_permanent(reason: str) -> None:
-    found = failures.classify(pod(containers=[waiting(reason)]), T0)
+    found = failures.classify(pod(containers=[waiting(reason)]))
     assert found is not None and found.reason == failures.IMAGE and found.who == "learner us-1"
     assert reason in found.detail and "ghcr.io/x/learner:typo" in found.detail and "image" in found.fix
 
@@ -56,24 +57,24 @@ def test_image_pull_errors_are_permanent(reason: str) -> None:
 def test_an_init_container_that_cannot_pull_counts_too() -> None:
     p = pod(containers=[])
     p["status"]["initContainerStatuses"] = [waiting("ErrImagePull", "fetch")]
-    found = failures.classify(p, T0)
+    found = failures.classify(p)
     assert found is not None and found.key == "u1/fetch/image"
 
 
 @pytest.mark.parametrize("code, reason", [(Exit.CONFIG, failures.CONFIG), (Exit.REFUSED, failures.REFUSED)])
 @pytest.mark.parametrize("current", [True, False])
 def test_config_and_refused_exit_codes_are_permanent(code: int, reason: str, current: bool) -> None:
-    found = failures.classify(pod(containers=[exited(code, now=current)]), T0)
+    found = failures.classify(pod(containers=[exited(code, now=current)]))
     assert found is not None and (found.reason, found.key) == (reason, "u1/learner/c1")
     assert f"exited with code {int(code)}" in found.detail
 
 
-def test_unschedulable_counts_only_after_the_grace_period() -> None:
+def test_waiting_for_capacity_is_never_a_permanent_failure() -> None:
+    """Unschedulable is a capacity wait (capacity.py), however long: nothing counts against backoffLimit."""
     p = pod(conditions_=unschedulable(T0))
-    assert failures.classify(p, T0 + 299, grace=300) is None  # an autoscaler may still add a node
-    found = failures.classify(p, T0 + 300, grace=300)
-    assert found is not None and found.reason == failures.UNSCHEDULABLE and "Insufficient" in found.detail
-    assert failures.classify(pod(conditions_=[{**unschedulable(T0)[0], "status": "True"}]), T0 + 900) is None
+    for waited in (0, 300, 86_400):
+        assert failures.classify(p) is None
+        assert failures.fold({}, [p], T0 + waited) == ({}, [])
 
 
 @pytest.mark.parametrize("container", [
@@ -84,13 +85,13 @@ def test_unschedulable_counts_only_after_the_grace_period() -> None:
     {"name": "learner", "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}},
 ])
 def test_transient_failures_are_not_classified(container: dict[str, Any]) -> None:
-    assert failures.classify(pod(containers=[container]), T0) is None
+    assert failures.classify(pod(containers=[container])) is None
     assert failures.fold({}, [pod(containers=[container])], T0) == ({}, [])  # nothing in the status at all
 
 
 def test_a_preempted_or_deleted_pod_is_a_loss_not_a_permanent_failure() -> None:
     going = pod(containers=[exited(Exit.CONFIG)], deletionTimestamp=st.rfc3339(T0))
-    assert failures.classify(going, T0) is None
+    assert failures.classify(going) is None
 
 
 def test_the_same_failure_counts_once_across_passes_and_views() -> None:
@@ -121,7 +122,7 @@ def test_the_count_survives_the_pod_being_replaced() -> None:
 
 def test_the_syncer_is_classified_too() -> None:
     syncer = pod("s1", "demo-syncer-abc", component=n.SYNCER, containers=[exited(Exit.CONFIG, name="syncer")])
-    found = failures.classify(syncer, T0)
+    found = failures.classify(syncer)
     assert found is not None and found.who == "syncer"
 
 
@@ -179,3 +180,57 @@ def test_a_pod_for_a_slot_the_spec_does_not_want_is_not_the_jobs_failure() -> No
     wanted = pod("u1", "demo-us-1", containers=[exited(Exit.CONFIG)])
     syncer = pod("u9", "demo-syncer-abc", component=n.SYNCER, containers=[exited(Exit.CONFIG, name="syncer")])
     assert failures.counting([extra, wanted, syncer], lambda slot: st.slot_wanted(spec(), slot)) == [wanted, syncer]
+
+
+def stuck(uid: str, name: str, since: float, component: str = n.LEARNER) -> dict[str, Any]:
+    """A pod whose container never started: the kubelet cannot pull its image (since `since`)."""
+    ready = [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": st.rfc3339(since)}]
+    return pod(uid, name, containers=[waiting("ImagePullBackOff", "syncer" if component == n.SYNCER else "learner")],
+               conditions_=ready, component=component)
+
+
+def running(uid: str, name: str) -> dict[str, Any]:
+    return pod(uid, name, containers=[{"name": "learner", "restartCount": 0, "ready": True, "state": {"running": {}}}])
+
+
+def test_a_bad_image_ends_the_job_once_its_whole_group_is_stuck_past_the_grace() -> None:
+    """backoffLimit 6 and 2 replicas: the 2 pull failures count once each and never exceed it, so
+    the group rule ends the job (Failed/ImagePullFailed) instead of PodsFailing forever."""
+    s = spec(backoff=6)
+    group = [stuck("u0", "demo-us-0", T0), stuck("u1", "demo-us-1", T0 + 20)]
+    status = st.compute(s, {}, obs(T0), 1)
+    patch, _ = failures.fold(status, group, T0 + 30)
+    status = {**status, **patch}
+    assert status["failures"]["permanent"] == 2 and failures.exceeded(status, 6) is None
+    assert failures.image_stuck(group, T0 + 319, grace=300) is None  # demo-us-1 has waited 299 s
+    message = failures.image_stuck(group, T0 + 320, grace=300)
+    assert message is not None and "every pod of the learner group us (2)" in message
+    assert "ghcr.io/x/learner:typo" in message and "fix: check the image name" in message
+    assert st.ending(s, status, obs(T0 + 320)) is None  # the operator passes what it observed
+    ended = st.ending(s, status, replace(obs(T0 + 320), image_stuck=message))
+    assert ended is not None and (ended.succeeded, ended.reason, ended.message) == (False, "ImagePullFailed", message)
+    done = st.compute(s, status, obs(T0 + 320), 1, ended)
+    assert done["phase"] == "Failed" and conditions.find(done["conditions"], "Failed")["reason"] == "ImagePullFailed"
+
+
+def test_one_pod_stuck_beside_running_ones_does_not_end_the_job() -> None:
+    """One node's registry mirror, or a rollout to a bad tag (a StatefulSet replaces one pod at a
+    time): the group still trains, so only PodsFailing shows it."""
+    assert failures.image_stuck([stuck("u0", "demo-us-0", T0), running("u1", "demo-us-1")], T0 + 3600) is None
+    assert failures.image_stuck([], T0) is None
+
+
+def test_the_syncer_is_a_group_of_its_own() -> None:
+    syncer = stuck("s1", "demo-syncer-abc", T0, component=n.SYNCER)
+    message = failures.image_stuck([syncer, running("u1", "demo-us-1")], T0 + 300)
+    assert message is not None and "every pod of the syncer (1)" in message
+
+
+def test_stuck_is_timed_from_the_ready_flip_else_the_start_else_the_creation() -> None:
+    p = pod("u0", "demo-us-0", containers=[waiting("ErrImagePull")], creationTimestamp=st.rfc3339(T0))
+    assert failures.image_stuck([p], T0 + 299) is None and failures.image_stuck([p], T0 + 300) is not None
+    p["status"]["startTime"] = st.rfc3339(T0 + 100)
+    assert failures.image_stuck([p], T0 + 300) is None and failures.image_stuck([p], T0 + 400) is not None
+    going = stuck("u1", "demo-us-1", T0)
+    going["metadata"]["deletionTimestamp"] = st.rfc3339(T0 + 1)
+    assert failures.image_stuck([going], T0 + 900) is None

@@ -97,8 +97,9 @@ def install_crd(admin: Kube, path: Path) -> None:
 
 
 @contextmanager
-def real_cluster(folder: Path, kueue: bool = False) -> Iterator[Cluster]:
-    """`kueue`: with a stand-in for Kueue's Workload CRD, the chart's kueue.enabled and Config.kueue."""
+def real_cluster(folder: Path, kueue: bool = False, **config: Any) -> Iterator[Cluster]:
+    """`kueue`: with a stand-in for Kueue's Workload CRD, the chart's kueue.enabled and Config.kueue;
+    `config`: other operator settings (Config's fields)."""
     with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         plane = stack.enter_context(ControlPlane(folder / "control-plane"))
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
@@ -119,7 +120,8 @@ def real_cluster(folder: Path, kueue: bool = False) -> Iterator[Cluster]:
         kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
                                                    namespaces=frozenset({JOBS})))
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
-                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=kueue)
+                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=kueue,
+                        **config)
         operator = stack.enter_context(OperatorThread(config))
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
         dead = plane.alive()

@@ -1,0 +1,173 @@
+"""Capacity waits, refused writes and bad images, against the real control plane (tests/realapi/).
+
+A cluster of its own: a ResourceQuota refusal is a 403 in the audit log, which the RBAC test of
+tests/test_realapi.py counts as the chart's RBAC failing. The real kube-scheduler marks pods
+Unschedulable (a nodeSelector no node matches) and binds them once the node is labelled; the
+real quota admission refuses the learner StatefulSet; the test-side kubelet fails image pulls.
+No learner process starts before the last step of the scheduling test: the tests stay light.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from diloco.operator import naming as n
+from tests.helpers import wait_for
+from tests.realapi.cluster import JOBS, Cluster, real_cluster
+from tests.realapi.kubelet import NODE
+from tests.test_realapi import tiny_job
+
+pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
+POOL = "diloco.dev/test-pool"  # a node label no node has until the test adds it
+QUOTA = "no-statefulsets"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with real_cluster(tmp_path_factory.mktemp("realapi-capacity"), image_pull_grace=5.0) as c:
+        yield c
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return cluster.job(name).get("status") or {}
+
+
+def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
+    return next((x for x in status(cluster, name).get("conditions") or [] if x["type"] == type_), {})
+
+
+def waiting_job(name: str, **spec: Any) -> dict[str, Any]:
+    """A job whose learner asks for a node pool no node is in: the scheduler cannot place it."""
+    job = tiny_job(name, replicas=1, **spec)
+    job["spec"]["learnerGroups"][0]["nodeSelector"] = {POOL: "tpu"}
+    return job
+
+
+def refused_writes(cluster: Cluster, kind: str, reason: str) -> float:
+    value = cluster.operator.ctx.metrics.registry.get_sample_value(
+        "diloco_operator_child_writes_refused_total", {"kind": kind, "reason": reason})
+    return value or 0.0
+
+
+def quota(cluster: Cluster, statefulsets: int) -> None:
+    """The namespace's ResourceQuota on StatefulSets, once the quota controller has counted it."""
+    body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": QUOTA, "namespace": JOBS},
+            "spec": {"hard": {"count/statefulsets.apps": str(statefulsets)}}}
+    path = f"api/v1/namespaces/{JOBS}/resourcequotas"
+    if cluster.admin.request("GET", path, params={"fieldSelector": f"metadata.name={QUOTA}"}).get("items"):
+        cluster.admin.request("PATCH", f"{path}/{QUOTA}", {"spec": body["spec"]},
+                              content_type="application/merge-patch+json")
+    else:
+        cluster.admin.request("POST", path, body)
+    wait_for(lambda: ((cluster.admin.request("GET", f"{path}/{QUOTA}").get("status") or {}).get("hard") or {})
+             .get("count/statefulsets.apps") == str(statefulsets), timeout=30, what="the quota counted")
+
+
+def test_a_quota_that_refuses_the_learners_shows_and_the_job_recovers_when_raised(cluster: Cluster) -> None:
+    quota(cluster, 0)
+    cluster.admin.create(waiting_job("quota"))
+    refused = wait_for(lambda: (x := condition(cluster, "quota", "ChildrenRefused")).get("status") == "True" and x,
+                       timeout=60, what="condition ChildrenRefused")
+    assert refused["reason"] == "QuotaExceeded" and "StatefulSet quota-local: create refused" in refused["message"]
+    assert f"exceeded quota: {QUOTA}" in refused["message"] and "raise the namespace's ResourceQuota" in \
+        refused["message"]
+    # The other children were written, the pass did not fail, and the job stays Pending.
+    assert cluster.admin.get("Deployment", JOBS, n.syncer("quota")) is not None
+    assert cluster.admin.get("ConfigMap", JOBS, n.config_map("quota")) is not None
+    assert status(cluster, "quota")["phase"] == "Pending" and cluster.operator.reconciles("error") == 0
+    [event] = wait_for(lambda: cluster.events(JOBS, "QuotaExceeded"), timeout=30, what="the QuotaExceeded Event")
+    assert event["type"] == "Warning" and event["involvedObject"]["name"] == "quota"
+    assert f"exceeded quota: {QUOTA}" in event["message"]
+    assert refused_writes(cluster, "StatefulSet", "QuotaExceeded") >= 1
+    cluster.operator.ticks(2)  # refused again on every pass: counted, but one Event
+    assert len(cluster.events(JOBS, "QuotaExceeded")) == 1 and refused_writes(cluster, "StatefulSet",
+                                                                              "QuotaExceeded") >= 3
+    quota(cluster, 10)
+    cleared = wait_for(lambda: (x := condition(cluster, "quota", "ChildrenRefused")).get("status") == "False" and x,
+                       timeout=60, what="the condition cleared once the quota allows the StatefulSet")
+    assert cleared["reason"] == "ChildrenWritten"
+    assert cluster.admin.get("StatefulSet", JOBS, n.statefulset("quota", "local")) is not None
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "quota")
+    cluster.kubectl("delete", "resourcequota", "-n", JOBS, QUOTA)
+
+
+def test_a_job_whose_pods_cannot_schedule_stays_pending_then_starts_when_a_node_fits(cluster: Cluster) -> None:
+    cluster.admin.create(waiting_job("waits", runPolicy={"backoffLimit": 0}))  # any count would fail it
+    learner = f"{n.statefulset('waits', 'local')}-0"
+
+    def scheduled() -> dict[str, Any]:
+        pod = cluster.admin.get("Pod", JOBS, learner) or {}
+        return next((x for x in (pod.get("status") or {}).get("conditions") or [] if x["type"] == "PodScheduled"), {})
+
+    unplaced = wait_for(lambda: (x := scheduled()).get("reason") == "Unschedulable" and x, timeout=60,
+                        what="the scheduler marking the learner Unschedulable")
+    # The syncer may wait a moment for its volume first; then the learner is the wait.
+    waiting = wait_for(lambda: (x := condition(cluster, "waits", "PodsUnschedulable")).get("status") == "True"
+                       and x["message"].startswith(f"pod {learner} (learner local-0) is waiting for capacity") and x,
+                       timeout=30, what="condition PodsUnschedulable naming the learner")
+    assert waiting["reason"] == "Unschedulable" and unplaced["message"] in waiting["message"]
+
+    def told() -> list[dict[str, Any]]:
+        return [e for e in cluster.events(JOBS, "Unschedulable") if f"pod {learner} " in e["message"]]
+
+    [event] = wait_for(told, timeout=30, what="the Unschedulable Event naming the learner")
+    assert event["type"] == "Warning" and unplaced["message"] in event["message"]
+    # Past the 300 s that used to fail it: the condition as the scheduler keeps it (its
+    # lastTransitionTime stays while the pod stays unschedulable), an hour old.
+    hour_ago = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cluster.admin.patch("Pod", JOBS, learner, {"status": {"conditions": [{**unplaced, "lastTransitionTime": hour_ago}]}},
+                        sub="status")
+    wait_for(lambda: f"unschedulable since {hour_ago}" in condition(cluster, "waits", "PodsUnschedulable")["message"],
+             timeout=30, what="the operator seeing an hour's wait")
+    cluster.operator.ticks(2)
+    now = status(cluster, "waits")
+    assert now["phase"] == "Pending" and "failures" not in now, now
+    assert condition(cluster, "waits", "Failed")["status"] == "False"
+    assert len(told()) == 1
+    # A node joins the pool: the scheduler places the learner and the kubelet starts it.
+    cluster.kubectl("label", "node", NODE, f"{POOL}=tpu")
+    try:
+        placed = wait_for(lambda: (x := condition(cluster, "waits", "PodsUnschedulable")).get("status") == "False"
+                          and x, timeout=90, what="the learner scheduled")
+        assert placed["reason"] == "PodsScheduled"
+        wait_for(lambda: ((cluster.admin.get("Pod", JOBS, learner) or {}).get("status") or {}).get("phase")
+                 == "Running", timeout=60, what="the learner started on the node")
+        assert status(cluster, "waits")["phase"] != "Failed"
+    finally:
+        cluster.kubectl("delete", "ddj", "-n", JOBS, "waits")
+        cluster.kubectl("label", "node", NODE, f"{POOL}-")
+
+
+def test_a_scheduling_timeout_ends_the_job_failed_naming_it(cluster: Cluster) -> None:
+    cluster.admin.create(waiting_job("gives-up", runPolicy={"schedulingTimeoutSeconds": 5}))
+    failed = wait_for(lambda: (x := condition(cluster, "gives-up", "Failed")).get("status") == "True" and x,
+                      timeout=90, what="the job failed for its scheduling timeout")
+    assert failed["reason"] == "SchedulingTimeoutExceeded"
+    assert "past spec.runPolicy.schedulingTimeoutSeconds=5" in failed["message"]
+    assert "didn't match" in failed["message"]  # the scheduler's own words (node selector)
+    assert status(cluster, "gives-up")["phase"] == "Failed"
+    wait_for(lambda: cluster.events(JOBS, "SchedulingTimeoutExceeded"), timeout=30, what="the Failed Event")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "gives-up")
+
+
+def test_a_bad_image_with_backoff_limit_6_and_2_replicas_ends_failed(cluster: Cluster) -> None:
+    job = tiny_job("bad-image", replicas=2)  # backoffLimit: the default 6
+    job["spec"]["learnerGroups"][0]["image"] = "registry.invalid/no-such-learner:0"
+    cluster.kubelet.pullable = lambda image: "no-such" not in image
+    try:
+        cluster.admin.create(job)
+        failed = wait_for(lambda: (x := condition(cluster, "bad-image", "Failed")).get("status") == "True" and x,
+                          timeout=90, what="the job failed for its image")
+    finally:
+        cluster.kubelet.pullable = lambda image: True
+    assert failed["reason"] == "ImagePullFailed" and "every pod of the learner group local (2)" in failed["message"]
+    assert "registry.invalid/no-such-learner:0" in failed["message"] and "ErrImagePull" in failed["message"]
+    final = status(cluster, "bad-image")
+    assert final["phase"] == "Failed" and final["failures"]["permanent"] == 2  # counted once each: 2 <= 6
+    wait_for(lambda: [e for e in cluster.events(JOBS, "ImagePullFailed") if "every pod" in e["message"]],
+             timeout=30, what="the ImagePullFailed ending's Event")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "bad-image")
