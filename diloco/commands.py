@@ -44,11 +44,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     contract.add_client_tls_flags(p)
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("export", help="write a syncer checkpoint's global model as safetensors or orbax, with its config")
+    p = sub.add_parser("export", help="write a syncer checkpoint's global model for transformers (hf), or as "
+                                      "safetensors or orbax with our config")
     p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR",
                    help="the syncer's checkpoint directory; a sharded syncer's: the root holding shard-0, shard-1, ...")
-    p.add_argument("out", metavar="OUT", help="directory to write model.safetensors (or orbax/) and config.json to")
-    p.add_argument("--format", choices=["safetensors", "orbax"], default="safetensors")
+    p.add_argument("out", metavar="OUT", help="directory to write the model to")
+    p.add_argument("--format", choices=["safetensors", "orbax", "hf"], default="safetensors",
+                   help="hf: a Hugging Face directory transformers loads (config.json, model.safetensors, tokenizer); "
+                        "safetensors/orbax: our parameter names with our config.json, for `diloco sample`")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="hf: the tensors' dtype (float32: exactly what the syncer holds; bfloat16: half the size)")
     p.add_argument("--config", default=None, metavar="JOB.yaml",
                    help="the job's manifest (default: the job.yaml `diloco run` writes beside CHECKPOINT_DIR)")
     p.add_argument("--force", action="store_true", help="replace an export already in OUT")
@@ -111,11 +116,12 @@ def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The spec's own rules, then every check the operator makes before it runs a job
     (operator/admission.py), with the operator's messages; exit 2 on any problem."""
+    from diloco.hf import resolve
     from diloco.operator import admission
     from diloco.spec import SpecError, load_job
 
     try:
-        job = load_job(args.file)
+        job = resolve(load_job(args.file))
     except SpecError as exc:
         problems = exc.problems
     else:

@@ -1,10 +1,11 @@
-"""`diloco export`: the syncer's global model Θ as files anyone can load, with its config.
+"""`diloco export`: the syncer's global model Θ as files anyone can load.
 
 Syncer checkpoints hold Θ with the outer optimizer's momentum in our own checksummed format,
 one directory per syncer shard, and record no model config. An export is what leaves the job:
-OUT/model.safetensors (or an orbax PyTree under OUT/orbax) with the flat fp32 tensors named
-as in the checkpoint, and OUT/config.json with `spec.model`, `spec.data.source` (the tokenizer)
-and the checkpoint's versions, so `diloco sample` or any other loader needs nothing else.
+`--format hf` writes a Hugging Face directory (diloco/export_hf.py) that transformers, vLLM and
+lm-eval-harness load; `safetensors` (or `orbax`) writes the flat fp32 tensors named as in the
+checkpoint with OUT/config.json holding `spec.model`, `spec.data.source` (the tokenizer) and the
+checkpoint's versions, so `diloco sample` needs nothing else (it reads HF directories too).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
+import safetensors.numpy
 
+from diloco import export_hf
 from diloco.core.fragments import owned_by, owner
+from diloco.hf import resolve
 from diloco.shards import checkpoint_dir
 from diloco.spec import DataSource, DecoupledDiLoCoJob, SpecError, TransformerModel, load_job
 from diloco.syncer.checkpoint import CheckpointStore, Loaded
@@ -30,6 +34,7 @@ from diloco.syncer.state import GlobalModel
 
 FORMAT_VERSION = 1
 WEIGHTS = {"safetensors": "model.safetensors", "orbax": "orbax"}  # format -> its file or folder under OUT
+FORMATS = (*WEIGHTS, "hf")
 CONFIG = "config.json"
 INFO = ("job", "versions", "outer_steps", "tokens_merged", "checkpoints")  # where the model came from
 
@@ -58,7 +63,7 @@ def job_for(checkpoints: Path, config: str | None) -> DecoupledDiLoCoJob:
                               "pass --config JOB.yaml, the manifest of the job that wrote them")
         config = str(beside)
     try:
-        return load_job(config)
+        return resolve(load_job(config))
     except SpecError as exc:
         raise ExportError(f"--config {config}: " + "; ".join(exc.problems)) from None
 
@@ -136,39 +141,14 @@ def _count(loaded: Loaded, key: str) -> int:
     return value
 
 
-def write_safetensors(path: Path, tensors: Mapping[str, np.ndarray]) -> None:
-    """The safetensors layout (u64 header length, JSON header, raw little-endian data), written
-    tensor by tensor: no dependency, and no second copy of a large model in memory."""
-    header: dict[str, Any] = {"__metadata__": {"format": "diloco", "format_version": str(FORMAT_VERSION)}}
-    offset = 0
-    for name in sorted(tensors):
-        nbytes = int(np.prod(tensors[name].shape)) * 4
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8-byte alignment with spaces
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        for name in sorted(tensors):
-            fh.write(np.ascontiguousarray(tensors[name], dtype="<f4").tobytes())
-
-
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    data = path.read_bytes()
     try:
-        (hlen,) = struct.unpack_from("<Q", data)
-        header = json.loads(data[8 : 8 + hlen])
-        header.pop("__metadata__", None)
-        buffer = memoryview(data)[8 + hlen :]
-        out = {}
-        for name, e in header.items():
-            start, end = e["data_offsets"]
-            if e["dtype"] != "F32" or not 0 <= start <= end <= len(buffer):
-                raise ValueError(f"tensor {name!r} is not fp32 or lies outside the file")
-            out[name] = np.frombuffer(buffer[start:end], dtype="<f4").reshape(e["shape"]).copy()
-    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        tensors = safetensors.numpy.load_file(path)
+    except (OSError, safetensors.SafetensorError) as exc:
         raise ExportError(f"{path} is not a readable safetensors file ({exc}): export the model again") from None
-    return out
+    if any(v.dtype != np.float32 for v in tensors.values()):
+        raise ExportError(f"{path} holds tensors that are not fp32, which our exports never write: export the model again")
+    return tensors
 
 
 def _orbax() -> Any:
@@ -178,26 +158,32 @@ def _orbax() -> Any:
     return ocp
 
 
-def export(trained: TrainedModel, out: Path, fmt: str, force: bool = False) -> Path:
-    """Write the weights, then config.json (last: a torn export has none and is refused on load)."""
-    if fmt not in WEIGHTS:
-        raise ExportError(f"--format {fmt!r}: choose one of {', '.join(WEIGHTS)}")
+def export(trained: TrainedModel, out: Path, fmt: str, force: bool = False, dtype: str = "float32") -> list[str]:
+    """Write the weights, then config.json (last: a torn export has none and is refused on load).
+    Returns notes for the user."""
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    if dtype != "float32" and fmt != "hf":
+        raise ExportError(f"--dtype {dtype}: only --format hf writes another dtype than float32")
     if out.exists() and not out.is_dir():
         raise ExportError(f"{out} exists and is not a directory: choose another OUT")
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ExportError(f"{out} exists and is not empty: choose a new directory, or pass --force to replace "
                               "the export in it")
-        for name in (CONFIG, *WEIGHTS.values()):  # only what an export writes: never the user's other files
+        for name in {CONFIG, *WEIGHTS.values(), *export_hf.FILES}:  # only what an export writes: never the user's other files
             target = out / name
             if target.is_dir():
                 shutil.rmtree(target)
             else:
                 target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    if fmt == "hf":
+        return export_hf.write_hf(trained.model, trained.source, trained.params, out, dtype)
     weights = out / WEIGHTS[fmt]
     if fmt == "safetensors":
-        write_safetensors(weights, trained.params)
+        safetensors.numpy.save_file({k: np.asarray(v, np.float32) for k, v in trained.params.items()}, weights,
+                                    metadata={"format": "diloco", "format_version": str(FORMAT_VERSION)})
     else:
         from flax.traverse_util import unflatten_dict
 
@@ -212,11 +198,18 @@ def export(trained: TrainedModel, out: Path, fmt: str, force: bool = False) -> P
     tmp = out / f".{CONFIG}.tmp"
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, out / CONFIG)
-    return out
+    return []
 
 
 def load_export(directory: Path) -> TrainedModel:
-    """An exported model, checked against its own config."""
+    """An exported model, checked against its own config: ours, or a Hugging Face directory of a
+    family we train (`--format hf`, or a model from the Hub)."""
+    if export_hf.is_hf(directory):
+        try:
+            cfg, source, params = export_hf.load_hf(directory)
+        except ValueError as exc:
+            raise ExportError(str(exc)) from None
+        return TrainedModel(cfg, source, params, {"job": directory.name})
     try:
         config = json.loads((directory / CONFIG).read_text())
     except FileNotFoundError:
@@ -254,10 +247,12 @@ def main(args: argparse.Namespace) -> int:
     root = Path(args.checkpoint_dir)
     try:
         trained = read_checkpoint(job_for(root, args.config), root)
-        export(trained, Path(args.out), args.format, args.force)
+        notes = export(trained, Path(args.out), args.format, args.force, args.dtype)
     except ExportError as exc:
         print(f"diloco export: {exc}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     info = trained.info
     print(f"exported {info['job']} ({sum(v.size for v in trained.params.values()):,} parameters, outer versions "
           f"{info['versions']}, {info['tokens_merged']:,} tokens merged) to {args.out} as {args.format}")

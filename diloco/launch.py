@@ -15,10 +15,15 @@ from diloco.spec import DecoupledDiLoCoJob, SpecError, load_job
 log = logging.getLogger("diloco")
 
 
-def load_config(path: str) -> DecoupledDiLoCoJob:
-    """Load the manifest or exit 2 with one line per problem (nothing is started)."""
+def load_config(path: str, *, pretrained: bool = False) -> DecoupledDiLoCoJob:
+    """Load the manifest or exit 2 with one line per problem (nothing is started). `pretrained`:
+    read spec.model.pretrained's config.json into the spec (what the model's users need; the
+    syncer needs no architecture)."""
+    from diloco.hf import resolve
+
     try:
-        return load_job(path)
+        job = load_job(path)
+        return resolve(job) if pretrained else job
     except SpecError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)

@@ -65,8 +65,8 @@ class FileTokenizer:
 def tokenizer_for(cfg: TransformerModel, source: DataSource, override: str | None = None) -> Tokenizer:
     if override is not None:
         return FileTokenizer(override)
-    if source.tokenizer != "bytes":
-        return FileTokenizer(source.tokenizer)
+    if source.encoding != "bytes":
+        return FileTokenizer(source.encoding)
     if source.kind == "tokens" and cfg.vocab_size > 256:
         raise ExportError(f"the job trained on pre-tokenized ids (vocabulary {cfg.vocab_size}) and names no tokenizer: "
                           "pass --tokenizer tokenizer.json, the one that made its shards")

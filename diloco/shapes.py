@@ -4,7 +4,8 @@ The operator sizes the syncer's checkpoint volume from them, and it runs from th
 which has no JAX (pyproject's base install). The names and shapes are exactly what Flax gives
 `trainer/gpt.py` and `trainer/llama.py` (tests/test_shapes.py checks them against
 `jax.eval_shape` for every preset and odd sizes); a change to either model changes this too.
-A user's own module (`spec.model.module`) has shapes only its code knows: None here.
+A user's own module (`spec.model.module`) has shapes only its code knows, and a pretrained model
+(`spec.model.pretrained`) only its config.json until it is read (diloco/hf.py): None here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
+from diloco.hf import is_resolved
 from diloco.spec import TransformerModel
 
 Shape = tuple[int, ...]
@@ -20,7 +22,7 @@ Shape = tuple[int, ...]
 def parameter_shapes(cfg: TransformerModel) -> dict[str, Shape] | None:
     """Flat `a/b/c` parameter names to shapes, as trainer/model.py's init makes them; None for a
     bring-your-own module."""
-    if cfg.module is not None:
+    if cfg.module is not None or not is_resolved(cfg):
         return None
     layers = _llama_layer if cfg.family == "llama" else _gpt_layer
     out: dict[str, Shape] = {"embed/embedding": (cfg.vocab_size, cfg.d_model)}

@@ -372,5 +372,11 @@ def load_job(path: str) -> DecoupledDiLoCoJob:
 
 
 def dump_job(job: DecoupledDiLoCoJob) -> dict[str, Any]:
-    """The manifest as plain data with camelCase keys (what a ConfigMap carries)."""
-    return job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    """The manifest as plain data with camelCase keys (what a ConfigMap carries). A pretrained
+    model keeps only the fields its manifest set: the rest come from its config.json where the
+    directory can be read (diloco/hf.py `resolve`), not from our defaults."""
+    out = job.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if job.spec.model.pretrained is not None:
+        out["spec"]["model"] = job.spec.model.model_dump(mode="json", by_alias=True, exclude_none=True,
+                                                         exclude_unset=True)
+    return out

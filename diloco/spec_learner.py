@@ -56,9 +56,18 @@ class TransformerModel(Model):
     # Compute dtype; parameters, AdamW and outer gradients stay fp32 (what mixed precision means).
     dtype: DType = "float32"  # fp32: CPUs have no fast bf16; accelerators want bfloat16
     remat: bool = False  # recompute each block's activations in the backward pass: memory for ~30% FLOPs
+    # llama: RoPE's base wavelength (Llama 2's 10,000; Llama 3 raised it to 500,000 for long context).
+    rope_theta: float = Field(10_000.0, gt=1.0, le=1e9)
+    # The norms' epsilon; unset: the family's own (gpt: LayerNorm's 1e-6, llama: RMSNorm's 1e-5).
+    norm_eps: float | None = Field(None, gt=0.0, le=0.1)
     # Bring your own model: "package.module:factory"; factory(spec.model) returns a Flax module
     # mapping (batch, length) int32 tokens to (batch, length, vocabSize) logits (docs/ALGORITHM.md).
     module: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", max_length=200)
+    # Start from a Hugging Face model: a directory (a path, or an fsspec URL such as
+    # gs://bucket/llama) holding config.json and its *.safetensors. Its weights are Θ₀, the
+    # architecture fields come from its config.json (any the manifest sets must agree), and its
+    # tokenizer.json is the job's unless spec.data.source.tokenizer names another (diloco/hf.py).
+    pretrained: str | None = Field(None, min_length=1, max_length=4096)
 
     @model_validator(mode="before")
     @classmethod
@@ -79,10 +88,21 @@ class TransformerModel(Model):
         if (self.d_model // self.heads) % 2 and self.family == "llama":
             raise ValueError(f"dModel / heads = {self.d_model // self.heads} is odd; RoPE rotates pairs, "
                              "so llama needs an even head size")
-        if self.kv_heads is not None and (self.family != "llama" or self.heads % self.kv_heads):
+        family_known = self.pretrained is None or "family" in self.model_fields_set  # else config.json's
+        if self.kv_heads is not None and ((self.family != "llama" and family_known) or self.heads % self.kv_heads):
             raise ValueError(f"kvHeads {self.kv_heads}: only for family llama, and it must divide heads "
                              f"({self.heads})")
+        if self.pretrained is not None and (self.module is not None or self.preset is not None):
+            raise ValueError("pretrained: its config.json sets the architecture, so leave out "
+                             f"{'module' if self.module is not None else 'preset'}")
         return self
+
+    @property
+    def epsilon(self) -> float:
+        """The norms' epsilon (see `norm_eps`)."""
+        if self.norm_eps is not None:
+            return self.norm_eps
+        return 1e-5 if self.family == "llama" else 1e-6
 
     @property
     def hidden(self) -> int:
@@ -106,10 +126,17 @@ class DataSource(Model):
     # The held-out files (a glob); unset: the last spec.data.heldOutFraction of the data.
     held_out_path: str | None = Field(None, min_length=1, max_length=4096)
     # "bytes" (ids 0-255, no tokenizer) or a Hugging Face tokenizer.json (a path or fsspec URL):
-    # text is tokenized with it; tokens name the one that made them, to decode samples and check
-    # that its vocabulary fits spec.model.vocabSize.
-    tokenizer: str = Field("bytes", min_length=1, max_length=4096)
+    # text (the builtin corpus too) is tokenized with it; tokens name the one that made them, to
+    # decode samples and check that its vocabulary fits spec.model.vocabSize. Unset: the
+    # pretrained model's tokenizer.json (spec.model.pretrained) when it has one, else bytes.
+    tokenizer: str | None = Field(None, min_length=1, max_length=4096)
     token_dtype: Literal["uint16", "uint32"] = "uint16"  # tokens: nanoGPT writes uint16 (vocab < 65536)
+
+
+    @property
+    def encoding(self) -> str:
+        """The tokenizer.json the ids come from, or "bytes" (see `tokenizer`)."""
+        return self.tokenizer or "bytes"
 
 
 class Data(Model):
@@ -131,8 +158,6 @@ class Data(Model):
             raise ValueError(f"source.path: kind {s.kind!r} reads files; give a glob such as /data/train/*.txt")
         if s.kind == "builtin" and (s.path or s.held_out_path):
             raise ValueError("source.path: the builtin corpus reads no files; set source.kind to text or tokens")
-        if s.kind == "builtin" and s.tokenizer != "bytes":
-            raise ValueError("source.tokenizer: the builtin corpus is bytes; set source.kind to text to tokenize files")
         return self
 
 

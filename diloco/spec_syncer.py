@@ -129,7 +129,8 @@ class Syncer(Model):
     checkpoint_interval_seconds: float = Field(30.0, gt=0.0)
     # The checkpoint volume's size on Kubernetes (each shard's, when sharded). Unset: twice what
     # the syncer keeps for the built-in model (diloco/shapes.py sizes it without JAX). A model from
-    # spec.model.module has shapes only its code knows, so it needs this set.
+    # spec.model.module has shapes only its code knows, so it needs this set; so does
+    # spec.model.pretrained unless the manifest gives the architecture (the operator cannot read it).
     checkpoint_storage: str | None = Field(None, pattern=r"^[1-9][0-9]{0,8}(Mi|Gi|Ti)$")
     # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
     # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model

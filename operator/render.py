@@ -135,6 +135,7 @@ def checkpoint_storage(spec: JobSpec) -> str:
 
 
 STORAGE_NEEDED = ("spec.syncer.checkpointStorage: a model from spec.model.module has shapes only its code knows, "
+                  "and one from spec.model.pretrained that leaves out its architecture only its config.json, "
                   "so the operator cannot size the syncer's checkpoint volume; set it (e.g. \"50Gi\": about "
                   "4 checkpoints x 8 bytes per parameter, twice over for head-room)")
 

@@ -221,8 +221,9 @@ def test_spec_names_the_source_fields() -> None:
                 "spec": {"learnerGroups": [{"name": "a", "replicas": 1}], "data": {"source": source}}}
 
     with pytest.raises(SpecError) as info:
-        parse_job(job({"kind": "builtin", "tokenizer": "t.json"}))
-    assert any("source.tokenizer: the builtin corpus is bytes" in p for p in info.value.problems)
+        parse_job(job({"kind": "builtin", "path": "d/*.txt"}))
+    assert any("source.path: the builtin corpus reads no files" in p for p in info.value.problems)
+    assert parse_job(job({"kind": "builtin"})).spec.data.source.encoding == "bytes"
     tokens = parse_job(job({"kind": "tokens", "path": "d/train.bin", "tokenizer": "t.json"})).spec.data.source
     assert tokens.tokenizer == "t.json"  # tokens may name the tokenizer that made them, for decoding
 

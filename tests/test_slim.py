@@ -94,9 +94,20 @@ def test_every_cluster_example_renders_without_jax_as_it_does_with_it(slim: Path
         assert not claims or claims[0]["spec"]["resources"]["requests"]["storage"].endswith("Gi")
 
 
+# What examples/continue-pretraining.yaml's model directory says of itself (SmolLM2-135M's
+# config.json as its publisher wrote it): validate reads it, as a user's validate would.
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+           "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 100000, "rope_scaling": None,
+           "rope_interleaved": False, "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
 def test_crd_and_validate_run_without_jax(slim: Path, tmp_path: Path) -> None:
     crd = diloco(slim, "crd", "--no-cel", cwd=tmp_path)
     assert crd.returncode == 0 and "kind: CustomResourceDefinition" in crd.stdout, crd.stderr
+    model = tmp_path / yaml.safe_load((ROOT / "examples" / "continue-pretraining.yaml").read_text())["spec"]["model"]["pretrained"]
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(SMOLLM2))
     for example in sorted(ROOT.glob("examples/*.yaml")):
         done = diloco(slim, "validate", str(example), cwd=tmp_path)
         assert done.returncode == 0 and "valid DecoupledDiLoCoJob" in done.stdout, (example.name, done.stderr)

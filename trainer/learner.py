@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools
     learner_runtime()  # before XLA's first buffers and computation (diloco/launch.py)
-    job = load_config(args.config)
+    job = load_config(args.config, pretrained=True)
     token = read_token(args)
     tls_ca = read_pem(args.tls_ca, "--tls-ca")
     # Load the codec kernels while JAX starts, not at the first push and adoption after the
@@ -108,7 +108,11 @@ def run(args: argparse.Namespace) -> int:
     # over every device this learner has (spec.training.mesh; trainer/sharding.py).
     cfg, tr = spec.model, spec.training
     # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/theta0.py).
-    theta0 = initial_params(cfg, spec.data.seed, getattr(jax.config, "jax_compilation_cache_dir", None))
+    try:
+        theta0 = initial_params(cfg, spec.data.seed, getattr(jax.config, "jax_compilation_cache_dir", None))
+    except ValueError as exc:  # pretrained weights that do not fit their config (diloco/hf.py)
+        print(exc, file=sys.stderr)
+        return Exit.CONFIG
     shapes = model.shapes(theta0)  # not parameter_shapes: tracing the model again costs a restart 0.2 s of CPU
     try:
         layout = sharding.layout(tr.mesh, shapes, tr.batch_size)

@@ -15,14 +15,12 @@ import jax.numpy as jnp
 
 from diloco.spec import TransformerModel
 
-ROPE_THETA = 10_000.0  # Llama 2's base; long-context models raise it
-NORM_EPS = 1e-5  # Llama's RMSNorm epsilon
 
-
-def rope(x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Rotate (B, T, heads, head_dim) by position, pairs (i, i + head_dim/2) as in Llama."""
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate (B, T, heads, head_dim) by position, pairs (i, i + head_dim/2) as in Hugging Face's
+    Llama (whose conversion permuted Meta's interleaved pairs into halves: no permutation here)."""
     half = x.shape[-1] // 2
-    freqs = 1.0 / ROPE_THETA ** (jnp.arange(half, dtype=jnp.float32) / half)
+    freqs = 1.0 / theta ** (jnp.arange(half, dtype=jnp.float32) / half)
     angles = positions[:, None].astype(jnp.float32) * freqs[None, :]  # (T, half)
     cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
@@ -33,6 +31,7 @@ class Attention(nn.Module):
     heads: int
     kv_heads: int
     head_dim: int
+    rope_theta: float
     dtype: Any
 
     @nn.compact
@@ -40,8 +39,8 @@ class Attention(nn.Module):
         t = x.shape[1]
         dense = lambda n, name: nn.DenseGeneral((n, self.head_dim), use_bias=False, dtype=self.dtype, name=name)  # noqa: E731
         positions = jnp.arange(t)
-        q = rope(dense(self.heads, "q")(x), positions)
-        k = rope(dense(self.kv_heads, "k")(x), positions)
+        q = rope(dense(self.heads, "q")(x), positions, self.rope_theta)
+        k = rope(dense(self.kv_heads, "k")(x), positions, self.rope_theta)
         v = dense(self.kv_heads, "v")(x)
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # GQA: fewer k/v heads are shared
         return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), use_bias=False, dtype=self.dtype, name="o")(out)
@@ -53,9 +52,9 @@ class Block(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         c, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
-        h = nn.RMSNorm(NORM_EPS, dtype=dtype, name="attn_norm")(x)
-        x = x + Attention(c.heads, c.kv_heads or c.heads, c.d_model // c.heads, dtype, name="attn")(h)
-        h = nn.RMSNorm(NORM_EPS, dtype=dtype, name="mlp_norm")(x)
+        h = nn.RMSNorm(c.epsilon, dtype=dtype, name="attn_norm")(x)
+        x = x + Attention(c.heads, c.kv_heads or c.heads, c.d_model // c.heads, c.rope_theta, dtype, name="attn")(h)
+        h = nn.RMSNorm(c.epsilon, dtype=dtype, name="mlp_norm")(x)
         gate = nn.Dense(c.hidden, use_bias=False, dtype=dtype, name="gate")(h)
         up = nn.Dense(c.hidden, use_bias=False, dtype=dtype, name="up")(h)
         return x + nn.Dense(c.d_model, use_bias=False, dtype=dtype, name="down")(nn.silu(gate) * up)
@@ -74,7 +73,7 @@ class Llama(nn.Module):
         block = nn.remat(Block) if c.remat else Block
         for i in range(c.layers):
             x = block(c, name=f"layers_{i}")(x)
-        x = nn.RMSNorm(NORM_EPS, dtype=dtype, name="norm")(x)
+        x = nn.RMSNorm(c.epsilon, dtype=dtype, name="norm")(x)
         if c.tie_embeddings:
             return embed.attend(x)
         return nn.Dense(c.vocab_size, use_bias=False, dtype=dtype, name="head")(x)

@@ -28,8 +28,13 @@ MAX_CACHED_BYTES = 256 << 20  # larger models are not copied into the cache dire
 
 
 def initial_params(cfg: TransformerModel, seed: int, cache_dir: str | os.PathLike[str] | None) -> dict[str, np.ndarray]:
-    """Θ₀ as host arrays, from `cache_dir` when a process of this job left it there, else
-    computed (and left there when `cache_dir` is given)."""
+    """Θ₀ as host arrays: a pretrained model's weights (spec.model.pretrained), else from
+    `cache_dir` when a process of this job left it there, else computed (and left there when
+    `cache_dir` is given). HFError (a ValueError) when pretrained weights do not fit."""
+    if cfg.pretrained is not None:
+        from diloco.trainer import pretrained  # read, not computed: nothing to cache
+
+        return pretrained.initial_params(cfg)
     if cache_dir is None or cfg.module is not None:
         return _compute(cfg, seed)
     path = Path(cache_dir) / f"theta0-{_key(cfg, seed)}.npz"

@@ -40,9 +40,9 @@ def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] |
 
 def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,
                  failure: str | None = None) -> dict[str, Any]:
-    from diloco.trainer.model import init_params
+    from diloco.trainer.theta0 import initial_params
 
-    initial = evaluate(job, {k: np.asarray(v) for k, v in init_params(job.spec.model, job.spec.data.seed).items()})
+    initial = evaluate(job, initial_params(job.spec.model, job.spec.data.seed, None))  # Θ₀: a fresh init or pretrained
     final_params = global_params(job, out)
     final = evaluate(job, final_params) if final_params is not None else float("nan")
     sent, received = tracker.bytes()
