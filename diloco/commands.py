@@ -17,6 +17,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", help="YAML manifest")
     p.add_argument("--gateway-api", action="store_true",
                    help="the operator was installed with syncerExposure.gatewayAPI=true (GRPCRoute exposure allowed)")
+    p.add_argument("--inputs", action="store_true",
+                   help="also read what the job reads, from here, as `diloco run` does before it starts: its data "
+                        "globs, tokenizer and pretrained model's config.json (a cluster manifest's paths are the pods')")
     p.add_argument("--no-kueue", action="store_true",
                    help="the operator was installed without kueue.enabled: skip Kueue's checks of a job labelled "
                         "with a queue (by default a labelled job is checked as Kueue will see it)")
@@ -115,13 +118,15 @@ def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The spec's own rules, then every check the operator makes before it runs a job
-    (operator/admission.py), with the operator's messages; exit 2 on any problem."""
-    from diloco.hf import resolve
+    (operator/admission.py), with the operator's messages; with --inputs, the files the job
+    reads too (diloco/inputs.py); exit 2 on any problem."""
+    from diloco import inputs
     from diloco.operator import admission
     from diloco.spec import SpecError, load_job
 
     try:
-        job = resolve(load_job(args.file))
+        job = load_job(args.file)
+        job = inputs.check(job) if args.inputs else job
     except SpecError as exc:
         problems = exc.problems
     else:

@@ -15,15 +15,19 @@ from diloco.spec import DecoupledDiLoCoJob, SpecError, load_job
 log = logging.getLogger("diloco")
 
 
-def load_config(path: str, *, pretrained: bool = False) -> DecoupledDiLoCoJob:
+def load_config(path: str, *, pretrained: bool = False, inputs: bool = False) -> DecoupledDiLoCoJob:
     """Load the manifest or exit 2 with one line per problem (nothing is started). `pretrained`:
     read spec.model.pretrained's config.json into the spec (what the model's users need; the
-    syncer needs no architecture)."""
-    from diloco.hf import resolve
+    syncer needs no architecture); `inputs`: that, and check every file the job reads is there
+    (diloco/inputs.py), as `diloco run` does before it starts a process."""
+    from diloco import hf
+    from diloco import inputs as files
 
     try:
         job = load_job(path)
-        return resolve(job) if pretrained else job
+        if inputs:
+            return files.check(job)
+        return hf.resolve(job) if pretrained else job
     except SpecError as exc:
         for line in exc.problems:
             print(line, file=sys.stderr)

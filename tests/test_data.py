@@ -96,7 +96,8 @@ def test_text_as_bytes_reads_the_sorted_glob_joined_by_newlines(tmp_path: Path) 
     raw = (TEXTS["a.txt"] + "\n" + TEXTS["b.txt"]).encode()
     ids = np.concatenate([corpus.train.array(), corpus.held_out.array()])
     assert ids.dtype == np.uint16 and bytes(ids.astype(np.uint8)) == raw
-    assert len(corpus.held_out) == len(raw) - int(len(raw) * 0.75)
+    files = len(raw) - 1  # the split is of the files' bytes (a learner cuts text before tokenizing it)
+    assert len(corpus.held_out) == files - int(files * 0.75)
     assert corpus.decode(corpus.encode("to be")) == "to be"
 
 
@@ -106,7 +107,8 @@ def test_text_on_the_builtin_plays_is_the_builtin_corpus() -> None:
     assert spec is not None and spec.submodule_search_locations
     glob = str(Path(next(iter(spec.submodule_search_locations))) / "plays" / "**" / "*.md")
     corpus = data.load(spec_data(kind="text", path=glob, held_out_fraction=0.05), 256, 129)
-    assert np.array_equal(corpus.train.array(), old_split(data.corpus_bytes(), 0.05)[0])
+    assert np.array_equal(np.concatenate([corpus.train.array(), corpus.held_out.array()]), data.corpus_bytes())
+    assert len(corpus.held_out) == pytest.approx(0.05 * len(data.corpus_bytes()), rel=1e-3)
 
 
 def test_text_with_a_tokenizer_and_held_out_files(tmp_path: Path) -> None:
@@ -254,3 +256,73 @@ def test_prepare_tokens_reports_bad_input(tmp_path: Path, capsys: pytest.Capture
     assert prepare.main(args) == 2 and "are empty" in capsys.readouterr().err
     args.held_out_fraction = 0.7
     assert prepare.main(args) == 2 and "--held-out-fraction 0.7" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "interleaved"])
+def test_a_learner_reads_only_its_shard_of_token_files_on_object_storage(layout: str) -> None:
+    """Every learner reads its own byte ranges of the files and the evaluation windows of the
+    held-out split: nothing else (counted in bytes by the fsspec reads themselves)."""
+    fs = fsspec.filesystem("memory")
+    ids = (np.arange(300_000) % 1000).astype(np.uint16)
+    for i, part in enumerate(np.array_split(ids, 3)):
+        fs.pipe(f"/stream/train-{i}.bin", part.tobytes())
+    source = Data.model_validate({"source": {"kind": "tokens", "path": "memory://stream/train-*.bin"},
+                                  "heldOutFraction": 0.05, "sharding": layout})
+    train = old_split(ids, 0.05)[0]
+    for index in range(4):
+        sources.Span.bytes_read = 0
+        corpus = data.load(source, 1000, WINDOW, shard=(index, 4))
+        expected = old_shard(train, index, 4, layout)
+        assert np.array_equal(corpus.train.array(), expected)
+        assert sources.Span.bytes_read == expected.nbytes  # its shard, read once, and nothing else
+        evals = data.eval_batches(corpus.held_out, 4, 8, WINDOW, vocab_size=1000)
+        assert sources.Span.bytes_read == expected.nbytes + sum(e.size for e in evals) * 2  # + the windows
+    sources.Span.bytes_read = 0
+    with pytest.raises(ValueError, match=r"spec\.model\.vocabSize: the held-out data holds id"):
+        data.eval_batches(corpus.held_out, 4, 8, WINDOW, vocab_size=500)
+
+
+def test_a_learner_tokenizes_only_its_own_text(tmp_path: Path) -> None:
+    """Text shards are ranges of the files' bytes: each learner reads and tokenizes its own, and
+    the shards together are the training split."""
+    texts = {f"{i}.txt": "\n".join(LINES[i::3]) * 40 for i in range(3)}
+    glob = write_texts(tmp_path / "t", texts)
+    source = spec_data(kind="text", path=glob)
+    total = sum(len(t.encode()) for t in texts.values())
+    held = total - int(total * 0.75)
+    whole = data.load(source, 256, WINDOW).train.array()
+    parts = []
+    for index in range(2):
+        sources.Span.bytes_read = 0
+        corpus = data.load(source, 256, WINDOW, shard=(index, 2))
+        assert sources.Span.bytes_read == int(total * 0.75) // 2 + held  # its half and the held-out text
+        parts.append(corpus.train.array())
+    assert np.array_equal(np.concatenate(parts), whole[: len(np.concatenate(parts))])  # bytes: exactly the split
+    tok = make_tokenizer(tmp_path / "tok.json")
+    sources.Span.bytes_read = 0
+    one = data.load(spec_data(kind="text", path=glob, tokenizer=str(tmp_path / "tok.json")), 300, WINDOW, shard=(1, 2))
+    assert sources.Span.bytes_read == int(total * 0.75) // 2 + held
+    assert one.decode(one.train.array().tolist())[:50] == bytes(parts[1][:200].astype(np.uint8)).decode()[:50]
+    assert tok.get_vocab_size() == 300
+
+
+def test_missing_inputs_stop_run_and_validate_before_any_process(tmp_path: Path) -> None:
+    """`diloco run` of a job whose data is not there: one line per missing input, naming the
+    field, and exit 2 (not a learner's traceback); `validate --inputs` says the same."""
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(root / "examples" / "tokens.yaml"),
+                          "--no-live"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 2, run.stderr
+    assert lines[0].startswith("spec.data.source.path: no files match 'runs/data/tokens/train.bin'")
+    assert lines[1].startswith("spec.data.source.heldOutPath: no files match")
+    assert not (tmp_path / "runs").exists()  # nothing was started or written
+    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", "--inputs",
+                               str(root / "examples" / "text.yaml")], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+    assert validate.returncode == 2 and validate.stderr.startswith("spec.data.source.path: no files match")
+    write_texts(tmp_path / "runs" / "data" / "text", TEXTS)
+    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", "--inputs",
+                               str(root / "examples" / "text.yaml")], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60)
+    assert validate.returncode == 0, validate.stderr

@@ -105,12 +105,18 @@ SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden
 def test_crd_and_validate_run_without_jax(slim: Path, tmp_path: Path) -> None:
     crd = diloco(slim, "crd", "--no-cel", cwd=tmp_path)
     assert crd.returncode == 0 and "kind: CustomResourceDefinition" in crd.stdout, crd.stderr
-    model = tmp_path / yaml.safe_load((ROOT / "examples" / "continue-pretraining.yaml").read_text())["spec"]["model"]["pretrained"]
-    model.mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps(SMOLLM2))
     for example in sorted(ROOT.glob("examples/*.yaml")):
         done = diloco(slim, "validate", str(example), cwd=tmp_path)
         assert done.returncode == 0 and "valid DecoupledDiLoCoJob" in done.stdout, (example.name, done.stderr)
+    # A pretrained model's config.json is read without JAX (validate --inputs, as `diloco run` reads it).
+    continued = ROOT / "examples" / "continue-pretraining.yaml"
+    model = tmp_path / yaml.safe_load(continued.read_text())["spec"]["model"]["pretrained"]
+    missing = diloco(slim, "validate", "--inputs", str(continued), cwd=tmp_path)
+    assert missing.returncode == 2 and "spec.model.pretrained: no config.json in" in missing.stderr, missing.stderr
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps(SMOLLM2))
+    done = diloco(slim, "validate", "--inputs", str(continued), cwd=tmp_path)
+    assert done.returncode == 0 and "valid DecoupledDiLoCoJob" in done.stdout, done.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text()),
                                    "spec": {"learnerGroups": [{"name": "a", "replicas": 1}], "syncer": {"quorum": 3}}}))

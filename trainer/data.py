@@ -59,9 +59,11 @@ def corpus_tokens(tok: Tokenizer) -> np.ndarray:
 
 class Tokens:
     """A 1-D sequence of token ids made of segments (files, a shard's chunks) read as one
-    without concatenating them: a slice is another view, only windows are copied."""
+    without concatenating them: a slice is another view, only windows are copied. Segments
+    are arrays (memmaps of local files) or Spans of files on object storage, read when a
+    window needs them or when `materialized` reads a learner's whole shard at once."""
 
-    def __init__(self, segments: Sequence[np.ndarray]) -> None:
+    def __init__(self, segments: Sequence[sources.Segment]) -> None:
         self.segments = tuple(s for s in segments if len(s))
         self.ends = list(accumulate(len(s) for s in self.segments))  # a list: bisect beats searchsorted per window
 
@@ -85,14 +87,18 @@ class Tokens:
         i = bisect_right(self.ends, start)
         if i < len(self.segments) and start + length <= self.ends[i]:
             offset = start - self.ends[i] + len(self.segments[i])
-            return self.segments[i][offset : offset + length]
+            return sources.ids(self.segments[i][offset : offset + length])
         return self[start : start + length].array()
 
     def array(self) -> np.ndarray:
         """The ids as one array: the segment itself when there is one (a memmap stays one)."""
         if len(self.segments) == 1:
-            return self.segments[0]
-        return np.concatenate(self.segments) if self.segments else np.zeros(0, np.uint16)
+            return sources.ids(self.segments[0])
+        return np.concatenate([sources.ids(s) for s in self.segments]) if self.segments else np.zeros(0, np.uint16)
+
+    def materialized(self) -> Tokens:
+        """The same ids with every Span read (by byte range); memmaps stay as they are."""
+        return Tokens([sources.ids(s) for s in self.segments])
 
 
 Ids = TypeVar("Ids", np.ndarray, Tokens)
@@ -137,10 +143,15 @@ def sample_batch(data: np.ndarray | Tokens, batch: int, length: int, rng: np.ran
     return np.stack([tokens.window(int(s), length) for s in starts]).astype(np.int32)
 
 
-def eval_batches(held_out: np.ndarray | Tokens, batches: int, batch: int, length: int) -> list[np.ndarray]:
-    """Fixed evaluation windows (seed 0), identical for every learner and run."""
+def eval_batches(held_out: np.ndarray | Tokens, batches: int, batch: int, length: int,
+                 vocab_size: int | None = None) -> list[np.ndarray]:
+    """Fixed evaluation windows (seed 0), identical for every learner and run; with
+    `vocab_size`, their ids are checked (held-out data on object storage is read only here)."""
     rng = np.random.default_rng(0)
-    return [sample_batch(held_out, batch, length, rng) for _ in range(batches)]
+    out = [sample_batch(held_out, batch, length, rng) for _ in range(batches)]
+    if vocab_size is not None:
+        sources.check_ids(out, vocab_size, "the held-out data")
+    return out
 
 
 class Batches:
@@ -199,32 +210,51 @@ class Corpus:
         return self.tokenizer.decode([int(i) for i in ids])
 
 
-def load(data: Data, vocab_size: int, window: int) -> Corpus:
+Shard = tuple[int, int]  # (index, count): a learner's part of the training split
+
+
+def load(data: Data, vocab_size: int, window: int, shard: Shard | None = None) -> Corpus:
     """spec.data read and checked against the model: every id below `vocab_size`
-    (spec.model.vocabSize), both splits longer than one `window` (spec.model.context + 1)."""
+    (spec.model.vocabSize), both splits longer than one `window` (spec.model.context + 1).
+
+    With `shard`, `train` is only that learner's part (`shard_of` with `data.sharding`), and only
+    it is read: token files on object storage by byte range, text files' bytes before they are
+    tokenized (a text shard is a range of the files' bytes, so a learner tokenizes its own
+    text, not the corpus). The held-out split is read where it is used: text is tokenized
+    whole (it is heldOutFraction of the bytes, or heldOutPath's files), token files only at
+    the evaluation windows (`eval_batches`)."""
     src = data.source
     tok = sources.read_tokenizer(src.encoding, "spec.data.source.tokenizer")
     if tok is not None:
         sources.check_vocab(tok, vocab_size, src.encoding)
 
-    def read(pattern: str, field: str) -> Tokens:
+    def files(pattern: str, field: str) -> Tokens:
         urls = sources.expand(pattern, field)
         if src.kind == "text":
-            return Tokens([sources.read_text(urls, tok)])
+            return Tokens(sources.text_spans(urls, field))  # bytes, tokenized below
         return Tokens(sources.read_tokens(urls, src.token_dtype, field))
+
+    def ids(part: Tokens) -> Tokens:
+        return Tokens(sources.tokenize(part.segments, tok)) if src.kind == "text" else part
 
     if src.kind == "builtin" or src.path is None:
         everything = Tokens([corpus_bytes() if tok is None else corpus_tokens(tok)])
     else:
-        everything = read(src.path, "spec.data.source.path")
+        everything = files(src.path, "spec.data.source.path")
     if src.held_out_path is None:
         train, held_out = split(everything, data.held_out_fraction)
     else:
-        train, held_out = everything, read(src.held_out_path, "spec.data.source.heldOutPath")
+        train, held_out = everything, files(src.held_out_path, "spec.data.source.heldOutPath")
+    if shard is not None:
+        train = shard_of(train, shard[0], shard[1], data.sharding)
+        train = train if src.kind == "text" else train.materialized()  # text: read as it is tokenized
+    train, held_out = ids(train), ids(held_out)
     for part, name in ((train, "training"), (held_out, "held-out")):
         if len(part) <= window:
             raise ValueError(f"spec.data: the {name} data has {len(part)} tokens, not more than one window "
                              f"(spec.model.context + 1 = {window}); add data, lower spec.model.context, or "
                              "change spec.data.heldOutFraction / source.heldOutPath")
-        sources.check_ids(part.segments, vocab_size, f"the {name} data")
+        in_memory = [s for s in part.segments if not isinstance(s, sources.Span)]
+        if in_memory:
+            sources.check_ids(in_memory, vocab_size, f"the {name} data")
     return Corpus(train, held_out, tok)

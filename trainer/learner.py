@@ -95,13 +95,14 @@ def run(args: argparse.Namespace) -> int:
     # last one the syncer merged (the Join says how many tokens that is), on every host alike.
     window = spec.model.context + 1
     try:
-        corpus = data.load(spec.data, spec.model.vocab_size, window)
-        shard = data.shard_of(corpus.train, shard_index % shard_count, shard_count, spec.data.sharding)
-        batches = data.Batches(shard, spec.training.batch_size, window, spec.data.seed, shard_index)
+        # Only our shard is read (and, for text, tokenized): data.load.
+        corpus = data.load(spec.data, spec.model.vocab_size, window, shard=(shard_index % shard_count, shard_count))
+        batches = data.Batches(corpus.train, spec.training.batch_size, window, spec.data.seed, shard_index)
+        evals = data.eval_batches(corpus.held_out, spec.training.eval_batches, spec.training.batch_size, window,
+                                  spec.model.vocab_size)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return Exit.CONFIG
-    evals = data.eval_batches(corpus.held_out, spec.training.eval_batches, spec.training.batch_size, window)
 
     # Model and inner step (trainer/recipe.py): AdamW, its learning rate taken from the shared
     # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program

@@ -3,14 +3,14 @@
 
 Tokenizing is the slow part of reading text; done once here, every learner memory-maps the
 result instead of tokenizing at start-up. The ids are the ones `kind: text` would train on
-(the same files, order, separators and split), streamed to disk a batch of files at a time
-(trainer/sources.py: BATCH_FILES, BATCH_BYTES), so memory never holds the whole corpus.
+(the same files, order, separators and split of their bytes), streamed to disk a batch of
+files at a time (trainer/sources.py: BATCH_FILES, BATCH_BYTES), so memory never holds the
+whole corpus.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from diloco.trainer import sources
+from diloco.trainer.data import Tokens, split
 
 REPORT_SECONDS = 2.0  # a progress line this often on long inputs: alive, without flooding a log
-COPY_TOKENS = 1 << 24  # val.bin is copied out of train.bin in blocks of 16M ids (32-64 MB)
 
 
 class Progress:
@@ -46,24 +46,23 @@ def prepare(pattern: str, out: Path, tokenizer: str, held_out_fraction: float) -
     tok = sources.read_tokenizer(tokenizer, "--tokenizer")
     vocab = 256 if tok is None else tok.get_vocab_size(with_added_tokens=True)
     dtype = np.dtype(np.uint16 if vocab <= 1 << 16 else np.uint32)
+    try:
+        spans = sources.text_spans(urls, "GLOB")
+    except ValueError:
+        raise ValueError(f"GLOB: the files {pattern!r} matches are empty; point it at the text to tokenize") from None
+    # The split `load` makes of text (data.split of the files' bytes), so these are its ids.
+    parts = split(Tokens(spans), held_out_fraction)
     out.mkdir(parents=True, exist_ok=True)
-    train, val = out / "train.bin", out / "val.bin"
-    progress = Progress(len(urls))
-    with open(train, "wb") as f:  # everything first; the held-out tail then moves to val.bin
-        for ids in sources.stream_text(urls, tok, progress.read):
-            ids.astype(dtype).tofile(f)
-            progress.done, progress.ids = progress.done + 1, progress.ids + len(ids)
-    total = progress.ids
-    if total == 0:
-        raise ValueError(f"GLOB: the files {pattern!r} matches are empty; point it at the text to tokenize")
-    cut = int(total * (1 - held_out_fraction))  # the split `load` makes: data.split
-    everything = np.memmap(train, dtype=dtype, mode="r")
-    with open(val, "wb") as f:
-        for start in range(cut, total, COPY_TOKENS):
-            np.asarray(everything[start : min(start + COPY_TOKENS, total)]).tofile(f)
-    del everything  # unmapped before the file shrinks under it
-    os.truncate(train, cut * dtype.itemsize)
-    return cut, total - cut, dtype.name, vocab
+    progress, counts = Progress(len(urls)), []
+    for part, name in zip(parts, ("train.bin", "val.bin")):
+        with open(out / name, "wb") as f:
+            n = 0
+            for ids in sources.stream(part.segments, tok, progress.read):
+                ids.astype(dtype).tofile(f)
+                n += len(ids)
+                progress.done, progress.ids = progress.done + 1, progress.ids + len(ids)
+        counts.append(n)
+    return counts[0], counts[1], dtype.name, vocab
 
 
 def main(args: argparse.Namespace) -> int:

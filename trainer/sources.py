@@ -79,18 +79,6 @@ def separator(tok: Tokenizer | None) -> np.ndarray:
     return np.array(tok.encode("\n", add_special_tokens=False).ids, np.uint32)
 
 
-def batches(urls: Sequence[str]) -> Iterator[list[bytes]]:
-    """The files' contents, BATCH_FILES or BATCH_BYTES at a time, whichever comes first."""
-    batch: list[bytes] = []
-    for url in urls:
-        batch.append(read_bytes(url))
-        if len(batch) == BATCH_FILES or sum(map(len, batch)) >= BATCH_BYTES:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def encode(raws: Sequence[bytes], tok: Tokenizer | None) -> list[np.ndarray]:
     """Each document's ids (uint32): its bytes, or its UTF-8 text tokenized whole (a cut inside
     a document could change its ids: pre-tokenizers join whitespace runs, some prepend a space)."""
@@ -100,46 +88,102 @@ def encode(raws: Sequence[bytes], tok: Tokenizer | None) -> list[np.ndarray]:
     return [np.array(e.ids, np.uint32) for e in tok.encode_batch(texts, add_special_tokens=False)]
 
 
-def stream_text(urls: Sequence[str], tok: Tokenizer | None, progress: Progress | None = None) -> Iterator[np.ndarray]:
-    """Each file's ids (uint32) in order, from the second on led by `separator(tok)`."""
-    sep = separator(tok)
-    first = True
-    for raws in batches(urls):
-        for ids in encode(raws, tok):
-            yield ids if first else np.concatenate([sep, ids])
-            first = False
-        if progress:
-            progress(sum(map(len, raws)))
+class Span:
+    """Items [start, stop) of one file on object storage, read only when asked and then by byte
+    range: a learner reads its own shard and the held-out windows it evaluates, not the corpus.
+    Slicing gives another Span, as slicing a memmap gives another view."""
+
+    bytes_read = 0  # every Span's reads in this process (tests count them; progress output could)
+
+    def __init__(self, url: str, dtype: str, start: int, stop: int) -> None:
+        self.url, self.dtype, self.start, self.stop = url, dtype, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, key: slice) -> Span:
+        start, stop, step = key.indices(len(self))
+        assert step == 1, "Spans slice contiguously"
+        return Span(self.url, self.dtype, self.start + start, self.start + max(start, stop))
+
+    def read(self) -> np.ndarray:
+        itemsize = np.dtype(self.dtype).itemsize
+        fs, path = url_to_fs(self.url)
+        raw = fs.cat_file(path, self.start * itemsize, self.stop * itemsize) if len(self) else b""
+        Span.bytes_read += len(raw)
+        return np.frombuffer(raw, dtype=self.dtype)
 
 
-def read_text(urls: Sequence[str], tok: Tokenizer | None) -> np.ndarray:
-    """The files' ids as one array, uint16 when they fit (half the memory)."""
-    ids = np.concatenate(list(stream_text(urls, tok)))
-    return ids.astype(np.uint16) if ids.size and ids.max() < 1 << 16 else ids
+Segment = np.ndarray | Span
 
 
-def read_tokens(urls: Sequence[str], dtype: str, field: str) -> list[np.ndarray]:
-    """Each file as a flat array of `dtype` ids: np.memmap when local (nothing is read until
-    used), read into memory from an fsspec URL (object stores cannot be mapped). Empty files
-    are left out."""
+def ids(segment: Segment) -> np.ndarray:
+    """A segment's ids in memory (a memmap's are paged in as used)."""
+    return segment.read() if isinstance(segment, Span) else segment
+
+
+def read_tokens(urls: Sequence[str], dtype: str, field: str) -> list[Segment]:
+    """Each file as a flat sequence of `dtype` ids, nothing read yet: np.memmap when local, a
+    Span on object storage (read by byte range when used). Empty files are left out."""
+    out: list[Segment] = []
+    for url, size in sized(urls, dtype, field):
+        fs, path = url_to_fs(url)
+        if isinstance(fs, LocalFileSystem):
+            out.append(np.memmap(path, dtype=dtype, mode="r"))
+        else:
+            out.append(Span(url, dtype, 0, size))
+    if not out:
+        raise ValueError(f"{field}: every file matched is empty; point it at the .bin files "
+                         "`diloco prepare-tokens` wrote")
+    return out
+
+
+def sized(urls: Sequence[str], dtype: str, field: str) -> Iterator[tuple[str, int]]:
+    """Each non-empty file with its length in `dtype` items (its size: no data read)."""
     itemsize = np.dtype(dtype).itemsize
-    out: list[np.ndarray] = []
     for url in urls:
         fs, path = url_to_fs(url)
         size = int(fs.size(path))
         if size % itemsize:
             raise ValueError(f"{field}: {url!r} has {size} bytes, not a multiple of {itemsize} "
                              f"({dtype}); set spec.data.source.tokenDtype to the dtype the file was written with")
-        if size == 0:
+        if size:
+            yield url, size // itemsize
+
+
+def text_spans(urls: Sequence[str], field: str) -> list[Span]:
+    """Each text file as a Span of its bytes, nothing read yet (local files too: a learner
+    tokenizes only the bytes of its own shard)."""
+    spans = [Span(url, "uint8", 0, size) for url, size in sized(urls, "uint8", field)]
+    if not spans:
+        raise ValueError(f"{field}: every file matched is empty; point it at your .txt files")
+    return spans
+
+
+def stream(spans: Sequence[Segment], tok: Tokenizer | None, progress: Progress | None = None) -> Iterator[np.ndarray]:
+    """Byte spans (text files, or parts of them) as ids, in order, BATCH_FILES or BATCH_BYTES of
+    text at a time (the tokenizer's threads get work; memory holds one batch). Each part is
+    tokenized whole, and parts of different files are joined by `separator(tok)` as whole files
+    are. A part cut inside a line is tokenized as the cut text: a few ids at a shard or
+    held-out boundary differ from the whole file's."""
+    sep, previous, batch = separator(tok), None, []
+    for i, span in enumerate(spans):
+        batch.append(span)
+        if len(batch) < BATCH_FILES and sum(len(b) for b in batch) < BATCH_BYTES and i + 1 < len(spans):
             continue
-        if isinstance(fs, LocalFileSystem):
-            out.append(np.memmap(path, dtype=dtype, mode="r"))
-        else:
-            out.append(np.frombuffer(read_bytes(url), dtype=dtype))
-    if not out:
-        raise ValueError(f"{field}: every file matched is empty; point it at the .bin files "
-                         "`diloco prepare-tokens` wrote")
-    return out
+        raws = [ids(b).tobytes() for b in batch]
+        for part, encoded in zip(batch, encode(raws, tok)):
+            url = part.url if isinstance(part, Span) else None
+            yield encoded if previous is None or url == previous else np.concatenate([sep, encoded])
+            previous = url
+        if progress:
+            progress(sum(map(len, raws)))
+        batch = []
+
+
+def tokenize(spans: Sequence[Segment], tok: Tokenizer | None) -> list[np.ndarray]:
+    """`stream`'s ids, uint16 when they fit (half the memory)."""
+    return [a.astype(np.uint16) if a.size and a.max() < 1 << 16 else a for a in stream(spans, tok)]
 
 
 def check_ids(arrays: Sequence[np.ndarray], vocab_size: int, where: str) -> None:

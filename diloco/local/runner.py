@@ -251,7 +251,7 @@ def cpu_devices(spec: JobSpec, hosts: int) -> dict[str, str]:
 def main(args: argparse.Namespace) -> int:
     from diloco.local.view import make_view
 
-    job = load_config(args.file, pretrained=True)
+    job = load_config(args.file, inputs=True)  # every input there, or exit 2 before any process
     out = Path(args.out or Path("runs") / job.metadata.name)
     run = LocalRun(job, out, args.max_seconds)
     with make_view(live=not args.no_live, job=job) as view:
