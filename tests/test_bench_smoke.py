@@ -75,3 +75,18 @@ def test_every_bench_script_smoke_runs_and_ends_with_json() -> None:
         if not all(math.isfinite(x) for x in numbers(result)):
             failures.append(f"{name}: a reported figure is not finite: {last[:500]}")
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_the_accelerator_check_runs_dry_on_the_cpu() -> None:
+    """bench/accelerator.sh, unchanged, in its CPU mode: the command the first accelerator runs."""
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1")
+    done = subprocess.run(["bash", str(ROOT / "bench" / "accelerator.sh"), "--dry-run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=380)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["bench"] == "accelerator" and result["dry_run"] is True
+    tiny = result["llama-tiny"]
+    assert {"ratio", "mfu", "peak_source", "host_core", "one_core"} <= set(tiny)
+    assert all(math.isfinite(x) for x in numbers(result)) and tiny["ratio"] > 0
