@@ -1,8 +1,8 @@
 """The `diloco` command line: one entry point for users, containers and tests.
 
-Each subcommand lives in the module that owns it and registers itself through an
-`add_*_parser(subparsers)` function; heavy imports (JAX, grpc, kopf) happen inside
-the handlers so `diloco --help` and `diloco validate` stay fast.
+diloco/commands.py registers the subcommands (the simulator's two in diloco/sim/cli.py); each
+handler imports its component when it runs, so `diloco --help` and `diloco validate` stay fast
+and the syncer image, which has no JAX, runs every command it needs.
 """
 
 from __future__ import annotations

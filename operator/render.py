@@ -28,7 +28,7 @@ from diloco.operator import access, exposure, learners, overlay, parts, policies
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner, meta
 from diloco.shapes import parameter_shapes
-from diloco.spec import DecoupledDiLoCoJob, JobSpec, LearnerGroup, dump_job
+from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
 
 
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
@@ -153,10 +153,6 @@ def checkpoint_claims(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
     if spec.syncer.shards == 1:
         return [checkpoint_claim(owner, n.checkpoints(owner.name), storage)]
     return [checkpoint_claim(owner, n.shard_checkpoints(owner.name, i), storage) for i in range(spec.syncer.shards)]
-
-
-def learner_config_hash(job: DecoupledDiLoCoJob, group: LearnerGroup) -> str:
-    return learners.config_hash(job, group)
 
 
 def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
