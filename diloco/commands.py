@@ -92,7 +92,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: _call("diloco.operator.crd", "main", a))
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
-    p.add_argument("--namespace", default=None, help="watch one namespace (default: all)")
+    p.add_argument("--namespace", action="append", default=None,
+                   help="watch this namespace; repeat it for several (default: all namespaces). The chart's "
+                        "watchNamespaces sets it, beside a Role in each")
     p.add_argument("--standalone", action="store_true", help="no peering (single operator replica)")
     p.set_defaults(func=lambda a: _call("diloco.operator.main", "main", a))
 

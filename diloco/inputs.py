@@ -12,6 +12,9 @@ from __future__ import annotations
 from diloco import hf
 from diloco.spec import DecoupledDiLoCoJob, SpecError
 
+# gcsfs and s3fs: the learner image has them; a local install names the extra.
+CLOUD_FIX = "gs:// and s3:// need the cloud extra: pip install 'decoupled-diloco[learner,cloud]'"
+
 
 def problems(job: DecoupledDiLoCoJob) -> list[str]:
     """One `field: problem; fix` line per input that is not there (empty: all present)."""
@@ -38,7 +41,7 @@ def _unmatched(pattern: str) -> str | None:
         fs, stripped = url_to_fs(pattern)
         found = fs.glob(stripped, detail=True)
     except ImportError as exc:  # gs:// without gcsfs, s3:// without s3fs
-        return f"cannot read {pattern!r}: {exc}"
+        return f"cannot read {pattern!r}: {exc} ({CLOUD_FIX})"
     except (OSError, ValueError) as exc:
         return f"cannot list {pattern!r} ({exc}); check the path and your access to it"
     if not any(info.get("type") == "file" for info in found.values()):

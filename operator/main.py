@@ -3,6 +3,9 @@
 One replica (the chart's Deployment uses the Recreate strategy), so `--standalone` skips
 kopf's peering objects; without it kopf uses peering when the cluster has its CRDs.
 Ports come from the environment so the chart sets them next to the probes that use them.
+`--namespace`, repeated, limits it to those namespaces (the chart's watchNamespaces, with a
+Role in each): kopf's namespace scanning is off (handlers.configure), so they are exact names,
+each watched on its own, and the operator needs nothing cluster-wide.
 """
 
 from __future__ import annotations
@@ -10,15 +13,38 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import sys
 
 import kopf
 from prometheus_client import start_http_server
 
+from diloco.contract import Exit
 from diloco.operator.context import Config, Context
 from diloco.operator.handlers import build_memo, build_registry, configure
 
+NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label
+
+
+def namespaces(given: list[str] | None) -> list[str]:
+    """The namespaces to watch, in order, without repeats; [] watches the whole cluster. A
+    pattern would need kopf's namespace scanning, which the chart's RBAC does not grant."""
+    out: list[str] = []
+    for name in given or []:
+        if not NAMESPACE.match(name):
+            raise ValueError(f"--namespace {name!r} is not a namespace name (lowercase letters, digits and '-', at "
+                             "most 63); name each namespace exactly, no patterns")
+        if name not in out:
+            out.append(name)
+    return out
+
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        watched = namespaces(getattr(args, "namespace", None))
+    except ValueError as exc:
+        print(f"diloco operator: {exc}", file=sys.stderr)
+        return int(Exit.CONFIG)
     logging.basicConfig(level=os.environ.get("DILOCO_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = Config.from_env()
@@ -28,14 +54,13 @@ def main(args: argparse.Namespace) -> int:
     start_http_server(metrics_port, registry=ctx.metrics.registry)
     settings = kopf.OperatorSettings()
     configure(settings)
-    namespace = getattr(args, "namespace", None)
     kopf.run(
         registry=build_registry(config),
         settings=settings,
         memo=build_memo(ctx),
         standalone=bool(getattr(args, "standalone", False)),
-        clusterwide=namespace is None,
-        namespaces=[namespace] if namespace else (),
+        clusterwide=not watched,
+        namespaces=watched,
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",
     )
     return 0

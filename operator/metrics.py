@@ -1,5 +1,5 @@
 """The operator's own Prometheus metrics: reconciles, learner losses and re-admissions, refused
-child writes, goodput.
+child writes, goodput, each job's phase and its capacity wait.
 
 Per-job series carry `diloco_namespace` and `diloco_job` labels (not `namespace`/`job`, which
 Prometheus sets on every target and would rename ours to `exported_*`) and are removed when
@@ -9,10 +9,15 @@ the job goes, so the label sets stay bounded by the jobs that exist.
 from __future__ import annotations
 
 import contextlib
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from diloco.spec_status import Phase
+
 JOB_LABELS = ["diloco_namespace", "diloco_job"]
+PHASES: tuple[str, ...] = get_args(Phase)
+OUTCOMES = ("ok", "invalid", "error")  # of a reconcile
 
 
 class OperatorMetrics:
@@ -21,6 +26,8 @@ class OperatorMetrics:
         self.reconciles = Counter("diloco_operator_reconciles_total",
                                   "Job reconciliations by outcome (ok, invalid, error: an exception left the pass)",
                                   ["outcome"], registry=r)
+        for outcome in OUTCOMES:  # every series from 0, so increase() sees the first error
+            self.reconciles.labels(outcome)
         # By kind and reason only, not by job: the condition and Event on the job say which one.
         self.refused_writes = Counter("diloco_operator_child_writes_refused_total",
                                       "Child writes the API server refused (quota, webhook, RBAC, invalid)",
@@ -53,6 +60,16 @@ class OperatorMetrics:
                                      JOB_LABELS, registry=r)
         self.learners = Gauge("diloco_job_learners", "Learners of a job by state (desired, ready)",
                               [*JOB_LABELS, "state"], registry=r)
+        # One series per phase, 1 for the job's phase and 0 for the others (kube-state-metrics'
+        # kube_pod_status_phase style): `== 1` selects a phase, and a phase change is seen at once.
+        self.phase = Gauge("diloco_job_phase", "The job's phase: 1 for its current phase, 0 for the others",
+                           [*JOB_LABELS, "phase"], registry=r)
+        # Pods the scheduler cannot place (capacity.py): a wait, not a failure; the alert is on its length.
+        self.unschedulable_pods = Gauge("diloco_job_unschedulable_pods", "Pods of the job waiting for capacity now",
+                                        JOB_LABELS, registry=r)
+        self.unschedulable_seconds = Gauge("diloco_job_unschedulable_seconds",
+                                           "How long the job's longest-waiting unschedulable pod has waited (0: none)",
+                                           JOB_LABELS, registry=r)
 
     def job_status(self, namespace: str, job: str, status: dict[str, object],
                    capacity_tokens: float | None = None) -> None:
@@ -73,12 +90,22 @@ class OperatorMetrics:
             value = status.get(key)
             if isinstance(value, int):
                 self.learners.labels(namespace, job, state).set(value)
+        phase = status.get("phase")
+        if isinstance(phase, str):
+            for each in PHASES:
+                self.phase.labels(namespace, job, each).set(1 if each == phase else 0)
+
+    def capacity_wait(self, namespace: str, job: str, pods: int, longest_seconds: float) -> None:
+        """Pods of the job the scheduler cannot place, and the longest one's wait."""
+        self.unschedulable_pods.labels(namespace, job).set(pods)
+        self.unschedulable_seconds.labels(namespace, job).set(longest_seconds)
 
     def forget(self, namespace: str, job: str) -> None:
         """Drop a deleted job's gauges (counters stay until restart, as Prometheus expects)."""
         for gauge, extra in ((self.goodput, [()]), (self.availability, [()]), (self.useful_tokens, [()]),
                              (self.capacity_tokens, [()]), (self.badput, [("down",), ("refused",), ("other",)]),
-                             (self.learners, [("desired",), ("ready",)])):
+                             (self.learners, [("desired",), ("ready",)]), (self.phase, [(p,) for p in PHASES]),
+                             (self.unschedulable_pods, [()]), (self.unschedulable_seconds, [()])):
             for rest in extra:
                 with contextlib.suppress(KeyError):  # never set for this job
                     gauge.remove(namespace, job, *rest)

@@ -31,6 +31,7 @@ from diloco.operator import (
     refusals,
     render,
     restarts,
+    steps,
 )
 from diloco.operator import chaos as chaos_mod
 from diloco.operator import conditions as c
@@ -145,6 +146,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         if st.changed(status, new):
             ctx.api.patch(KIND, namespace, name, {"status": new}, sub="status")
             post(ref, "InvalidSpec", "; ".join(problems), warning=True)
+        ctx.metrics.job_status(namespace, name, new)  # its phase: Failed
         ctx.metrics.reconciles.labels("invalid").inc()
         return
     owner = render.Owner(name, namespace, meta["uid"])
@@ -175,7 +177,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot))
     obs = replace(_observe(ctx, job, owner, live, job_pods, target, probe, blocker, now),
                   unschedulable=tuple(capacity.waiting(mine, now)),
-                  image_stuck=failures.image_stuck(mine, now, ctx.config.image_pull_grace))
+                  image_stuck=failures.image_stuck(mine, now, ctx.config.image_pull_grace),
+                  finished=steps.finished(job.spec, mine))
     counted, fresh = ({}, []) if was_finished else failures.fold(status, mine, now)
     for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
         post(ref, reason, message, warning=True)
@@ -204,7 +207,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
                                          f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
     new = _readmit_ready(ctx, ref, new, job_pods)
     if ended is None and not was_finished and blocker is None and not job.spec.suspend:
-        new = _settle_gangs(ctx, ref, job, new, job_pods, now)
+        new = _settle_gangs(ctx, ref, job, new, job_pods, now, set(obs.finished))
     if blocker is not None and _running_reason(status) != blocker.reason:
         post(ref, blocker.reason, blocker.message, warning=True)
     if queued and st.finished(new) and (held := live.get(children.key(queued[0]))) is not None:
@@ -214,6 +217,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     if diff:
         ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
     ctx.metrics.job_status(namespace, name, new, goodput.capacity_tokens(job.spec, new.get("accounting") or {}))
+    ctx.metrics.capacity_wait(namespace, name, len(obs.unschedulable),
+                              obs.unschedulable[0].seconds(now) if obs.unschedulable else 0.0)
     ctx.metrics.reconciles.labels("ok").inc()
     ttl = job.spec.run_policy.ttl_seconds_after_finished
     done_at = st.parse_time(new.get("completionTime") or status.get("completionTime"))
@@ -278,15 +283,18 @@ def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
 
 
 def _settle_gangs(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, new: dict[str, Any],
-                  job_pods: list[dict[str, Any]], now: float) -> dict[str, Any]:
+                  job_pods: list[dict[str, Any]], now: float, finished: set[str]) -> dict[str, Any]:
     """Every multi-host learner: record its run, restart it as a whole if it lost a host,
-    re-admit it once all its hosts are back."""
+    re-admit it once all its hosts are back. One that finished its steps is left alone: its
+    hosts exit 0 one by one, which is no lost host (steps.py)."""
     name = ref["metadata"]["name"]
     for group in job.spec.learner_groups:
         if not learners.is_gang(group):
             continue
         for i in range(group.replicas):
             learner = LearnerId(group.name, i)
+            if str(learner) in finished:
+                continue
             members = restarts.members(job_pods, n.gang(name, group.name, i))
             new = {**new, **restarts.settle(ctx, ref, new, learner, group.hosts_per_learner, members, now)}
             new = {**new, **_readmit_gang(ctx, ref, new, learner, group.hosts_per_learner, members)}
@@ -336,8 +344,11 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             return  # the group's hostsPerLearner changed: these pods go with their old StatefulSet
         now, patch = time.time(), {}
         back = pods.ready(pod)
+        members = ctx.api.list("Pod", namespace, n.gang_selector(job_name, learner.group, learner.index)) \
+            if gang else [pod]
+        if steps.finished(job.spec, members):
+            return  # it reached spec.training.steps and exited 0: no loss; the reconcile ends the job
         if gang:
-            members = ctx.api.list("Pod", namespace, n.gang_selector(job_name, learner.group, learner.index))
             gone = pod if event_type == "DELETED" else None
             patch = restarts.settle(ctx, ref, status, learner, group.hosts_per_learner, members, now, gone)
             back = gangs.back(members, group.hosts_per_learner, gangs.run_of({**status, **patch}, str(learner)))

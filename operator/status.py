@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.contract import LearnerId
-from diloco.operator import capacity, failures, goodput
+from diloco.operator import capacity, failures, goodput, steps
 from diloco.operator import conditions as c
 from diloco.operator.access import Blocker
 from diloco.spec import JobSpec, JobStatus, Phase
@@ -74,6 +74,7 @@ class Observation:
     blocker: Blocker | None = None  # why no pods run (a Secret the job names, a refused token)
     unschedulable: tuple[capacity.Waiting, ...] = ()  # pods waiting for capacity, longest first
     image_stuck: str | None = None  # a whole group unable to pull its image (failures.image_stuck)
+    finished: tuple[str, ...] = ()  # learners that reached spec.training.steps and exited 0 (steps.py)
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,9 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
     merged = obs.syncer.tokens_merged if obs.syncer else status.get("tokensMerged", 0)
     if budget and merged >= budget:
         return Ending(True, "TokenBudgetReached", f"{merged} tokens merged; the budget is {budget}")
+    done = steps.message(spec, obs.finished, others_active(spec, obs.syncer))
+    if done is not None:
+        return Ending(True, steps.REASON, done)
     start = parse_time(status.get("startTime"))
     if start is not None:
         elapsed = obs.now - start
@@ -201,6 +205,14 @@ def own_active(spec: JobSpec, view: SyncerView) -> int:
     return sum(r.active_learners for r in view.regions if r.region in mine)
 
 
+def others_active(spec: JobSpec, view: SyncerView | None) -> int:
+    """Learners of other clusters' regions connected to this cluster's syncer (0 in a cluster
+    whose syncer is external: its job's end removes its own learners only)."""
+    if view is None or spec.syncer.external is not None or not view.regions:
+        return 0
+    return max(0, view.active_learners - own_active(spec, view))
+
+
 def region_entry(r: RegionView) -> dict[str, Any]:
     return {"region": r.region, "learners": r.learners, "activeLearners": r.active_learners,
             "tokensMerged": r.tokens_merged, "bytesReceived": r.bytes_received, "contributions": r.contributions,
@@ -240,7 +252,8 @@ def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any
     message = ""
     if degraded:
         lost = sorted(x["slot"] for x in out["lostLearners"])
-        message = f"{desired - ready} of {desired} learners not ready" + (f"; lost: {', '.join(lost)}" if lost else "")
+        message = (f"{desired - ready} of {desired} learners not ready" + (f"; lost: {', '.join(lost)}" if lost else "")
+                   + steps.pending(spec, obs.finished))
     return c.set_condition(conds, c.DEGRADED, degraded, "LearnersUnavailable" if degraded else "AllLearnersReady",
                            message, now, gen)
 

@@ -118,6 +118,101 @@ def test_rbac_grants_what_the_operator_uses_and_no_wildcards() -> None:
     assert not {x for x in granted if x[1] in {"namespaces", "customresourcedefinitions", "nodes"}}
 
 
+def with_sets(*sets: str) -> list[dict[str, Any]]:
+    out = helm("template", "diloco", str(CHART), "--namespace", "diloco-system", *[a for x in sets for a in ("--set", x)])
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.mark.parametrize(("sets", "watched"), [
+    (["watchNamespaces={ml,research}"], ["ml", "research"]),
+    (["watchNamespaces={ml}", "watchNamespace=research"], ["ml", "research"]),  # the older key adds up
+    (["watchNamespaces={research,ml}", "watchNamespace=ml"], ["research", "ml"]),  # once each
+    (["watchNamespace=research"], ["research"]),
+], ids=["list", "list-and-one", "repeated", "one"])
+def test_watched_namespaces_get_a_role_each_and_no_cluster_role(sets: list[str], watched: list[str]) -> None:
+    """Namespaced RBAC: the operator's rules as a Role and RoleBinding in each watched namespace,
+    nothing cluster-wide, and the operator told the same namespaces."""
+    from diloco.operator.main import namespaces
+
+    (cluster_role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole"]
+    cluster_wide = cluster_role["rules"]
+    docs = with_sets(*sets, "metrics.podMonitor.enabled=true")
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == set(watched)
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    sa = deploy["spec"]["template"]["spec"]["serviceAccountName"]
+    for ns in watched:
+        assert roles[ns]["rules"] == cluster_wide  # the same rules, held in that namespace only
+        assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                           "name": roles[ns]["metadata"]["name"]}
+        assert bindings[ns]["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "diloco-system"}]
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert c["args"] == [a for ns in watched for a in ("--namespace", ns)]
+    assert namespaces(c["args"][1::2]) == watched  # what the operator makes of them
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": watched}  # scrapes where jobs run
+    for version in VERSIONS:
+        for doc in docs:
+            validate(doc, version)
+
+
+def test_the_whole_cluster_is_one_cluster_role_and_no_namespace_flag() -> None:
+    docs = with_sets("metrics.podMonitor.enabled=true")
+    assert {d["kind"] for d in docs if "Role" in d["kind"]} == {"ClusterRole", "ClusterRoleBinding"}
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert "args" not in deploy["spec"]["template"]["spec"]["containers"][0]
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+
+def test_the_operator_refuses_a_namespace_pattern_naming_the_flag() -> None:
+    from diloco.operator.main import namespaces
+
+    assert namespaces(None) == [] and namespaces(["ml", "ml", "eu"]) == ["ml", "eu"]
+    with pytest.raises(ValueError, match=r"--namespace 'team-\*' is not a namespace name.*no patterns"):
+        namespaces(["ml", "team-*"])
+
+
+def notes(tmp_path: Path, *sets: str) -> str:
+    """NOTES.txt as `helm install` prints it (`helm template` skips it, and `install --dry-run`
+    needs a cluster): a copy of the chart renders it as a named template inside a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART, chart)
+    text = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes.tpl").write_text('{{- define "notes" -}}\n' + text + "{{- end -}}\n")
+    (chart / "templates" / "notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\ndata:\n  notes: {{ include \"notes\" . | toJson }}\n")
+    out = helm("template", "diloco", str(chart), "--namespace", "diloco-system", "--show-only", "templates/notes.yaml",
+               *[a for x in sets for a in ("--set", x)])
+    return str(yaml.safe_load(out)["data"]["notes"])
+
+
+@pytest.mark.parametrize(("sets", "namespace", "flags"), [
+    ([], "default", " --no-kueue"),
+    (["watchNamespaces={ml,research}", "kueue.enabled=true", "syncerExposure.gatewayAPI=true"], "ml", " --gateway-api"),
+], ids=["default", "namespaced"])
+def test_notes_start_a_job_a_chart_user_can_apply(tmp_path: Path, sets: list[str], namespace: str, flags: str) -> None:
+    """NOTES.txt points at nothing outside the chart: its inline job passes the operator's
+    admission checks (and the CRD's schema), in a namespace the operator watches."""
+    from diloco.operator import admission
+    from diloco.spec import parse_job
+    from tests.test_crd import validator
+
+    text = notes(tmp_path, *sets)
+    assert "examples/" not in text
+    assert f"kubectl apply -n {namespace} -f - <<'EOF'" in text and f"kubectl get ddj -n {namespace} -w" in text
+    manifest = yaml.safe_load(re.search(r"<<'EOF'\n(.*?)\n\s*EOF\n", text, re.S).group(1))  # type: ignore[union-attr]
+    job = parse_job(manifest)
+    assert admission.problems(job, gateway_api=False, kueue_enabled=True) == []
+    assert job.spec.training.steps is not None  # it ends by itself (Succeeded/StepsReached)
+    validator().validate(manifest)  # as `kubectl apply --validate=strict` checks it
+    assert f"-- diloco validate /dev/stdin{flags} < job.yaml" in text
+    assert "deploy/diloco-decoupled-diloco" in text
+
+
 def known_metrics() -> set[str]:
     names: set[str] = set()
     for registry in (SyncerMetrics().registry, LearnerMetrics("l", "r", None).registry,
@@ -131,6 +226,27 @@ def known_metrics() -> set[str]:
 def dashboard_exprs() -> list[str]:
     board = json.loads((CHART / "files" / "dashboard.json").read_text())
     return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
+def test_alert_rules_name_metrics_that_exist() -> None:
+    """Every series an alert or recording rule reads is one our code exports (or Prometheus's
+    `up`): a metric renamed in the code fails here, not as an alert that never fires."""
+    groups = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+    exprs = [r["expr"] for g in groups for r in g["rules"]]
+    labels = {"diloco_job", "diloco_namespace", "diloco_component", "diloco_group"}  # in `by (...)`
+    used = {m for e in exprs for m in re.findall(r"\bdiloco_[a-z_]+(?=[{\[)])", e)} - labels
+    assert {"diloco_job_phase", "diloco_job_unschedulable_seconds", "diloco_operator_reconciles_total",
+            "diloco_operator_child_writes_refused_total"} <= used
+    assert used <= known_metrics(), used - known_metrics()
+
+
+def test_the_service_monitor_labels_the_operator_as_operator_down_selects_it() -> None:
+    groups = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
+    (down,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "OperatorDown"]
+    assert 'up{diloco_component="operator"} == 0' in down and 'absent(up{diloco_component="operator"})' in down
+    (monitor,) = [d for d in with_sets("metrics.serviceMonitor.enabled=true") if d["kind"] == "ServiceMonitor"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert {"targetLabel": "diloco_component", "replacement": "operator"} in endpoint["relabelings"]
 
 
 def test_dashboard_queries_name_metrics_that_exist() -> None:

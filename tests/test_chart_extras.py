@@ -63,8 +63,9 @@ def one(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, An
 
 
 @pytest.mark.parametrize("sets", [[], ["crds.upgrade=true", "metrics.prometheusRule.enabled=true",
-                                       "metrics.prometheusRule.labels.release=kube-prometheus-stack"]],
-                         ids=["default", "extras-on"])
+                                       "metrics.prometheusRule.labels.release=kube-prometheus-stack"],
+                                  ["watchNamespaces={ml,research}", "metrics.podMonitor.enabled=true"]],
+                         ids=["default", "extras-on", "namespaced"])
 def test_helm_lint_strict_passes(sets: list[str]) -> None:
     helm("lint", "--strict", str(CHART), *[a for s in sets for a in ("--set", s)])
 
@@ -78,6 +79,7 @@ def test_helm_lint_strict_passes(sets: list[str]) -> None:
     ("metrics.serviceMonitor.interval=30", "/metrics/serviceMonitor/interval"),
     ("crds.upgrade=yes", "/crds/upgrade"),
     ("watchNamespace=Research", "/watchNamespace"),
+    ("watchNamespaces={ml,Research}", "/watchNamespaces/1"),
     ("podAnnotations.team=true", "/podAnnotations/team"),
     ("jobNetworkPolicy.metricsFrom[0].namespaceselector.x=y", "namespaceselector"),
     ("operator.statusIntervalSecond=5", "statusIntervalSecond"),  # misspelt keys

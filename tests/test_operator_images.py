@@ -44,7 +44,7 @@ def test_image_is_slim_non_root_and_generates_stubs_at_build(name: str) -> None:
     run = " ".join(arg for op, arg in steps if op == "RUN")
     assert "python -m diloco.wire" in run
     if name == "Dockerfile.learner":
-        assert 'pip install ".[learner]"' in run  # JAX and the rest of training
+        assert 'pip install ".[learner,cloud]"' in run  # JAX and the rest of training; gs:// and s3:// data
         assert any(op == "ARG" and arg.startswith("JAX_EXTRA") for op, arg in steps)  # CUDA or TPU wheels
     else:
         assert "pip install . " in run and "[learner]" not in run  # the base install: no JAX
@@ -53,3 +53,16 @@ def test_image_is_slim_non_root_and_generates_stubs_at_build(name: str) -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "tests"} <= set(ignored) and "README.md" not in ignored
+
+
+def test_the_cloud_extra_reads_the_examples_buckets_and_stays_out_of_dev() -> None:
+    """gs:// and s3:// (the k8s-gpu and k8s-tpu examples read gs:// data) need gcsfs and s3fs: a
+    documented extra the learner image installs, kept out of the test lanes' `dev` install."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=!~ \[]", req, maxsplit=1)[0] for req in extras["cloud"]}
+    assert names == {"gcsfs", "s3fs"}
+    assert not [req for req in extras["dev"] if "cloud" in req or req.startswith(("gcsfs", "s3fs"))]
+    assert "gs://" in (ROOT / "examples" / "k8s-tpu.yaml").read_text()
+    assert "decoupled-diloco[learner,cloud]" in (ROOT / "docs" / "DATA.md").read_text()

@@ -338,6 +338,28 @@ def test_permanent_learner_failures_end_the_job_after_backoff_limit(api: Kube, c
     wait_for(lambda: not [k for k in children_of(api) if k[0] == "StatefulSet"], what="learners gone")
 
 
+def test_learners_that_finish_their_steps_are_no_loss_and_end_the_job_succeeded(api: Kube, controllers: Controllers,
+                                                                               operator: OperatorThread) -> None:
+    """A learner exits 0 at spec.training.steps and the kubelet restarts it (the StatefulSet's
+    restartPolicy): no loss, no LearnerLost; once all three have, Succeeded and no learners."""
+    api.create(manifest(training={"steps": 100}))
+    wait_for(lambda: status(api).get("learners") == "3/3", what="3 learners")
+    controllers.runtime.auto_ready = False  # a finished learner's restarts keep its pod unready
+    crash(api, "demo-us-0", 1, 0)  # finished, and restarted in place
+    wait_for(lambda: "finished spec.training.steps=100: us-0" in condition(api, "Degraded").get("message", ""),
+             what="Degraded naming the finished learner")
+    operator.ticks(2)
+    s = status(api)
+    assert s["phase"] == "Running" and s["lostLearners"] == [] and s["learnerGroups"][0]["lost"] == 0
+    crash(api, "demo-us-1", 1, 0)
+    crash(api, "demo-eu-0", 2, 0)
+    done = wait_for(lambda: (x := condition(api, "Succeeded")).get("status") == "True" and x, what="Succeeded")
+    assert done["reason"] == "StepsReached" and done["message"] == \
+        "all 3 learners reached spec.training.steps=100 and exited 0"
+    wait_for(lambda: not [k for k in children_of(api) if k[0] == "StatefulSet"], what="learners gone")
+    assert not events(api, "LearnerLost") and sum(g["lost"] for g in status(api)["learnerGroups"]) == 0
+
+
 def test_an_edit_of_the_model_on_a_running_job_is_refused_and_changes_nothing(
         api: Kube, controllers: Controllers, operator: OperatorThread) -> None:
     api.create(manifest())

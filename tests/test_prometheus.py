@@ -56,7 +56,8 @@ RULES = CHART / "files" / "prometheus-rules.yaml"
 RULE_TESTS = CHART / "files" / "prometheus-rules-tests.yaml"
 JOB = "prom-e2e"
 NAMESPACE = "default"
-ALERTS = {"LearnerLost", "SyncerDown", "GoodputLow", "QuorumStarved", "IntegrityRefusals"}
+ALERTS = {"LearnerLost", "SyncerDown", "GoodputLow", "QuorumStarved", "IntegrityRefusals",
+          "JobFailed", "OperatorDown", "OperatorReconcileErrors", "ChildWritesRefused", "PodsUnschedulable"}
 GRAFANA_BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
 
 
@@ -176,7 +177,9 @@ class Prometheus:
             "scrape_configs": [
                 {"job_name": "diloco-jobs", "static_configs": static},
                 {"job_name": "diloco-operator",
-                 "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"], "labels": {"namespace": "diloco-system"}}]},
+                 # The labels the chart's ServiceMonitor gives the operator's target.
+                 "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"],
+                                     "labels": {"namespace": "diloco-system", "diloco_component": "operator"}}]},
             ],
         }
         # The rule file with its rate windows shortened to what a short run can fill (see above).
@@ -242,6 +245,9 @@ class OperatorExporter:
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.metrics.registry)
         self.desired = len(cluster.learners)
+        # A kind the operator writes, refused 0 times so far (a refusal adds the series; the
+        # operator does not make one up front for every kind and reason).
+        self.metrics.refused_writes.labels("StatefulSet", "QuotaExceeded")
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -268,8 +274,9 @@ class OperatorExporter:
             acc = goodput.advance(spec, status, Observation(now=time.time(), syncer=view), self.desired, active,
                                   counting=True)
             status = {"accounting": acc, **goodput.figures(spec, acc), "desiredLearners": self.desired,
-                      "readyLearners": active}
+                      "readyLearners": active, "phase": "Running" if active else "Pending"}
             self.metrics.job_status(NAMESPACE, JOB, status, goodput.capacity_tokens(spec, acc))
+            self.metrics.capacity_wait(NAMESPACE, JOB, 0, 0.0)  # every pod placed (local processes)
 
     def lost(self, group: str) -> None:
         self.metrics.losses.labels(NAMESPACE, JOB, group, "Failed").inc()

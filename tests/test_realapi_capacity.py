@@ -126,6 +126,12 @@ def test_a_job_whose_pods_cannot_schedule_stays_pending_then_starts_when_a_node_
     cluster.operator.ticks(2)
     now = status(cluster, "waits")
     assert now["phase"] == "Pending" and "failures" not in now, now
+    # The metrics the PodsUnschedulable alert reads: an hour's wait, and the job's phase.
+    labels = {"diloco_namespace": JOBS, "diloco_job": "waits"}
+    sample = cluster.operator.ctx.metrics.registry.get_sample_value
+    assert sample("diloco_job_unschedulable_pods", labels) == 1
+    assert (sample("diloco_job_unschedulable_seconds", labels) or 0) >= 3600
+    assert sample("diloco_job_phase", {**labels, "phase": "Pending"}) == 1
     assert condition(cluster, "waits", "Failed")["status"] == "False"
     assert len(told()) == 1
     # A node joins the pool: the scheduler places the learner and the kubelet starts it.

@@ -70,3 +70,22 @@ def test_every_example_passes_every_admission_check(example: str) -> None:
 def test_version_prints_the_installed_package_version() -> None:
     done = diloco("--version")
     assert done.returncode == 0 and done.stdout == f"diloco {version('decoupled-diloco')}\n"
+
+
+def test_a_bucket_without_its_filesystem_names_the_cloud_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`validate --inputs` (and `diloco run`) on a gs:// path where gcsfs is not installed: the
+    problem names the field and the extra that reads it."""
+    import fsspec.core
+
+    from diloco import inputs
+
+    def no_gcsfs(url: str) -> Any:
+        raise ImportError("Install gcsfs to access Google Storage")
+
+    monkeypatch.setattr(fsspec.core, "url_to_fs", no_gcsfs)
+    job = copy.deepcopy(TPU)
+    job["spec"]["data"]["source"].pop("tokenizer", None)
+    problems = inputs.problems(parse_job(job))
+    assert problems[0].startswith("spec.data.source.path: cannot read 'gs://my-bucket/llama-32k/train-*.bin': "
+                                  "Install gcsfs")
+    assert problems[0].endswith("(gs:// and s3:// need the cloud extra: pip install 'decoupled-diloco[learner,cloud]')")

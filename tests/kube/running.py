@@ -2,7 +2,8 @@
 
 kopf gets its own event loop (not pytest's), logs in through a kubeconfig that points at the
 emulator (the same path `kubectl` and the operator's client use), and watches cluster-wide
-with namespace scanning off, as kmock requires (it serves no namespace list).
+(or the namespaces it is given) with namespace scanning off, as kmock requires (it serves no
+namespace list) and the chart's RBAC grants.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 class OperatorThread:
     """`with OperatorThread(config): ...` runs the operator until the block ends."""
 
-    def __init__(self, config: Config, kube: Kube | None = None):
+    def __init__(self, config: Config, kube: Kube | None = None, namespaces: tuple[str, ...] = ()):
         self.ctx = Context(config, kube=kube)
+        self.namespaces = list(namespaces)  # () watches the whole cluster, as `diloco operator` without --namespace
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: list[BaseException] = []
@@ -75,7 +77,8 @@ class OperatorThread:
         asyncio.set_event_loop(loop)
         try:
             kopf.run(loop=loop, registry=handlers.build_registry(self.ctx.config), settings=settings,
-                     memo=handlers.build_memo(self.ctx), standalone=True, clusterwide=True,
+                     memo=handlers.build_memo(self.ctx), standalone=True, clusterwide=not self.namespaces,
+                     namespaces=self.namespaces,
                      stop_flag=self._stop, ready_flag=self._ready)
         except BaseException as exc:
             self._error.append(exc)

@@ -97,20 +97,25 @@ def install_crd(admin: Kube, path: Path) -> None:
 
 
 @contextmanager
-def real_cluster(folder: Path, kueue: bool = False, **config: Any) -> Iterator[Cluster]:
+def real_cluster(folder: Path, kueue: bool = False, watch: tuple[str, ...] = (), namespaces: tuple[str, ...] = (),
+                 **config: Any) -> Iterator[Cluster]:
     """`kueue`: with a stand-in for Kueue's Workload CRD, the chart's kueue.enabled and Config.kueue;
-    `config`: other operator settings (Config's fields)."""
+    `watch`: the chart's watchNamespaces (a Role in each, no ClusterRole) and the operator's
+    --namespace list; `namespaces`: more namespaces to create besides JOBS (before the install:
+    a Role needs its namespace); `config`: other operator settings (Config's fields)."""
     with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         plane = stack.enter_context(ControlPlane(folder / "control-plane"))
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
         admin_config = plane.kubeconfig(folder / "admin.kubeconfig", plane.admin_token)
-        admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                    "metadata": {"name": JOBS}})
+        for namespace in dict.fromkeys((JOBS, *watch, *namespaces)):
+            admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                        "metadata": {"name": namespace}})
         if kueue:
             install_crd(admin, KUEUE_CRD)
         values = folder / "values.yaml"
         values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"},
-                                          **({"kueue": {"enabled": True}} if kueue else {})}))
+                                          **({"kueue": {"enabled": True}} if kueue else {}),
+                                          **({"watchNamespaces": list(watch)} if watch else {})}))
         helm(plane, admin_config, "install", RELEASE, str(ROOT / "charts" / "decoupled-diloco"),
              "--namespace", SYSTEM, "--create-namespace", "-f", str(values))
         token = service_account_token(admin)
@@ -122,7 +127,7 @@ def real_cluster(folder: Path, kueue: bool = False, **config: Any) -> Iterator[C
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
                         syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=kueue,
                         **config)
-        operator = stack.enter_context(OperatorThread(config))
+        operator = stack.enter_context(OperatorThread(config, namespaces=watch))
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
         dead = plane.alive()
         assert not dead, f"control-plane components exited during the tests: {dead}"

@@ -29,3 +29,10 @@ app.kubernetes.io/component: operator
 {{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The namespaces the operator watches, as a JSON list: watchNamespaces, then the older
+single watchNamespace, without repeats; [] watches the whole cluster. */}}
+{{- define "diloco.watchNamespaces" -}}
+{{- $all := concat (.Values.watchNamespaces | default list) (ternary (list .Values.watchNamespace) list (ne .Values.watchNamespace "")) -}}
+{{- $all | uniq | toJson -}}
+{{- end -}}

@@ -1,0 +1,143 @@
+"""spec.training.steps as an ending, pure: a learner container's exit 0 is the signal, every
+learner of the manifest having finished ends the job Succeeded, and its learners go with it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from diloco.operator import conditions, render, steps
+from diloco.operator import naming as n
+from diloco.operator import status as st
+from diloco.operator.metrics import PHASES, OperatorMetrics
+from diloco.operator.status import RegionView, SyncerView
+from diloco.spec import DecoupledDiLoCoJob, parse_job
+
+T0 = 1_800_000_000.0
+
+
+def job(steps_: int | None = 100, replicas: int = 2, **spec: Any) -> DecoupledDiLoCoJob:
+    training = {"steps": steps_} if steps_ is not None else {}
+    return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+                      "metadata": {"name": "demo", "namespace": "ml"},
+                      "spec": {"learnerGroups": [{"name": "us", "replicas": replicas}], "training": training, **spec}})
+
+
+def learner_pod(index: int, state: dict[str, Any] | None = None, last: dict[str, Any] | None = None,
+                container: str = n.LEARNER, **meta: Any) -> dict[str, Any]:
+    """A learner pod whose container is in `state` (default running) after `last`."""
+    cs: dict[str, Any] = {"name": container, "restartCount": 1 if last else 0,
+                          "state": state or {"running": {"startedAt": st.rfc3339(T0)}}}
+    if last:
+        cs["lastState"] = last
+    return {"metadata": {"name": f"demo-us-{index}", "uid": f"uid-{index}",
+                         "labels": {**n.selector("demo", n.LEARNER, "us"), n.INDEX: str(index)}, **meta},
+            "status": {"phase": "Running", "containerStatuses": [cs]}}
+
+
+def exited(code: int) -> dict[str, Any]:
+    return {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+
+
+def observe(pods: list[dict[str, Any]], spec_job: DecoupledDiLoCoJob, syncer: SyncerView | None = None,
+            now: float = T0) -> st.Observation:
+    return st.Observation(now=now, ready={"us": 0}, syncer_endpoint="demo-syncer:50051", syncer_ready=True,
+                          syncer=syncer, finished=steps.finished(spec_job.spec, pods))
+
+
+def test_a_learner_container_that_exited_0_has_finished_and_nothing_else_has() -> None:
+    assert steps.exited_done(learner_pod(0, exited(0)))  # just exited
+    assert steps.exited_done(learner_pod(0, last=exited(0)))  # restarted by the kubelet since
+    assert steps.exited_done(learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, exited(0)))
+    assert not steps.exited_done(learner_pod(0))  # training
+    assert not steps.exited_done(learner_pod(0, exited(1)))  # a crash
+    assert not steps.exited_done(learner_pod(0, last=exited(2)))  # a config error (failures.py)
+    assert not steps.exited_done(learner_pod(0, exited(0), deletionTimestamp=st.rfc3339(T0)))  # SIGTERM on delete
+    evicted = learner_pod(0, exited(0))
+    evicted["status"].update(phase="Failed", reason="Evicted")  # SIGTERM from the kubelet: exit 0, no finish
+    assert not steps.exited_done(evicted)
+    assert not steps.exited_done(learner_pod(0, exited(0), container="log-shipper"))  # a sidecar
+
+
+def test_finished_learners_are_those_of_the_manifest_in_a_steps_bounded_job() -> None:
+    pods = [learner_pod(0, last=exited(0)), learner_pod(1), learner_pod(5, exited(0))]  # 5: scaled up by hand
+    assert steps.finished(job().spec, pods) == ("us-0",)
+    assert steps.finished(job(steps_=None).spec, pods) == ()  # no steps: an exit 0 ends nothing
+    syncer = {"metadata": {"name": "demo-syncer-x", "labels": n.selector("demo", n.SYNCER)},
+              "status": {"containerStatuses": [{"name": n.LEARNER, "state": exited(0)}]}}
+    assert steps.finished(job().spec, [syncer]) == ()
+
+
+def test_the_job_ends_succeeded_once_every_learner_finished() -> None:
+    j = job()
+    status = st.compute(j.spec, {}, observe([learner_pod(0), learner_pod(1)], j), 1)
+    status["startTime"] = st.rfc3339(T0)
+    # One learner done: the job trains on, and Degraded says which one finished.
+    half = observe([learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, exited(0)), learner_pod(1)], j)
+    assert st.ending(j.spec, status, half) is None
+    running = st.compute(j.spec, status, replace(half, ready={"us": 1}), 1)
+    degraded = conditions.find(running["conditions"], conditions.DEGRADED)
+    assert degraded is not None and degraded["status"] == "True"
+    assert degraded["message"].endswith("; finished spec.training.steps=100: us-0")
+    # Both done: Succeeded/StepsReached, no learner desired any more.
+    both = observe([learner_pod(0, last=exited(0)), learner_pod(1, exited(0))], j, now=T0 + 60)
+    ended = st.ending(j.spec, running, both)
+    assert ended == st.Ending(True, steps.REASON, "all 2 learners reached spec.training.steps=100 and exited 0")
+    final = st.compute(j.spec, running, both, 1, ended)
+    assert final["phase"] == "Succeeded" and final["desiredLearners"] == 0
+    assert final["completionTime"] == st.rfc3339(T0 + 60)
+    done = conditions.find(final["conditions"], conditions.SUCCEEDED)
+    assert done is not None and (done["status"], done["reason"]) == ("True", "StepsReached")
+    st.validated(final)
+    # Later passes see it finished: no new ending.
+    assert st.finished(final)
+
+
+def test_without_steps_exits_end_nothing() -> None:
+    j = job(steps_=None)
+    obs = observe([learner_pod(0, exited(0)), learner_pod(1, exited(0))], j)
+    assert st.ending(j.spec, {}, obs) is None
+
+
+def test_the_syncers_cluster_waits_for_other_clusters_learners_to_disconnect() -> None:
+    j = job()
+    pods = [learner_pod(0, exited(0)), learner_pod(1, exited(0))]
+
+    def view(active_elsewhere: int) -> SyncerView:
+        regions = (RegionView("default", 2, 0, 1000, 0, 10, 0.0), RegionView("eu", 2, active_elsewhere, 900, 0, 9, 0.0))
+        return SyncerView("inc", 10, 1900, active_elsewhere, 0, regions)
+
+    assert st.ending(j.spec, {}, observe(pods, j, view(1))) is None  # eu's learner still flushing
+    ended = st.ending(j.spec, {}, observe(pods, j, view(0)))
+    assert ended is not None and ended.reason == steps.REASON
+    assert st.ending(j.spec, {}, observe(pods, j, None)) is not None  # the syncer silent: nothing to wait for
+
+
+def test_a_finished_job_keeps_no_learner_unless_clean_pod_policy_is_none() -> None:
+    owner = render.Owner("demo", "ml", "uid")
+    for policy, kept in (("Running", False), ("All", False), ("None", True)):
+        j = job(runPolicy={"cleanPodPolicy": policy})
+        rendered = render.children(j, owner, "t" * 32, started=True, finished=True, outcome="Succeeded")
+        statefulsets = [x["metadata"]["name"] for x in rendered if x["kind"] == "StatefulSet"]
+        assert (n.statefulset("demo", "us") in statefulsets) is kept, (policy, statefulsets)
+
+
+def test_the_phase_metric_has_one_series_per_phase_and_goes_with_the_job() -> None:
+    m = OperatorMetrics()
+
+    def phase(p: str) -> float | None:
+        return m.registry.get_sample_value("diloco_job_phase", {"diloco_namespace": "ml", "diloco_job": "demo",
+                                                                "phase": p})
+
+    m.job_status("ml", "demo", {"phase": "Running"})
+    assert {p: phase(p) for p in PHASES} == {"Pending": 0, "Running": 1, "Suspended": 0, "Succeeded": 0, "Failed": 0}
+    m.job_status("ml", "demo", {"phase": "Succeeded"})
+    assert phase("Succeeded") == 1 and phase("Running") == 0
+    m.capacity_wait("ml", "demo", 2, 420.0)
+    labels = {"diloco_namespace": "ml", "diloco_job": "demo"}
+    assert m.registry.get_sample_value("diloco_job_unschedulable_pods", labels) == 2
+    assert m.registry.get_sample_value("diloco_job_unschedulable_seconds", labels) == 420.0
+    m.forget("ml", "demo")
+    assert phase("Succeeded") is None and m.registry.get_sample_value("diloco_job_unschedulable_pods", labels) is None
+    # Every reconcile outcome exists from 0, so increase() sees the first error.
+    assert m.registry.get_sample_value("diloco_operator_reconciles_total", {"outcome": "error"}) == 0

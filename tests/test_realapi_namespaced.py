@@ -1,0 +1,120 @@
+"""Namespaced RBAC and spec.training.steps as an ending, against the real control plane (tests/realapi/).
+
+A cluster of its own: the chart installed with `watchNamespaces: [jobs, second]` (a Role and
+RoleBinding in each, no ClusterRole) and the operator logged in as its ServiceAccount, watching
+those two namespaces; a third one holds a job it must leave alone. A steps-bounded job trains a
+real learner process to its last step under those Roles alone: the learner exits 0, the real
+StatefulSet's pod would restart it, and the operator ends the job Succeeded/StepsReached and
+removes its learners. Last, the audit log: no request refused, none outside the two namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from diloco.operator import naming as n
+from diloco.operator import steps
+from tests.helpers import wait_for
+from tests.realapi.cluster import JOBS, RELEASE, SERVICE_ACCOUNT, Cluster, real_cluster
+from tests.test_realapi import tiny_job
+
+pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
+SECOND, THIRD = "second", "third"
+WATCHED = (JOBS, SECOND)
+ROLE = f"{RELEASE}-decoupled-diloco"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with real_cluster(tmp_path_factory.mktemp("realapi-namespaced"), watch=WATCHED, namespaces=(THIRD,)) as c:
+        yield c
+
+
+def status(cluster: Cluster, name: str, namespace: str = JOBS) -> dict[str, Any]:
+    return cluster.job(name, namespace).get("status") or {}
+
+
+def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
+    return next((x for x in status(cluster, name).get("conditions") or [] if x["type"] == type_), {})
+
+
+def test_the_operator_holds_a_role_in_each_watched_namespace_and_nothing_cluster_wide(cluster: Cluster) -> None:
+    rbac = "apis/rbac.authorization.k8s.io/v1"
+    for namespace in WATCHED:
+        roles = cluster.admin.request("GET", f"{rbac}/namespaces/{namespace}/roles").get("items") or []
+        assert ROLE in [r["metadata"]["name"] for r in roles], namespace
+    assert not cluster.admin.request("GET", f"{rbac}/namespaces/{THIRD}/roles").get("items")
+    bindings = cluster.admin.request("GET", f"{rbac}/clusterrolebindings").get("items") or []
+    account = SERVICE_ACCOUNT.rsplit(":", 1)[-1]
+    assert not [b["metadata"]["name"] for b in bindings
+                if any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or [])]
+
+
+def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster) -> None:
+    job = tiny_job("steps", replicas=1)
+    job["spec"]["training"]["steps"] = 40
+    cluster.admin.create(job)
+    try:
+        done = wait_for(lambda: (x := condition(cluster, "steps", "Succeeded")).get("status") == "True" and x,
+                        timeout=200, what="the job Succeeded once its learner reached spec.training.steps")
+    except AssertionError:
+        pods = [(p["metadata"]["name"], (p.get("status") or {}).get("containerStatuses"))
+                for p in cluster.admin.list("Pod", JOBS, n.selector("steps"))]
+        raise AssertionError(f"status {status(cluster, 'steps')}; pods {pods}") from None
+    assert done["reason"] == steps.REASON
+    assert done["message"] == "all 1 learners reached spec.training.steps=40 and exited 0"
+    final = status(cluster, "steps")
+    assert final["phase"] == "Succeeded" and final["completionTime"] and final["desiredLearners"] == 0
+    assert final["outerVersion"] > 0 and final["tokensMerged"] > 0  # it trained, through the syncer
+    phase = cluster.operator.ctx.metrics.registry.get_sample_value
+    wait_for(lambda: phase("diloco_job_phase", {"diloco_namespace": JOBS, "diloco_job": "steps",
+                                                "phase": "Succeeded"}) == 1, timeout=10, what="the phase metric")
+    # The learner really finished: a process of it flushed and said so before exiting 0.
+    logs = cluster.runtime.logs_of(f"{n.statefulset('steps', 'local')}-0")
+    exits = [json.loads(x) for log in logs for x in log.splitlines() if '"event": "exit"' in x]
+    assert [e for e in exits if e["reason"] == "finished" and e["slot"] >= 40 and e["flushed"]], exits
+    # cleanPodPolicy Running (the default): the learner StatefulSet and the syncer go, so nothing
+    # restarts the learner again; the checkpoint volume stays.
+    wait_for(lambda: not cluster.admin.list("StatefulSet", JOBS, n.selector("steps")), timeout=30,
+             what="the learner StatefulSet removed")
+    wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("steps")), timeout=60, what="the job's pods gone")
+    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("steps")) is not None
+    [event] = wait_for(lambda: cluster.events(JOBS, steps.REASON), timeout=30, what="the StepsReached Event")
+    assert event["type"] == "Normal"
+    # Exiting 0 was no loss: nothing counted it, no Event said so.
+    assert not (final.get("lostLearners") or []) and final["learnerGroups"][0]["lost"] == 0
+    assert not cluster.events(JOBS, "LearnerLost")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "steps")
+
+
+def test_jobs_in_a_namespace_it_does_not_watch_are_left_alone(cluster: Cluster) -> None:
+    for namespace in (SECOND, THIRD):
+        job = tiny_job("elsewhere", replicas=1)
+        job["metadata"]["namespace"] = namespace
+        cluster.admin.create(job)
+    wait_for(lambda: status(cluster, "elsewhere", SECOND).get("phase"), timeout=60, what="the job in 'second' reconciled")
+    assert cluster.admin.get("ConfigMap", SECOND, n.config_map("elsewhere")) is not None
+    cluster.operator.ticks(3)
+    ignored = cluster.job("elsewhere", THIRD)
+    assert not ignored.get("status") and not ignored["metadata"].get("finalizers"), ignored
+    assert cluster.admin.get("ConfigMap", THIRD, n.config_map("elsewhere")) is None
+    for namespace in (SECOND, THIRD):
+        cluster.kubectl("delete", "ddj", "-n", namespace, "elsewhere")
+
+
+def test_no_request_was_refused_or_outside_the_watched_namespaces(cluster: Cluster) -> None:
+    """Runs last: every request of the chart's ServiceAccount in this module's audit log was
+    authorised by the two Roles, and none named another namespace or a cluster-wide resource."""
+    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
+    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+    assert len(ours) > 50, "the operator made (almost) no requests as the chart's ServiceAccount"
+    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
+    assert not refused, f"the namespaced Roles refused the operator: {refused}"
+    outside = sorted({(e["verb"], e.get("requestURI")) for e in ours
+                      if (ref := e.get("objectRef")) and ref.get("namespace") not in WATCHED})
+    assert not outside, f"requests outside {WATCHED}: {outside}"
