@@ -6,9 +6,12 @@ A learner of H hosts keeps its parameters sharded over every device (`spec.train
 with fsdp). To push fragment p it needs the outer gradient Δ = A_p − θ_p on the host. Two
 ways (issue 12: "each host sends only what it holds, or host 0 gathers; measure which"):
 
-- **gather** (what the learner does): an all-gather of the fragment's tensors to every host,
-  then the push is encoded from the whole fragment (every host runs the same program, so each
-  encodes it; host 0 sends it).
+- **gather** (what the learner does, `Hosts.host_copy`): each host writes the parts its
+  devices hold into a zeroed vector of the whole fragment and one all-reduce (one device per
+  host) sums them into the whole on every host; then the push is encoded from the whole
+  fragment (every host runs the same program, so each encodes it; host 0 sends it).
+- **allgather** (`host_copy` before issue 44): `multihost_utils.process_allgather` of each of
+  the fragment's tensors to every device.
 - **per host**: each host encodes only the shards its own devices hold, and would send its
   part itself (the syncer would assemble H parts per push; not built).
 
@@ -74,6 +77,14 @@ def gather(p):
     theta = hosts.host_copy({n: params[n] for n in plan.fragments[p]})  # the learner's own `local(p)`
     return len(encode_difference({n: anchors[n] for n in theta}, theta, "int4")[0])
 
+def allgather(p):
+    theta = {n: np.asarray(multihost_utils.process_allgather(params[n], tiled=True)) for n in plan.fragments[p]}
+    return len(encode_difference({n: anchors[n] for n in theta}, theta, "int4")[0])
+
+for p in range(plan.num_fragments):  # the whole fragment, bit for bit, either way
+    mine = hosts.host_copy({n: params[n] for n in plan.fragments[p]})
+    assert all(np.array_equal(mine[n], host[n]) for n in plan.fragments[p]), p
+
 replicated = jax.sharding.NamedSharding(layout.mesh, jax.sharding.PartitionSpec())
 gatherers = {}
 
@@ -95,13 +106,13 @@ def per_host(p):
             theta[n], anchor[n] = part, np.ascontiguousarray(anchors[n][index])
     return len(encode_difference(anchor, theta, "int4")[0])
 
-times = {"gather": [], "gather_once": [], "per_host": []}
-ways = [("gather", gather), ("gather_once", gather_once), ("per_host", per_host)]
+times = {"gather": [], "allgather": [], "gather_once": [], "per_host": []}
+ways = [("gather", gather), ("allgather", allgather), ("gather_once", gather_once), ("per_host", per_host)]
 sent = {}
 warm = 2 * plan.num_fragments  # every fragment's collectives compiled, twice over
 for r in range(args["rounds"] + warm):
     p = r % plan.num_fragments
-    for name, fn in ways[r % 3:] + ways[: r % 3]:  # each way first in turn
+    for name, fn in ways[r % 4:] + ways[: r % 4]:  # each way first in turn
         multihost_utils.sync_global_devices(f"{name}{r}")  # both hosts start together
         t = time.perf_counter()
         nbytes = fn(p)
@@ -111,6 +122,7 @@ for r in range(args["rounds"] + warm):
             sent.setdefault(name, []).append(nbytes)
 frag = sum(int(np.prod(shapes[n])) for f in plan.fragments for n in f) / plan.num_fragments
 print(json.dumps({"pid": pid, "gather_ms": statistics.median(times["gather"]),
+                  "allgather_ms": statistics.median(times["allgather"]),
                   "gather_once_ms": statistics.median(times["gather_once"]),
                   "per_host_ms": statistics.median(times["per_host"]),
                   "gather_bytes": statistics.mean(sent["gather"]), "per_host_bytes": statistics.mean(sent["per_host"]),
@@ -151,9 +163,11 @@ def main() -> None:
     print(f"{host0['parameters'] / 1e6:.2f}M parameters, {host0['fragment_parameters'] / 1e6:.2f}M per fragment, "
           f"2 hosts x 2 CPU devices, fsdp 4")
     print(f"gather then encode the whole fragment: {host0['gather_ms']:.2f} ms, host 0 sends {host0['gather_bytes'] / 1e6:.3f} MB")
+    print(f"  process_allgather per tensor instead: {host0['allgather_ms']:.2f} ms")
     print(f"  the same, one compiled gather kept:  {host0['gather_once_ms']:.2f} ms")
     print(f"each host encodes what it holds:       {per_host:.2f} ms, host 0 sends {host0['per_host_bytes'] / 1e6:.3f} MB")
     print(json.dumps({"bench": "multihost_push", "gather_ms": host0["gather_ms"], "gather_once_ms": host0["gather_once_ms"], "per_host_ms": per_host,
+                      "allgather_ms": host0["allgather_ms"], "allgather_over_gather": host0["allgather_ms"] / host0["gather_ms"],
                       "gather_over_per_host": host0["gather_ms"] / per_host,
                       "gather_once_over_per_host": host0["gather_once_ms"] / per_host,
                       "gather_bytes_host0": host0["gather_bytes"], "per_host_bytes_host0": host0["per_host_bytes"],

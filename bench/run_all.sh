@@ -46,6 +46,7 @@ run heterogeneous bench/heterogeneous.py $SMOKE
 run scavenging bench/scavenging.py $SMOKE
 run syncer_scale bench/syncer_scale.py $SMOKE
 run multihost_push bench/multihost_push.py $SMOKE
+run multihost_share bench/multihost_share.py $SMOKE
 
 if [[ -z "$SMOKE" ]]; then
   # Component benchmarks (section 6).

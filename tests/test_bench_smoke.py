@@ -31,6 +31,7 @@ EXPECTED = {
     "syncer_scale.py": {"bench", "max_learners", "shard_speedup", "trials"},
     "push_rpc.py": {"bench", "stream_cpu_ms", "unary_cpu_ms", "stream_over_unary_cpu"},
     "multihost_push.py": {"bench", "gather_ms", "gather_once_ms", "per_host_ms", "gather_over_per_host"},
+    "multihost_share.py": {"bench", "median_ms", "pickle_over_typed_none", "pickle_over_typed_fragment"},
     "xla_cpu.py": {"bench", "median_ms", "first_step_cpu_ratio", "restart_cpu_ratio", "steady_step_ratio"},
 }
 

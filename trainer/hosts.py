@@ -6,20 +6,41 @@ learner: it alone talks to the syncer and writes events, and at every step bound
 shares what it heard (updates, whether to stop) with the others, which act on exactly
 that. Each host then computes the same outer gradients and adoptions from the same
 inputs. With one host all of this is free: sharing is the identity.
+
+What host 0 shares travels as typed arrays of a structure every host knows beforehand,
+through JAX's own collectives (a jitted all-reduce, as `multihost_utils.broadcast_one_to_all`
+runs it), never as pickles: a step boundary's news is one int64 record (flags, counts, then
+one row per published fragment, answer and refusal), and each published fragment's tensors
+are one int32 vector (their float32 bits, so every host holds them bit for bit) whose names
+and shapes come from the fragment plan all hosts hold. A step with no news costs one
+broadcast of 32 int64. The join (and a syncer shard's re-join) travels the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 import os
-import pickle
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from diloco.contract import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV, ordinal
+from diloco.core.codecs import CODECS
+from diloco.core.ledger import Arrival
+from diloco.trainer.messages import JoinRefused, JoinState, Unauthenticated, Updates
+
+HEADER = 32  # int64 words of every shared record: its length, then up to 31 values inline
+Shapes = Sequence[tuple[str, tuple[int, ...]]]
+
+
+def _bucket(n: int) -> int:
+    """Lengths of overflow records round up to a power of two: a handful of compiled broadcasts."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 class Hosts:
@@ -53,49 +74,236 @@ class Hosts:
             jax.distributed.initialize(coordinator, num_processes=count, process_id=pid)
         return hosts
 
-    def share(self, value: Any) -> Any:
-        """Host 0's `value` on every host (a collective: every host calls it at the same point)."""
+    def broadcast(self, array: np.ndarray) -> np.ndarray:
+        """Host 0's `array` on every host; the others pass one of the same shape and dtype (a
+        collective: every host calls it at the same point; compiled once per shape and dtype).
+        64-bit values travel as pairs of int32 (JAX without x64 would cut them to 32 bits)."""
         if self.count == 1:
-            return value
+            return array
+        got = self._sum(np.ascontiguousarray(array) if self.leader else np.zeros_like(array), self.leader)
+        return array if self.leader else got
+
+    def _sum(self, mine: np.ndarray, contributes: bool = True) -> np.ndarray:
+        """The sum over hosts of the `mine` of every host that `contributes` (the same shape and
+        dtype everywhere), on every host: `multihost_utils.broadcast_one_to_all`, whose jitted
+        sum over a global array of one row per host XLA runs as an all-reduce (gloo on CPUs),
+        with each host its own source or not. A sum with zeros is exact, so the bits arrive
+        as sent; every host waits for the result. Over every device of every host, as
+        broadcast_one_to_all runs it: an all-reduce over one device per host was 1.3x as fast
+        on a 15 MB fragment, but with a training step in flight and then a multi-process
+        device_put, the two hosts deadlocked (XLA:CPU, gloo)."""
         from jax.experimental import multihost_utils
 
-        blob = np.frombuffer(pickle.dumps(value), np.uint8) if self.leader else np.zeros(0, np.uint8)
-        size = int(multihost_utils.broadcast_one_to_all(np.array([blob.size], np.int64))[0])
-        padded = blob if self.leader else np.zeros(size, np.uint8)
-        data = np.asarray(multihost_utils.broadcast_one_to_all(padded))
-        return value if self.leader else pickle.loads(data.tobytes())  # trusted: our own host 0 wrote it
+        sent = mine.view(np.int32) if mine.dtype.itemsize == 8 else mine
+        got = np.asarray(multihost_utils.broadcast_one_to_all(sent, is_source=contributes))
+        return got.view(mine.dtype) if got.dtype != mine.dtype else got
+
+    def share_ints(self, values: Sequence[int] | None) -> list[int]:
+        """Host 0's int64 `values` on every host (the others pass None): one broadcast of HEADER
+        words when they fit, and a second, of a power-of-two length, when not."""
+        if self.count == 1:
+            return [int(v) for v in values or ()]
+        mine = np.asarray(values if self.leader and values is not None else (), np.int64)
+        head = np.zeros(HEADER, np.int64)
+        if self.leader:
+            head[0] = mine.size
+            head[1:1 + min(mine.size, HEADER - 1)] = mine[:HEADER - 1]
+        head = self.broadcast(head)
+        n = int(head[0])
+        if n <= HEADER - 1:
+            return head[1:1 + n].tolist()
+        rest = np.zeros(_bucket(n - (HEADER - 1)), np.int64)
+        if self.leader:
+            rest[:n - (HEADER - 1)] = mine[HEADER - 1:]
+        rest = self.broadcast(rest)
+        return head[1:].tolist() + rest[:n - (HEADER - 1)].tolist()
+
+    def share_flags(self, *flags: bool) -> tuple[bool, ...]:
+        """Host 0's flags on every host (the others' values are ignored)."""
+        bits = self.share_ints([sum(int(bool(f)) << i for i, f in enumerate(flags))] if self.leader else None)[0]
+        return tuple(bool(bits >> i & 1) for i in range(len(flags)))
+
+    def share_tensors(self, arrays: Mapping[str, Any] | None, shapes: Shapes) -> dict[str, np.ndarray]:
+        """Host 0's float32 tensors of known names and shapes on every host, bit for bit (the
+        others pass None): their bits as one int32 vector, one broadcast. Host 0 checked them
+        against `shapes` before (`fits`)."""
+        if self.leader:
+            assert arrays is not None
+            out = {n: np.asarray(arrays[n], np.float32) for n, _ in shapes}
+            if self.count == 1:
+                return out
+        total = sum(math.prod(s) for _, s in shapes)
+        if total == 0:
+            return out if self.leader else {n: np.zeros(s, np.float32) for n, s in shapes}
+        if self.leader:
+            flat = np.concatenate([out[n].reshape(-1) for n, _ in shapes]).view(np.int32)
+        else:
+            flat = np.zeros(total, np.int32)
+        got = self.broadcast(flat)
+        if self.leader:
+            return out
+        values = got.view(np.float32).copy()  # jax.device_get gives a read-only view
+        result, at = {}, 0
+        for n, s in shapes:
+            size = math.prod(s)
+            result[n] = values[at:at + size].reshape(s)
+            at += size
+        return result
 
     def host_copy(self, arrays: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Whole host arrays of (possibly sharded) device arrays; a collective with H > 1."""
+        """Whole host arrays of (possibly sharded) device arrays; a collective with H > 1.
+
+        Each host writes the parts its devices hold (a part several hosts hold: the lowest of
+        them) into one zeroed float32 vector of the whole fragment, and one all-reduce of
+        their bits sums the parts into the whole on every host: one collective per call where
+        `multihost_utils.process_allgather` runs one per tensor (bench/multihost_push.py)."""
         if self.count == 1:
             return {n: np.asarray(v) for n, v in arrays.items()}
-        from jax.experimental import multihost_utils
+        if any(getattr(v, "dtype", None) != np.float32 or not hasattr(v, "addressable_shards") for v in arrays.values()):
+            from jax.experimental import multihost_utils
 
-        return {n: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for n, v in arrays.items()}
+            return {n: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for n, v in arrays.items()}
+        sizes = [math.prod(v.shape) for v in arrays.values()]
+        flat = np.zeros(sum(sizes), np.float32)
+        at = 0
+        for v, size in zip(arrays.values(), sizes, strict=True):
+            whole = flat[at:at + size].reshape(v.shape)
+            for index, data in self._parts(v):
+                whole[index] = np.asarray(data)
+            at += size
+        values = self._sum(flat.view(np.int32)).view(np.float32).copy()  # device_get's view is read-only
+        out, at = {}, 0
+        for (n, v), size in zip(arrays.items(), sizes, strict=True):
+            out[n] = values[at:at + size].reshape(v.shape)
+            at += size
+        return out
+
+    def _parts(self, v: Any) -> list[tuple[Any, Any]]:
+        """The (index, shard) pairs of `v` this host contributes to its whole: each distinct
+        part once, by the lowest host that holds it."""
+        def key(index: tuple[slice, ...]) -> tuple[tuple[int, int], ...]:
+            return tuple(sl.indices(n)[:2] for sl, n in zip(index, v.shape, strict=True))
+
+        owner: dict[tuple[tuple[int, int], ...], int] = {}
+        for d, index in v.sharding.devices_indices_map(v.shape).items():
+            k = key(index)
+            owner[k] = min(owner.get(k, d.process_index), d.process_index)
+        parts, seen = [], set()
+        for shard in v.addressable_shards:
+            k = key(shard.index)
+            if owner[k] == self.process_id and k not in seen:
+                seen.add(k)
+                parts.append((shard.index, shard.data))
+        return parts
+
+
+def fits(arrays: Mapping[str, Any], shapes: Shapes) -> bool:
+    """Whether `arrays` are exactly the tensors `shapes` names, of those shapes."""
+    return len(arrays) == len(shapes) and all(n in arrays and tuple(np.shape(arrays[n])) == s for n, s in shapes)
+
+
+def _words(text: str) -> list[int]:
+    raw = text.encode()
+    return np.frombuffer(raw + bytes(-len(raw) % 8), "<i8").tolist()
+
+
+def _text(words: Sequence[int], size: int) -> str:
+    return np.asarray(words, "<i8").tobytes()[:size].decode()
+
+
+# Step-boundary flags (host 0's), bit by bit.
+STOPPING, RESYNC, STOP, SHARE_STATE, REJOINED, MALFORMED = (1 << i for i in range(6))
+# What a shared join brings: a state, or one of the refusals every host raises alike.
+STATE, UNAUTHENTICATED, JOIN_REFUSED, FAILED, UNFIT = range(5)
 
 
 class MirroredClient:
     """What the learner loop uses of a syncer client, identical on every host. Host 0 holds
     the real client; at each `take_updates` it shares the updates and its stop flags, and
-    the loop reads only those snapshots, so every host breaks out at the same step."""
+    the loop reads only those snapshots, so every host breaks out at the same step.
+    `fragments` and `shapes` are the fragment plan and the model's shapes, which every host
+    holds: they give the shared tensors their layout."""
 
-    def __init__(self, hosts: Hosts, client: Any | None, stop: threading.Event) -> None:
+    def __init__(self, hosts: Hosts, client: Any | None, stop: threading.Event,
+                 fragments: Sequence[Sequence[str]] = (), shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         self.hosts, self.client, self._stop = hosts, client, stop
+        self.fragments = [list(f) for f in fragments]
+        self.shapes = {n: tuple(int(d) for d in s) for n, s in (shapes or {}).items()}
         self.stopping = threading.Event()  # snapshot of: the syncer refused us for good
         self.resync = threading.Event()  # snapshot of: a push was refused as malformed
         self.stop_requested = False  # snapshot of host 0's SIGTERM
 
+    def layout(self, p: int) -> list[tuple[str, tuple[int, ...]]]:
+        return [(n, self.shapes[n]) for n in self.fragments[p]]
+
+    def _fits(self, p: int, tensors: Mapping[str, Any]) -> bool:
+        return 0 <= p < len(self.fragments) and all(n in self.shapes for n in self.fragments[p]) \
+            and fits(tensors, self.layout(p))
+
+    def _fragment(self, p: int, tensors: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+        return self.hosts.share_tensors(tensors, self.layout(p))
+
+    # -- the join (and a syncer shard's re-join): rare, but typed as well -----------------
+
+    def _share_state(self, state: JoinState | BaseException | None) -> JoinState:
+        """Host 0's join result on every host: a state, or the same refusal raised on each."""
+        ints: list[int] | None = None
+        if self.hosts.leader:
+            if isinstance(state, BaseException):
+                kinds: dict[type[BaseException], int] = {Unauthenticated: UNAUTHENTICATED, JoinRefused: JOIN_REFUSED}
+                kind = kinds.get(type(state), FAILED)
+                message = str(state) if kind != FAILED else f"host 0: {type(state).__name__}: {state}"
+                ints = [kind, len(message.encode())] + _words(message)
+            else:
+                assert state is not None
+                same = state.fragments == self.fragments  # else the learner ends on every host
+                owned = [int(p) for p in state.owned]
+                unfit = same and ({n for p in owned for n in self.fragments[p]} != set(state.params)
+                                  or not all(self._fits(p, {n: state.params[n] for n in self.fragments[p]})
+                                             for p in owned))
+                if unfit:
+                    ints = [UNFIT, 0]
+                else:
+                    ints = [STATE, len(state.incarnation.encode()), int(same), CODECS.index(state.codec),
+                            state.block_size, state.slot, state.shard, state.shards, state.resume_tokens,
+                            state.job_tokens, len(owned), len(state.versions), *owned, *state.versions,
+                            *_words(state.incarnation)]
+        record = self.hosts.share_ints(ints)
+        kind, size = record[0], record[1]
+        if kind != STATE:
+            if self.hosts.leader:
+                if isinstance(state, BaseException):
+                    raise state
+                raise RuntimeError("host 0's join state does not fit the fragment plan and the model's shapes")
+            message = _text(record[2:], size) if kind != UNFIT else \
+                "host 0's join state does not fit the fragment plan and the model's shapes"
+            raise {UNAUTHENTICATED: Unauthenticated, JOIN_REFUSED: JoinRefused}.get(kind, RuntimeError)(message)
+        plan, codec, block_size, slot, shard, shards, resume, job, n_owned, n_versions = record[2:12]
+        owned = record[12:12 + n_owned]
+        versions = record[12 + n_owned:12 + n_owned + n_versions]
+        incarnation = _text(record[12 + n_owned + n_versions:], size)
+        params: dict[str, np.ndarray] = {}
+        if plan:
+            for p in owned:
+                params.update(self._fragment(p, state.params if isinstance(state, JoinState) else None))
+        if isinstance(state, JoinState):
+            return dataclasses.replace(state, params=params)
+        return JoinState(incarnation=incarnation, versions=versions, fragments=[list(f) for f in self.fragments]
+                         if plan else [], params=params, codec=CODECS[codec], block_size=block_size, slot=slot,
+                         owned=owned, shard=shard, shards=shards, resume_tokens=resume, job_tokens=job)
+
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: Any = None) -> Any:
-        result: Any = None
+        if self.hosts.count == 1:
+            assert self.client is not None
+            return self.client.join_with_retry(shapes, initial)
+        self.shapes = self.shapes or {n: tuple(s) for n, s in shapes.items()}
+        result: JoinState | BaseException | None = None
         if self.client is not None:
             try:
                 result = self.client.join_with_retry(shapes, initial)
             except Exception as exc:  # shared, so every host fails the same way
                 result = exc
-        result = self.hosts.share(result)
-        if isinstance(result, Exception):
-            raise result
-        return result
+        return self._share_state(result)
 
     def start(self) -> None:
         if self.client is not None:
@@ -105,12 +313,45 @@ class MirroredClient:
         if self.client is not None:  # the other hosts computed the same push; host 0 sends it
             self.client.submit(item)
 
-    def take_updates(self) -> Any:
-        snapshot = None
+    # -- every step boundary ----------------------------------------------------------------
+
+    def _record(self, u: Updates, stopping: bool, resync: bool, stop: bool) -> list[int]:
+        """Host 0's step-boundary news as int64 words: flags, counts, then the rows."""
+        flags = (STOPPING * stopping) | (RESYNC * resync) | (STOP * stop) | (SHARE_STATE * u.share_state) \
+            | (REJOINED * (u.rejoined is not None))
+        if not all(self._fits(p, a.tensors) for p, a in u.published.items()):
+            return [flags | MALFORMED, 0, 0, 0]
+        rows = [x for p, a in u.published.items() for x in (p, a.version, a.next_slot, a.job_tokens)]
+        rows += [int(x) for a in u.accepted for x in a] + [x for r in u.refused for x in r]
+        return [flags, len(u.published), len(u.accepted), len(u.refused), *rows]
+
+    def take_updates(self) -> Updates:
+        mine = None
         if self.client is not None:
-            snapshot = (self.client.take_updates(), self.client.stopping.is_set(), self.client.resync.is_set(),
-                        self._stop.is_set())
-        updates, stopping, resync, stop = self.hosts.share(snapshot)
+            mine = self.client.take_updates()
+            stopping, resync, stop = self.client.stopping.is_set(), self.client.resync.is_set(), self._stop.is_set()
+        if self.hosts.count == 1:
+            assert mine is not None
+            updates = mine
+        else:
+            record = self.hosts.share_ints(self._record(mine, stopping, resync, stop) if mine is not None else None)
+            flags, n_pub, n_acc, n_ref = record[:4]
+            if flags & MALFORMED:
+                raise RuntimeError("host 0 got a published fragment that does not fit the fragment plan")
+            at = 4
+            published = {}
+            for _ in range(n_pub):
+                p, version, next_slot, job_tokens = record[at:at + 4]
+                at += 4
+                tensors = self._fragment(p, mine.published[p].tensors if mine is not None else None)
+                published[p] = Arrival(version, tensors, next_slot, job_tokens)
+            accepted = [(p, push_id, into, bool(late)) for p, push_id, into, late in
+                        (record[at + 4 * i:at + 4 * i + 4] for i in range(n_acc))]
+            at += 4 * n_acc
+            refused = [(p, push_id) for p, push_id in (record[at + 2 * i:at + 2 * i + 2] for i in range(n_ref))]
+            rejoined = self._share_state(mine.rejoined if mine is not None else None) if flags & REJOINED else None
+            updates = Updates(rejoined, published, accepted, refused, bool(flags & SHARE_STATE))
+            stopping, resync, stop = bool(flags & STOPPING), bool(flags & RESYNC), bool(flags & STOP)
         for event, flag in ((self.stopping, stopping), (self.resync, resync)):
             event.set() if flag else event.clear()
         self.stop_requested = stop
@@ -124,14 +365,14 @@ class MirroredClient:
     def until(self, deadline: float) -> bool:
         """Whether host 0 is still before `deadline` (monotonic) and not refused: one answer for all."""
         go = self.client is not None and time.monotonic() < deadline and not self.client.stopping.is_set()
-        return bool(self.hosts.share(go))
+        return self.hosts.share_flags(go)[0]
 
     def wait_for_news(self, timeout: float) -> None:
         if self.client is not None:
             self.client.wait_for_news(timeout)
 
     def flush(self, timeout: float) -> bool:
-        return bool(self.hosts.share(self.client.flush(timeout) if self.client is not None else None))
+        return self.hosts.share_flags(bool(self.client.flush(timeout)) if self.client is not None else False)[0]
 
     def close(self) -> None:
         if self.client is not None:

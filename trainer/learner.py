@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         return Exit.CONFIG
     real = (connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)) if hosts.leader else None
     stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (client.stop_requested)
-    client = MirroredClient(hosts, real, stop)
+    client = MirroredClient(hosts, real, stop, plan.fragments, shapes)  # the plan lays out what host 0 shares
     t_join = time.monotonic()
     try:  # an unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code
         joined = client.join_with_retry(shapes, InitialModel(theta0, plan.fragments))
