@@ -19,7 +19,7 @@ from diloco.spec_base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
 from diloco.spec_learner import Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
-from diloco.spec_pod import PodOverlay, Resources, Toleration
+from diloco.spec_pod import PodOverlay, PodTemplate, Resources, Toleration
 from diloco.spec_status import (  # noqa: F401
     Condition,
     JobStatus,
@@ -57,6 +57,7 @@ class LearnerGroup(Model):
     tolerations: list[Toleration] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
     pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
+    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec_pod.py)
     # >1 stretches each step by this factor: a stand-in for older or slower chips.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
     # First data shard of this group's learners (learner i reads shard shardOffset + i). Unset:

@@ -1,11 +1,17 @@
-"""What a user adds to the pods the operator renders: `learnerGroups[].pod` and `syncer.pod`,
-besides their resources and tolerations.
+"""What a user adds to the pods the operator renders, besides their resources and tolerations:
+`learnerGroups[].pod` and `syncer.pod` (a short list of common fields), and
+`learnerGroups[].template` and `syncer.template` (a whole pod template).
 
-JobSet and KubeRay take a whole pod template; ours is an overlay of the fields users need in
-the first week (a cloud identity for the data bucket, a private registry, a priority, extra
-environment and volumes, labels for cost allocation), merged into what the operator renders
-(operator/overlay.py). The rest of the pod stays the operator's: the command line, ports,
-probes, security context, config and token mounts are what the learner-syncer contract needs.
+`pod` is an overlay of the fields users need in the first week (a cloud identity for the data
+bucket, a private registry, a priority, extra environment and volumes, labels for cost
+allocation). `template` is the general form, in the spirit of JobSet's and KubeRay's pod
+templates: a PodTemplateSpec (metadata and spec) strategically merged onto what the operator
+renders, after `pod` (operator/overlay.py says how each field merges): sidecars and init
+containers, affinity and topology spread, a runtime class or scheduler, host networking, more
+volumes, env and mounts. What the learner-syncer contract needs stays the operator's: its
+container's command line, image, ports, readiness probe and resources, the config and token
+mounts, the labels it selects pods by; a template that sets one is refused with the field path
+(operator/overlay.py `template_problems`, run at admission and by `diloco validate`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,18 @@ class PodOverlay(Model):
     env: list[EnvVar] = Field(default_factory=list)  # appended to the container's own
     volumes: list[KubeObject] = Field(default_factory=list)  # names must not clash with ours
     volume_mounts: list[KubeObject] = Field(default_factory=list)  # into the learner or syncer container
+
+
+class TemplateMeta(Model):
+    labels: dict[str, str] = Field(default_factory=dict)  # added; the operator's keys are refused
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class PodTemplate(Model):
+    """A PodTemplateSpec merged onto the rendered pods; its spec is a PodSpec, checked at admission."""
+
+    metadata: TemplateMeta = Field(default_factory=TemplateMeta)
+    spec: KubeObject = Field(default_factory=dict)
 
 
 class Toleration(Model):

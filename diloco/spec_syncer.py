@@ -17,7 +17,7 @@ from diloco.core.ledger import Adoption
 from diloco.core.merge import MergeMethod
 from diloco.core.rounds import StalePolicy
 from diloco.spec_base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
-from diloco.spec_pod import PodOverlay, Resources
+from diloco.spec_pod import PodOverlay, PodTemplate, Resources
 
 DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
 
@@ -145,6 +145,7 @@ class Syncer(Model):
     image: str = DEFAULT_SYNCER_IMAGE
     resources: Resources = Field(default_factory=Resources)
     pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
+    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec_pod.py)
     external: ExternalSyncer | None = None
     expose: Expose | None = None
     # Regions of learner groups in other clusters that use this syncer: its status and metrics

@@ -3,7 +3,7 @@
 The operator (reconcile.py) and `diloco validate` both call `problems`, so a manifest that
 validates is one the operator accepts: the spec's own rules (diloco/spec.py), then what
 Kubernetes would refuse later or the learners could not fill (render.name_problems: names, TPU
-slices and hostsPerLearner, pod overlays, a checkpoint volume nobody can size), then what this
+slices and hostsPerLearner, pod overlays and templates, a checkpoint volume nobody can size), then what this
 installation cannot do (the Gateway API, Kueue's limits). One check needs the cluster and is
 the operator's alone: a running syncer's shard count (render.shard_change_problem).
 """

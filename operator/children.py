@@ -26,6 +26,7 @@ MANAGED_KINDS = ("ConfigMap", "Secret", "PersistentVolumeClaim", "Service", "Sta
 GATEWAY_KINDS = ("GRPCRoute",)
 # Likewise only with the chart's kueue.enabled: a queued job's Kueue Workload (kueue.py).
 KUEUE_KINDS = ("Workload",)
+OPTIONAL_KINDS = frozenset(GATEWAY_KINDS + KUEUE_KINDS)
 # A claim's spec is immutable once bound (and resizing needs a cooperative storage class).
 CREATE_ONLY = {"PersistentVolumeClaim"}
 # What may stop being rendered while its job exists (suspended, finished, a group removed, an
@@ -95,7 +96,16 @@ def observe(kube: Kube, namespace: str, job: str,
             if obj is not None and n.selector(job).items() <= (obj["metadata"].get("labels") or {}).items():
                 out[key(obj)] = obj
             continue
-        for obj in kube.list(kind, namespace, n.selector(job)):
+        try:
+            found = kube.list(kind, namespace, n.selector(job))
+        except ApiError as exc:
+            # An optional kind whose API is not served (Kueue or the Gateway API not installed,
+            # or only in versions the operator does not speak): no children of it, and the jobs
+            # that need it say so themselves (kueue.py, exposure.py).
+            if exc.status != 404 or kind not in OPTIONAL_KINDS:
+                raise
+            continue
+        for obj in found:
             out[key(obj)] = obj
     return out
 

@@ -31,12 +31,24 @@ KINDS: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),  # who may reach a syncer
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),  # a drain waits for a syncer
     "GRPCRoute": ("apis/gateway.networking.k8s.io/v1", "grpcroutes"),  # an exposed syncer (Gateway API)
-    "Workload": ("apis/kueue.x-k8s.io/v1beta1", "workloads"),  # a queued job's admission (Kueue: kueue.py)
+    # Kueue's (kueue.py): served under the newest version of VERSIONED's that the server has.
+    "Workload": ("apis/kueue.x-k8s.io/v1beta2", "workloads"),  # a queued job's admission
+    "ResourceFlavor": ("apis/kueue.x-k8s.io/v1beta2", "resourceflavors"),  # cluster-scoped: an admitted flavor
+    "WorkloadPriorityClass": ("apis/kueue.x-k8s.io/v1beta2", "workloadpriorityclasses"),  # cluster-scoped
+    "PriorityClass": ("apis/scheduling.k8s.io/v1", "priorityclasses"),  # cluster-scoped: a pod priority's value
     "DecoupledDiLoCoJob": ("apis/diloco.dev/v1alpha1", "decoupleddilocojobs"),
 }
 # Kinds an older server serves under an older version, newest first: policy/v1 PodDisruptionBudgets
 # arrived in 1.21 (v1beta1, same fields for what we set, until 1.25). Chosen once per client.
 OLDER_VERSIONS: dict[str, tuple[str, ...]] = {"PodDisruptionBudget": ("apis/policy/v1beta1",)}
+# Kinds of API groups whose served version is found by group discovery (GET /apis/<group>): the
+# newest served one of the versions the operator speaks, newest first. Kueue serves v1beta2
+# from 0.15 on and drops v1beta1 later; older releases serve v1beta1 alone. Asked once per
+# client, and again when a request says the version is no longer served (a Kueue upgrade).
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
+VERSIONED: dict[str, tuple[str, tuple[str, ...]]] = {
+    kind: (KUEUE_GROUP, KUEUE_VERSIONS) for kind in ("Workload", "ResourceFlavor", "WorkloadPriorityClass")}
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML
@@ -81,6 +93,7 @@ class Kube:
         self.user_agent = user_agent
         self.ca_file, self.cert_file, self.key_file, self.verify = ca_file, cert_file, key_file, verify
         self._served: dict[str, str] = {}  # kind -> prefix, for OLDER_VERSIONS
+        self._group_versions: dict[str, str] = {}  # group -> the version spoken, for VERSIONED
         self.pool = urllib3.PoolManager(
             num_pools=4, maxsize=8, cert_reqs="CERT_REQUIRED" if verify else "CERT_NONE",
             ca_certs=ca_file, cert_file=cert_file, key_file=key_file,
@@ -121,8 +134,33 @@ class Kube:
             raise ApiError(response.status, f"{method} {path}: {message}", str(body.get("reason") or ""), message)
         return json.loads(text) if text else {}
 
+    def served_version(self, group: str, known: tuple[str, ...] = KUEUE_VERSIONS) -> str:
+        """The newest of `known` (newest first) that the server serves for `group` (API discovery,
+        asked once and cached); ApiError 404 naming what it serves when none of them."""
+        if group not in self._group_versions:
+            try:
+                found = self.request("GET", f"apis/{group}")
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                found = {}
+            served = [str(v.get("version")) for v in found.get("versions") or []]
+            chosen = next((v for v in known if v in served), None)
+            if chosen is None:
+                raise ApiError(404, f"the server serves no version of {group} this operator speaks "
+                                    f"({', '.join(known)}); it serves {', '.join(served) or 'none'}", "NotServed")
+            self._group_versions[group] = chosen
+        return self._group_versions[group]
+
+    def forget_version(self, group: str) -> None:
+        """Discover `group`'s version again on next use."""
+        self._group_versions.pop(group, None)
+
     def prefix(self, kind: str) -> str:
         """The API path prefix this server serves `kind` under (discovery, asked once)."""
+        if kind in VERSIONED:
+            group, known = VERSIONED[kind]
+            return f"apis/{group}/{self.served_version(group, known)}"
         prefix, _ = KINDS[kind]
         if kind not in OLDER_VERSIONS:
             return prefix
@@ -140,6 +178,23 @@ class Kube:
                 raise ApiError(404, f"the server serves no version of {kind} (tried {prefix}, {OLDER_VERSIONS[kind]})")
         return self._served[kind]
 
+    def _rediscovering(self, kind: str, call: Callable[[], dict[str, Any]], collection: bool = False) -> dict[str, Any]:
+        """`call`, once more after discovering the version again when a VERSIONED kind's request
+        answers 404 for the version rather than for an object (e.g. v1beta1 after a Kueue upgrade
+        dropped it): any 404 of a `collection` (a list), else one without the Status reason
+        NotFound that a missing object gets (an unserved path answers a bare 404 page)."""
+        try:
+            return call()
+        except ApiError as exc:
+            if exc.status != 404 or kind not in VERSIONED or exc.reason == "NotServed" or \
+                    (exc.reason == "NotFound" and not collection):
+                raise
+            group = VERSIONED[kind][0]
+            spoken = self._group_versions.pop(group, None)
+            if spoken is None or self.served_version(group, VERSIONED[kind][1]) == spoken:
+                raise
+            return call()
+
     def path(self, kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
         prefix, plural = self.prefix(kind), KINDS[kind][1]
         out = f"{prefix}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{prefix}/{plural}"
@@ -151,17 +206,19 @@ class Kube:
 
     # -- verbs --------------------------------------------------------------------------------
 
-    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         try:
-            return self.request("GET", self.path(kind, namespace, name))
+            return self._rediscovering(kind, lambda: self.request("GET", self.path(kind, namespace, name)))
         except ApiError as exc:
-            if exc.status == 404:
+            if exc.status == 404 and exc.reason != "NotServed":
                 return None
             raise
 
     def list(self, kind: str, namespace: str | None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
         params = {"labelSelector": ",".join(f"{k}={v}" for k, v in sorted(labels.items()))} if labels else None
-        items = self.request("GET", self.path(kind, namespace), params=params).get("items") or []
+        found = self._rediscovering(kind, lambda: self.request("GET", self.path(kind, namespace), params=params),
+                                    collection=True)
+        items: list[dict[str, Any]] = found.get("items") or []
         prefix = self.prefix(kind)
         for item in items:  # list items omit these; callers compare whole objects
             item.setdefault("apiVersion", prefix.removeprefix("apis/").removeprefix("api/"))
@@ -169,19 +226,22 @@ class Kube:
         return items
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self.request("POST", self.path(obj["kind"], obj["metadata"].get("namespace")), obj)
+        return self._rediscovering(obj["kind"], lambda: self.request(
+            "POST", self.path(obj["kind"], obj["metadata"].get("namespace")), obj))
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply: creates or updates, and drops fields we stopped setting."""
         meta = obj["metadata"]
         if obj["kind"] in OLDER_VERSIONS:  # rendered for the newest version; sent as the served one
             obj = {**obj, "apiVersion": self.prefix(obj["kind"]).removeprefix("apis/")}
-        return self.request("PATCH", self.path(obj["kind"], meta["namespace"], meta["name"]), obj,
-                            params={"fieldManager": MANAGER, "force": "true"}, content_type=APPLY_PATCH)
+        return self._rediscovering(obj["kind"], lambda: self.request(
+            "PATCH", self.path(obj["kind"], meta["namespace"], meta["name"]), obj,
+            params={"fieldManager": MANAGER, "force": "true"}, content_type=APPLY_PATCH))
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
               sub: str | None = None) -> dict[str, Any]:
-        return self.request("PATCH", self.path(kind, namespace, name, sub), patch, content_type=MERGE_PATCH)
+        return self._rediscovering(kind, lambda: self.request("PATCH", self.path(kind, namespace, name, sub), patch,
+                                                              content_type=MERGE_PATCH))
 
     def delete(self, kind: str, namespace: str, name: str, *, grace_seconds: int | None = None,
                uid: str | None = None) -> bool:
@@ -196,7 +256,8 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         params = {"gracePeriodSeconds": str(grace_seconds)} if grace_seconds is not None else None
         try:
-            self.request("DELETE", self.path(kind, namespace, name), body, params=params)
+            self._rediscovering(kind, lambda: self.request("DELETE", self.path(kind, namespace, name), body,
+                                                           params=params))
         except ApiError as exc:
             if exc.status in (404, 409):
                 return False

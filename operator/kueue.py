@@ -20,32 +20,71 @@ and stopping a queued job by hand is Kueue's way, `spec.active: false` on its Wo
 A Workload's PodSets cannot change once it holds quota: when the learner groups or their
 replicas change, the held Workload is replaced by a new one (the job is suspended until Kueue
 admits that), as Kueue does for its own jobs. A finished job's Workload gets `Finished`, which
-frees its quota. Pure, except `finish` (one status write).
+frees its quota.
+
+Which Kueue: the Workload is written in the newest version the cluster serves of those the
+operator speaks (v1beta2, then v1beta1; kube.Kube.served_version), and the two differ, for what
+the operator writes, only in how the priority class is named (v1beta1: priorityClassName and
+priorityClassSource; v1beta2: priorityClassRef with group, kind and name). What the operator does
+besides, as Kueue's own job integrations (its JobFramework) do for theirs:
+- priority: the job's `kueue.x-k8s.io/priority-class` label names a WorkloadPriorityClass, else
+  the first pod template's priorityClassName a PriorityClass; its value goes into spec.priority;
+- topology-aware scheduling: Kueue's podset annotations (`kueue.x-k8s.io/podset-required-topology`
+  and the others in TOPOLOGY_ANNOTATIONS), on a group's or the syncer's pod template or, for every
+  learner group, on the job itself, become the PodSet's topologyRequest (a group's pods indexed by
+  their StatefulSet ordinal, a multi-host group's learners as sub-groups);
+- admission: the flavors Kueue assigned each PodSet (status.admission.podSetAssignments[].flavors)
+  are read, and each ResourceFlavor's nodeLabels go into that PodSet's pods' nodeSelector and its
+  tolerations into theirs, with the admission checks' podSetUpdates and, for a topology
+  assignment, Kueue's scheduling gate; a clash (a node label the pods already select otherwise)
+  keeps the job suspended, as Kueue keeps its own jobs.
+Pure, except `finish` (one status write) and `lookup` (the reads of the cluster-scoped objects
+above).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from diloco.operator import access, drift, learners, render
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
-from diloco.operator.kube import ApiError, Kube
+from diloco.operator.kube import KUEUE_GROUP, KUEUE_VERSIONS, ApiError, Kube
 from diloco.operator.parts import Owner, meta
 from diloco.spec import DecoupledDiLoCoJob
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-API_VERSION, KIND = "kueue.x-k8s.io/v1beta1", "Workload"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, on the job (Kueue's label)
+KIND = "Workload"
+NEWEST = KUEUE_VERSIONS[0]
+# v1beta1's spec.priorityClassSource values; v1beta2 names (group, kind) instead.
+SOURCES = {"WorkloadPriorityClass": "kueue.x-k8s.io/workloadpriorityclass",
+           "PriorityClass": "scheduling.k8s.io/priorityclass"}
+GROUPS = {"WorkloadPriorityClass": KUEUE_GROUP, "PriorityClass": "scheduling.k8s.io"}
+# Kueue's podset annotations for topology-aware scheduling (apis/kueue/*/topology_types.go) and
+# the PodSetTopologyRequest field each becomes; the first three exclude each other.
+REQUIRED, PREFERRED, UNCONSTRAINED = ("kueue.x-k8s.io/podset-required-topology",
+                                      "kueue.x-k8s.io/podset-preferred-topology",
+                                      "kueue.x-k8s.io/podset-unconstrained-topology")
+SLICE_TOPOLOGY, SLICE_SIZE = "kueue.x-k8s.io/podset-slice-required-topology", "kueue.x-k8s.io/podset-slice-size"
+GROUP_NAME = "kueue.x-k8s.io/podset-group-name"
+TOPOLOGY_ANNOTATIONS = (REQUIRED, PREFERRED, UNCONSTRAINED, SLICE_TOPOLOGY, SLICE_SIZE, GROUP_NAME)
+# What Kueue's integrations put on an admitted job's pods: the PodSet's name, and with a
+# topology assignment a scheduling gate its TopologyUngater lifts, and the Workload's name.
+POD_SET_LABEL, WORKLOAD_ANNOTATION, TOPOLOGY_GATE = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload", \
+    "kueue.x-k8s.io/topology"
 MAX_POD_SETS = 8  # Kueue's limit on spec.podSets
 MAX_NAME = 63  # a Workload's and a PodSet's name: a DNS label
 SYNCER_POD_SET = n.SYNCER
-# Workload conditions (kueue apis/kueue/v1beta1/workload_types.go).
+# Workload conditions (kueue apis/kueue/v1beta1 and v1beta2 workload_types.go: the same).
 ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
-# The job's condition: Kueue's word for it.
+# The job's condition: Kueue's word for it; its reasons for a job Kueue cannot run yet (each
+# with a Warning Event when the condition turns to it).
 JOB_ADMITTED = "Admitted"
+TROUBLE = frozenset({"KueueNotServed", "PriorityClassNotFound", "PlacementFailed"})
 
 
 def queue(config_kueue: bool, labels: Mapping[str, str] | None) -> str | None:
@@ -60,7 +99,8 @@ def workload_name(job: str, uid: str) -> str:
 
 
 def problems(job: DecoupledDiLoCoJob) -> list[str]:
-    """What Kueue would refuse: more PodSets than it allows, or a group the syncer's PodSet shadows."""
+    """What Kueue would refuse: more PodSets than it allows, a group the syncer's PodSet shadows,
+    topology annotations (the job's, a group's or the syncer's) its jobframework refuses."""
     out: list[str] = []
     groups = job.spec.learner_groups
     syncer = job.spec.syncer.external is None
@@ -72,6 +112,66 @@ def problems(job: DecoupledDiLoCoJob) -> list[str]:
         if syncer and g.name == SYNCER_POD_SET:
             out.append(f"spec.learnerGroups[{i}].name: {g.name!r} is the syncer's PodSet in the job's Kueue "
                        f"Workload; rename the group")
+    out += _annotation_problems("metadata.annotations", job.metadata.annotations)
+    for i, g in enumerate(groups):
+        for where, found in _template_annotations(f"spec.learnerGroups[{i}]", g.pod, g.template):
+            out += _annotation_problems(where, found)
+    for where, found in _template_annotations("spec.syncer", job.spec.syncer.pod, job.spec.syncer.template):
+        out += _annotation_problems(where, found)
+    return out
+
+
+def _template_annotations(where: str, pod: Any, template: Any) -> list[tuple[str, Mapping[str, str]]]:
+    out: list[tuple[str, Mapping[str, str]]] = []
+    if pod is not None:
+        out.append((f"{where}.pod.annotations", pod.annotations))
+    if template is not None:
+        out.append((f"{where}.template.metadata.annotations", template.metadata.annotations))
+    return out
+
+
+def _annotation_problems(where: str, annotations: Mapping[str, str]) -> list[str]:
+    """Kueue's topology annotations that Kueue would refuse (its jobframework's rules)."""
+    out = []
+    given = [k for k in (REQUIRED, PREFERRED, UNCONSTRAINED) if k in annotations]
+    if len(given) > 1:
+        out.append(f"{where}[{given[1]}]: {given[0]} is set too; a PodSet takes one of required, preferred "
+                   "and unconstrained topology")
+    if UNCONSTRAINED in annotations and annotations[UNCONSTRAINED].lower() not in ("true", "false"):
+        out.append(f"{where}[{UNCONSTRAINED}]: {annotations[UNCONSTRAINED]!r} is not true or false")
+    if SLICE_SIZE in annotations and not (annotations[SLICE_SIZE].isdigit() and int(annotations[SLICE_SIZE]) > 0):
+        out.append(f"{where}[{SLICE_SIZE}]: {annotations[SLICE_SIZE]!r} is not a positive integer")
+    for key in (REQUIRED, PREFERRED, SLICE_TOPOLOGY):
+        if key in annotations and not annotations[key]:
+            out.append(f"{where}[{key}]: a topology level (a node label key) is required")
+    return out
+
+
+def topology_request(annotations: Mapping[str, str], fallback: Mapping[str, str], *, gang_count: int | None,
+                     hosts: int) -> dict[str, Any] | None:
+    """A PodSet's topologyRequest from Kueue's annotations (the pod template's, else `fallback`:
+    the job's), as Kueue's jobframework builds it; None when none asks for one. Pods are indexed
+    by their StatefulSet ordinal; a multi-host group (`gang_count` learners of `hosts` pods) has
+    one sub-group per learner, so a slice topology keeps each learner's hosts together."""
+    source = annotations if any(k in annotations for k in TOPOLOGY_ANNOTATIONS) else fallback
+    out: dict[str, Any] = {}
+    if REQUIRED in source:
+        out["required"] = source[REQUIRED]
+    elif PREFERRED in source:
+        out["preferred"] = source[PREFERRED]
+    elif UNCONSTRAINED in source:
+        out["unconstrained"] = source[UNCONSTRAINED].lower() == "true"
+    if SLICE_TOPOLOGY in source:
+        out["podSetSliceRequiredTopology"] = source[SLICE_TOPOLOGY]
+        size = source.get(SLICE_SIZE, "")
+        out["podSetSliceSize"] = int(size) if size.isdigit() else hosts
+    if not out:
+        return None
+    if GROUP_NAME in source and ("required" in out or "preferred" in out):
+        out["podSetGroupName"] = source[GROUP_NAME]
+    out["podIndexLabel"] = n.INDEX
+    if gang_count is not None:
+        out["subGroupIndexLabel"], out["subGroupCount"] = n.LEARNER_INDEX, gang_count
     return out
 
 
@@ -81,6 +181,10 @@ def _template(template: dict[str, Any]) -> dict[str, Any]:
     return {**template, "metadata": {"labels": template["metadata"]["labels"]}}
 
 
+def _annotations(template: Mapping[str, Any]) -> Mapping[str, str]:
+    return (template.get("metadata") or {}).get("annotations") or {}
+
+
 def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = None) -> list[dict[str, Any]]:
     """One PodSet per learner group, then the syncer's: what Kueue reserves quota for."""
     link = link or access.link(job, owner.namespace, {})
@@ -88,19 +192,60 @@ def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = N
     for g in job.spec.learner_groups:
         # A multi-host learner's gangs differ only in their index: any one stands for all.
         template = learners.pod_template(job, owner, g, link, 0 if learners.is_gang(g) else None)
-        out.append({"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)})
+        pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
+        request = topology_request(_annotations(template), job.metadata.annotations,
+                                   gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
+        out.append({**pod_set, **({"topologyRequest": request} if request else {})})
     if job.spec.syncer.external is None:
-        out.append({"name": SYNCER_POD_SET, "count": job.spec.syncer.shards,
-                    "template": _template(render.syncer_pod_template(job, owner))})
+        template = render.syncer_pod_template(job, owner)
+        request = topology_request(_annotations(template), {}, gang_count=None, hosts=1)
+        out.append({"name": SYNCER_POD_SET, "count": job.spec.syncer.shards, "template": _template(template),
+                    **({"topologyRequest": request} if request else {})})
     return out
 
 
-def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str,
-             link: access.Link | None = None) -> dict[str, Any]:
-    """The job's Workload (spec only: its status is Kueue's)."""
-    return {"apiVersion": API_VERSION, "kind": KIND,
+@dataclass(frozen=True)
+class Priority:
+    """The priority class a Workload names (`kind` WorkloadPriorityClass or PriorityClass) and its value."""
+
+    kind: str
+    name: str
+    value: int
+
+
+def priority_class(job: DecoupledDiLoCoJob) -> tuple[str, str] | None:
+    """(kind, name) of the class whose value is the job's priority in Kueue, as Kueue's
+    integrations choose it: the job's WorkloadPriorityClass label, else the first pod template's
+    PriorityClass (the groups' in order, then the syncer's); None: Kueue's default."""
+    if (name := (job.metadata.labels or {}).get(PRIORITY_LABEL)):
+        return "WorkloadPriorityClass", name
+    shapes = [(g.pod, g.template) for g in job.spec.learner_groups] + [(job.spec.syncer.pod, job.spec.syncer.template)]
+    for pod, template in shapes:
+        name = (template.spec.get("priorityClassName") if template is not None else None) or \
+            (pod.priority_class_name if pod is not None else None)
+        if name:
+            return "PriorityClass", str(name)
+    return None
+
+
+def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
+    """The Workload spec's priority fields in `version`'s words."""
+    if priority is None:
+        return {}
+    if version == "v1beta1":
+        return {"priorityClassName": priority.name, "priorityClassSource": SOURCES[priority.kind],
+                "priority": priority.value}
+    return {"priorityClassRef": {"group": GROUPS[priority.kind], "kind": priority.kind, "name": priority.name},
+            "priority": priority.value}
+
+
+def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str, link: access.Link | None = None, *,
+             version: str = NEWEST, priority: Priority | None = None) -> dict[str, Any]:
+    """The job's Workload in Kueue API `version` (spec only: its status is Kueue's)."""
+    return {"apiVersion": f"{KUEUE_GROUP}/{version}", "kind": KIND,
             "metadata": meta(owner, workload_name(owner.name, owner.uid)),
-            "spec": {"queueName": queue_name, "podSets": pod_sets(job, owner, link)}}
+            "spec": {"queueName": queue_name, "podSets": pod_sets(job, owner, link),
+                     **priority_fields(priority, version)}}
 
 
 def _true(wl: Mapping[str, Any] | None, type_: str) -> bool:
@@ -129,10 +274,18 @@ def deleting(wl: Mapping[str, Any] | None) -> bool:
     return bool(((wl or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
+# What a held Workload keeps: its PodSets (Kueue refuses changing them), its queue, and the
+# priority class it names (v1beta1 refuses a changed source); the priority's value may change.
+HELD = ("podSets", "queueName", "priorityClassName", "priorityClassSource", "priorityClassRef")
+
+
 def stale(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
-    """A held Workload whose PodSets or queue no longer match the job: Kueue refuses changing
-    them, so it is replaced (deleted, then created afresh and queued again)."""
-    return live is not None and holds_quota(live) and not drift.contains(live.get("spec"), desired["spec"])
+    """A held Workload whose PodSets, queue or priority class no longer match the job: Kueue
+    refuses changing them, so it is replaced (deleted, then created afresh and queued again)."""
+    if live is None or not holds_quota(live):
+        return False
+    spec, want = live.get("spec") or {}, desired["spec"]
+    return any(not drift.contains(spec.get(k), want[k]) for k in HELD if k in want)
 
 
 @dataclass(frozen=True)
@@ -166,6 +319,169 @@ def condition(conds: list[dict[str, Any]], g: Gate | None, now: str, generation:
     if g is None:
         return [x for x in conds if x.get("type") != JOB_ADMITTED]
     return c.set_condition(conds, JOB_ADMITTED, g.admitted, g.reason, g.message, now, generation)
+
+
+@dataclass(frozen=True)
+class PodSetInfo:
+    """What an admitted PodSet's pods get (Kueue's podset.PodSetInfo): merged into its pod template."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    scheduling_gates: list[str] = field(default_factory=list)
+
+
+def flavor_names(wl: Mapping[str, Any] | None) -> list[str]:
+    """The ResourceFlavors Kueue assigned the Workload's PodSets."""
+    admission = ((wl or {}).get("status") or {}).get("admission") or {}
+    return sorted({str(f) for a in admission.get("podSetAssignments") or [] for f in (a.get("flavors") or {}).values()})
+
+
+def _merge(into: dict[str, str], more: Mapping[str, str] | None, what: str, problems: list[str]) -> None:
+    for k, v in (more or {}).items():
+        if k in into and into[k] != v:
+            problems.append(f"{what} {k}={v!r} clashes with {into[k]!r}")
+        else:
+            into[k] = v
+
+
+def _add(into: list[Any], more: Any) -> None:
+    into.extend(x for x in more or [] if x not in into)
+
+
+def placement(wl: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any] | None],
+              ) -> tuple[dict[str, PodSetInfo], list[str]]:
+    """What each PodSet of the admitted Workload `wl` puts into its pods, by PodSet name, as
+    Kueue's JobFramework takes it from the admission (getPodSetsInfoFromStatus): the assigned
+    flavors' nodeLabels and tolerations (`flavors`: each ResourceFlavor by name, None if gone),
+    Kueue's podset label, with a topology assignment its scheduling gate and the Workload's
+    name, then each admission check's podSetUpdates; and what prevents it (a missing flavor, an
+    update that contradicts the rest). A flavor not in `flavors` at all is skipped."""
+    status = wl.get("status") or {}
+    requests = {p.get("name"): p.get("topologyRequest") or {} for p in (wl.get("spec") or {}).get("podSets") or []}
+    out: dict[str, PodSetInfo] = {}
+    problems: list[str] = []
+    for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
+        name = str(assignment.get("name"))
+        info = PodSetInfo(labels={POD_SET_LABEL: name})
+        found: list[str] = []
+        for flavor in dict.fromkeys((assignment.get("flavors") or {}).values()):
+            if flavor not in flavors:
+                continue  # not looked up (unreadable): its caller says why
+            obj = flavors[flavor]
+            if obj is None:
+                found.append(f"ResourceFlavor {flavor} not found")
+                continue
+            info.node_selector.update((obj.get("spec") or {}).get("nodeLabels") or {})
+            _add(info.tolerations, (obj.get("spec") or {}).get("tolerations"))
+        if assignment.get("topologyAssignment") is not None:
+            if not {"required", "preferred", "unconstrained"} & set(requests.get(name) or {}):
+                info.annotations[UNCONSTRAINED] = "true"
+            info.annotations[WORKLOAD_ANNOTATION] = str(wl.get("metadata", {}).get("name", ""))
+            info.scheduling_gates.append(TOPOLOGY_GATE)
+        for check in status.get("admissionChecks") or []:
+            for update in check.get("podSetUpdates") or []:
+                if update.get("name") != name:
+                    continue
+                where = f"admission check {check.get('name')}:"
+                _merge(info.labels, update.get("labels"), f"{where} label", found)
+                _merge(info.annotations, update.get("annotations"), f"{where} annotation", found)
+                _merge(info.node_selector, update.get("nodeSelector"), f"{where} nodeSelector", found)
+                _add(info.tolerations, update.get("tolerations"))
+        problems += [f"PodSet {name}: {p}" for p in found]
+        out[name] = info
+    return out, problems
+
+
+def clashes(infos: Mapping[str, PodSetInfo], pod_sets_: list[dict[str, Any]]) -> list[str]:
+    """Where the admission contradicts a PodSet's own pod template (a node label or pod label it
+    sets otherwise): Kueue refuses to start such a job, and so does the operator."""
+    out = []
+    for pod_set in pod_sets_:
+        info = infos.get(pod_set["name"])
+        if info is None:
+            continue
+        template = pod_set.get("template") or {}
+        for what, ours, theirs in (
+                ("nodeSelector", (template.get("spec") or {}).get("nodeSelector") or {}, info.node_selector),
+                ("label", (template.get("metadata") or {}).get("labels") or {}, info.labels)):
+            for k, v in sorted(theirs.items()):
+                if k in ours and ours[k] != v:
+                    out.append(f"PodSet {pod_set['name']}: the admission's {what} {k}={v!r} clashes with the pods' "
+                               f"{ours[k]!r}")
+    return out
+
+
+def pod_set_of(template: Mapping[str, Any]) -> str | None:
+    """The PodSet a rendered pod template belongs to: its learner group's, or the syncer's."""
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    if labels.get(n.COMPONENT) == n.LEARNER:
+        return labels.get(n.GROUP)
+    return SYNCER_POD_SET if labels.get(n.COMPONENT) == n.SYNCER else None
+
+
+def place(objs: list[dict[str, Any]], infos: Mapping[str, PodSetInfo]) -> list[dict[str, Any]]:
+    """The rendered children with each admitted PodSet's info merged into its workloads' pod
+    templates (Kueue's podset.Merge: maps added, tolerations and gates appended once)."""
+    if not infos:
+        return objs
+    out = []
+    for obj in objs:
+        template = (obj.get("spec") or {}).get("template") if obj["kind"] in ("StatefulSet", "Deployment") else None
+        info = infos.get(pod_set_of(template) or "") if template else None
+        if template is None or info is None:
+            out.append(obj)
+            continue
+        tm, ts = dict(template.get("metadata") or {}), dict(template["spec"])
+        tm["labels"] = {**(tm.get("labels") or {}), **info.labels}
+        if info.annotations:
+            tm["annotations"] = {**(tm.get("annotations") or {}), **info.annotations}
+        if info.node_selector:
+            ts["nodeSelector"] = {**(ts.get("nodeSelector") or {}), **info.node_selector}
+        if info.tolerations:
+            tolerations = list(ts.get("tolerations") or [])
+            _add(tolerations, info.tolerations)
+            ts["tolerations"] = tolerations
+        if info.scheduling_gates:
+            gates = list(ts.get("schedulingGates") or [])
+            _add(gates, [{"name": g} for g in info.scheduling_gates])
+            ts["schedulingGates"] = gates
+        out.append({**obj, "spec": {**obj["spec"], "template": {**template, "metadata": tm, "spec": ts}}})
+    return out
+
+
+def lookup_flavors(kube: Kube, wl: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """The ResourceFlavors the admission names (cluster-scoped), None for one that is gone; and
+    those the operator may not read (its RBAC: the chart's <release>-kueue ClusterRole)."""
+    found: dict[str, dict[str, Any] | None] = {}
+    refused = []
+    for name in flavor_names(wl):
+        try:
+            found[name] = kube.get("ResourceFlavor", None, name)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            refused.append(f"ResourceFlavor {name} cannot be read: {exc.detail}")
+    return found, refused
+
+
+def lookup_priority(kube: Kube, job: DecoupledDiLoCoJob) -> tuple[Priority | None, str]:
+    """The job's priority class and its value; or why it has none ("" when it names no class)."""
+    found = priority_class(job)
+    if found is None:
+        return None, ""
+    kind, name = found
+    try:
+        obj = kube.get(kind, None, name)
+    except ApiError as exc:
+        if exc.status != 403:
+            raise
+        return None, f"{kind} {name} cannot be read: {exc.detail}"
+    if obj is None:
+        where = f"the job's {PRIORITY_LABEL} label" if kind == "WorkloadPriorityClass" else "a pod template"
+        return None, f"{kind} {name} (named by {where}) not found"
+    return Priority(kind, name, int(obj.get("value") or 0)), ""
 
 
 def finish(kube: Kube, live: Mapping[str, Any], succeeded: bool, message: str, now: str) -> None:

@@ -210,8 +210,8 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
         pod_spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in group.tolerations]
-    return overlay.apply({"metadata": {"labels": labels, "annotations": {n.CONFIG_HASH: config_hash(job, group)}},
-                          "spec": pod_spec}, group.pod)
+    return overlay.shape({"metadata": {"labels": labels, "annotations": {n.CONFIG_HASH: config_hash(job, group)}},
+                          "spec": pod_spec}, group.pod, group.template)
 
 
 def _statefulset(owner: Owner, name: str, group: LearnerGroup, replicas: int, match: Mapping[str, str],

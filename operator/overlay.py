@@ -1,20 +1,41 @@
-"""Merge a user's pod overlay (`learnerGroups[].pod`, `syncer.pod`: diloco/spec_pod.py) into a
-rendered pod template. Pure: the template in, a new one out.
+"""Merge a user's pod overlay (`learnerGroups[].pod`, `syncer.pod`) and then pod template
+(`learnerGroups[].template`, `syncer.template`: diloco/spec_pod.py) into a rendered pod
+template. Pure: the template in, a new one out.
 
-Merging, not replacing: labels and annotations are added under ours (the selector labels are
-the operator's), env, volumes, mounts and pull secrets are appended, the service account and
-priority class are set. A clash with what the operator mounts is refused before anything is
-rendered (`job_problems`, reported like a spec error with the field path).
+The overlay merges, not replaces: labels and annotations are added under ours (the selector
+labels are the operator's), env, volumes, mounts and pull secrets are appended, the service
+account and priority class are set.
+
+The template is merged the way `kubectl patch --type strategic` merges a PodTemplateSpec (the
+patch strategies of the Kubernetes API), with the operator's own fields protected:
+- lists of named things merge by name: containers (the operator's container, `learner` or
+  `syncer`, by its name; any other name is a sidecar, appended), initContainers, volumes, a
+  container's env; volumeMounts by mountPath; imagePullSecrets, schedulingGates and
+  resourceClaims by name; tolerations, topologySpreadConstraints, readinessGates, hostAliases
+  and envFrom are appended;
+- maps merge key by key (labels, annotations, nodeSelector, securityContext, ...), and so does
+  affinity, except that the pod (anti-)affinity terms the operator sets (a group's learners
+  spread over nodes; a multi-host learner's hosts in one TPU slice) are kept and the template's
+  are appended; every other field is set (runtimeClassName, schedulerName, hostNetwork,
+  dnsPolicy, terminationGracePeriodSeconds, a container's lifecycle or securityContext, ...).
+What the operator owns is refused, each with its field path and why (`template_problems`, run at
+admission and by `diloco validate`): the operator's container's image, command, args, ports,
+readiness probe and resources (the spec's own fields set those), the env it sets, its volumes
+and mount paths, the labels and annotations it selects and tracks pods by, the fields a
+StatefulSet or Deployment fixes (restartPolicy, hostname, subdomain, nodeName), and a node
+label the group's nodeSelector sets otherwise. A clash with what the operator mounts is refused
+before anything is rendered (`job_problems`, reported like a spec error with the field path).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 from diloco.operator import naming as n
 from diloco.spec import DecoupledDiLoCoJob
-from diloco.spec_pod import PodOverlay
+from diloco.spec_pod import RESERVED_NAMES, RESERVED_PREFIXES, PodOverlay, PodTemplate
 
 
 def _dump(items: list[Any]) -> list[dict[str, Any]]:
@@ -72,7 +93,263 @@ def problems(where: str, overlay: PodOverlay | None) -> list[str]:
 
 
 def job_problems(job: DecoupledDiLoCoJob) -> list[str]:
-    """Every overlay of the job, with its field path."""
+    """Every overlay and template of the job, with its field path."""
     overlays = {f"spec.learnerGroups[{i}].pod": g.pod for i, g in enumerate(job.spec.learner_groups)}
     overlays["spec.syncer.pod"] = job.spec.syncer.pod
-    return [p for where, overlay in overlays.items() for p in problems(where, overlay)]
+    out = [p for where, overlay in overlays.items() for p in problems(where, overlay)]
+    for i, g in enumerate(job.spec.learner_groups):
+        out += template_problems(f"spec.learnerGroups[{i}].template", g.template, n.LEARNER, g.pod,
+                                 f"spec.learnerGroups[{i}]", dict(g.node_selector))
+    out += template_problems("spec.syncer.template", job.spec.syncer.template, n.SYNCER, job.spec.syncer.pod,
+                             "spec.syncer", {})
+    return out
+
+
+# -- pod templates ---------------------------------------------------------------------------
+
+# PodSpec fields (Kubernetes 1.34) by the JSON type each holds: a template's spec is checked
+# against these before it is merged, so a typo is refused with its path, not dropped by the
+# API server. "named": a list of objects each with a name.
+OBJECT, LIST, NAMED, STRING, BOOL, INT, MAP = "object", "list", "named", "string", "boolean", "integer", "map"
+WANTED = {OBJECT: "an object", LIST: "a list", NAMED: "a list of objects", STRING: "a string", BOOL: "a boolean",
+          INT: "an integer", MAP: "a map of strings"}
+POD_FIELDS: dict[str, str] = {
+    "containers": NAMED, "initContainers": NAMED, "ephemeralContainers": NAMED, "volumes": NAMED,
+    "imagePullSecrets": NAMED, "schedulingGates": NAMED, "resourceClaims": NAMED,
+    "tolerations": LIST, "topologySpreadConstraints": LIST, "readinessGates": LIST, "hostAliases": LIST,
+    "nodeSelector": MAP, "overhead": MAP,
+    "affinity": OBJECT, "securityContext": OBJECT, "dnsConfig": OBJECT, "os": OBJECT, "resources": OBJECT,
+    "runtimeClassName": STRING, "schedulerName": STRING, "dnsPolicy": STRING, "priorityClassName": STRING,
+    "serviceAccountName": STRING, "serviceAccount": STRING, "preemptionPolicy": STRING, "nodeName": STRING,
+    "hostname": STRING, "subdomain": STRING, "restartPolicy": STRING, "hostnameOverride": STRING,
+    "hostNetwork": BOOL, "hostPID": BOOL, "hostIPC": BOOL, "shareProcessNamespace": BOOL,
+    "automountServiceAccountToken": BOOL, "enableServiceLinks": BOOL, "setHostnameAsFQDN": BOOL, "hostUsers": BOOL,
+    "terminationGracePeriodSeconds": INT, "activeDeadlineSeconds": INT, "priority": INT,
+}
+CONTAINER_FIELDS: dict[str, str] = {
+    "name": STRING, "image": STRING, "imagePullPolicy": STRING, "workingDir": STRING,
+    "terminationMessagePath": STRING, "terminationMessagePolicy": STRING, "restartPolicy": STRING,
+    "command": LIST, "args": LIST, "ports": LIST, "envFrom": LIST, "volumeDevices": LIST, "resizePolicy": LIST,
+    "restartPolicyRules": LIST, "env": NAMED, "volumeMounts": LIST,
+    "resources": OBJECT, "securityContext": OBJECT, "lifecycle": OBJECT, "livenessProbe": OBJECT,
+    "readinessProbe": OBJECT, "startupProbe": OBJECT,
+    "stdin": BOOL, "stdinOnce": BOOL, "tty": BOOL,
+}
+# Pod fields a template may not set, and why.
+POD_OWNED = {
+    "hostname": "a StatefulSet names its pods (learners and a sharded syncer are found by those names)",
+    "subdomain": "a StatefulSet sets it to the group's headless Service",
+    "hostnameOverride": "learners and a sharded syncer are found by their pods' names",
+    "nodeName": "it bypasses the scheduler and Kueue; use nodeSelector or affinity",
+    "ephemeralContainers": "they are added to running pods (kubectl debug), not to templates",
+    "activeDeadlineSeconds": "it would end pods the StatefulSet restarts; use spec.runPolicy.activeDeadlineSeconds",
+    "priority": "the API server sets it from priorityClassName",
+    "serviceAccount": "deprecated: use serviceAccountName",
+}
+# Fields of the operator's own container a template may not set, and where they come from.
+CONTAINER_OWNED = {
+    "image": "{where}.image", "command": "the learner-syncer contract", "args": "the learner-syncer contract",
+    "ports": "the learner-syncer contract (Services and probes name them)",
+    "readinessProbe": "the learner-syncer contract (ready means joined to the syncer)",
+    "resources": "{where}.resources (Kueue reserves what it says)",
+    "restartPolicy": "only init containers take one",
+}
+# The labels and annotations the operator selects, tracks and restarts pods by (and Kueue's).
+OWNED_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
+              "app.kubernetes.io/component", n.INDEX, "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload")
+OWNED_PREFIX = "diloco.dev/"
+
+
+def _owned_key(key: str) -> bool:
+    return key.startswith(OWNED_PREFIX) or key in OWNED_KEYS
+
+
+def _type_ok(value: Any, kind: str) -> bool:
+    if kind in (OBJECT, MAP):
+        return isinstance(value, dict) and (kind == OBJECT or all(isinstance(v, str | int) for v in value.values()))
+    if kind == LIST:
+        return isinstance(value, list)
+    if kind == NAMED:
+        return isinstance(value, list) and all(isinstance(x, dict) for x in value)
+    if kind == STRING:
+        return isinstance(value, str)
+    if kind == BOOL:
+        return isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shape_problems(where: str, obj: Mapping[str, Any], fields: Mapping[str, str], what: str) -> list[str]:
+    out = []
+    for key, value in obj.items():
+        kind = fields.get(key)
+        if kind is None:
+            out.append(f"{where}.{key}: not a {what} field (Kubernetes 1.34)")
+        elif not _type_ok(value, kind):
+            out.append(f"{where}.{key}: must be {WANTED[kind]}")
+        elif kind == NAMED:
+            for i, item in enumerate(value):
+                if not isinstance(item.get("name"), str) or not item["name"]:
+                    out.append(f"{where}.{key}[{i}].name: required")
+            names = [x.get("name") for x in value]
+            for dup in sorted({x for x in names if isinstance(x, str) and names.count(x) > 1}):
+                out.append(f"{where}.{key}: {dup!r} appears twice")
+    return out
+
+
+def _reserved_env(name: str) -> bool:
+    return name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES
+
+
+def template_problems(where: str, template: PodTemplate | None, container: str, pod: PodOverlay | None,
+                      owner_path: str, node_selector: Mapping[str, str]) -> list[str]:
+    """Why the template at `where` cannot be merged onto the pods of `owner_path` (a learner
+    group or the syncer) whose own container is `container`, each with its field path; `pod`:
+    the same pods' overlay, `node_selector`: the nodeSelector they already have."""
+    if template is None:
+        return []
+    out = []
+    for part in ("labels", "annotations"):
+        for key in sorted(getattr(template.metadata, part)):
+            if _owned_key(key):
+                out.append(f"{where}.metadata.{part}[{key}]: the operator's (it selects and tracks pods by it); "
+                           "choose another key")
+    spec, at = template.spec, f"{where}.spec"
+    out += _shape_problems(at, spec, POD_FIELDS, "PodSpec")
+    if out:
+        return out
+    for key, why in POD_OWNED.items():
+        if key in spec:
+            out.append(f"{at}.{key}: the operator's: {why}")
+    if spec.get("restartPolicy", "Always") != "Always":
+        out.append(f"{at}.restartPolicy: StatefulSets and Deployments run pods with Always only")
+    for key, value in sorted((spec.get("nodeSelector") or {}).items()):
+        if key in node_selector and node_selector[key] != value:
+            out.append(f"{at}.nodeSelector[{key}]: {value!r} clashes with {owner_path}.nodeSelector's "
+                       f"{node_selector[key]!r}; set it in one place")
+    volumes = {v["name"] for v in spec.get("volumes") or []} | {v.get("name") for v in (pod.volumes if pod else [])}
+    volumes |= OUR_VOLUMES
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if volume["name"] in OUR_VOLUMES:
+            out.append(f"{at}.volumes[{i}].name: {volume['name']!r} is the operator's; choose another name")
+    for list_name in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(list_name) or []):
+            path = f"{at}.{list_name}[{i}]"
+            shape = _shape_problems(path, c, CONTAINER_FIELDS, "Container")
+            out += shape
+            if shape:
+                continue
+            ours = list_name == "containers" and c["name"] == container
+            if ours:
+                for key, why in CONTAINER_OWNED.items():
+                    if key in c:
+                        out.append(f"{path}.{key}: the operator's {container} container's; set by "
+                                   f"{why.format(where=owner_path)}")
+                for j, env in enumerate(c.get("env") or []):
+                    if _reserved_env(str(env["name"])):
+                        out.append(f"{path}.env[{j}].name: {env['name']} is set by the operator; choose another name")
+            elif not isinstance(c.get("image"), str) or not c["image"]:
+                out.append(f"{path}.image: required ({c['name']!r} is not the operator's {container} container, so "
+                           "it is a container of its own)")
+            for j, mount in enumerate(c.get("volumeMounts") or []):
+                mount_path = mount.get("mountPath") if isinstance(mount, dict) else None
+                if not isinstance(mount, dict) or mount.get("name") not in volumes:
+                    name = mount.get("name") if isinstance(mount, dict) else mount
+                    out.append(f"{path}.volumeMounts[{j}].name: {name!r} names no volume of the pod")
+                if not isinstance(mount_path, str) or not mount_path.startswith("/"):
+                    out.append(f"{path}.volumeMounts[{j}].mountPath: an absolute path is required")
+                elif ours and any(mount_path == p or mount_path.startswith(p + "/") for p in OUR_PATHS):
+                    out.append(f"{path}.volumeMounts[{j}].mountPath: {mount_path!r} is (inside) the operator's "
+                               "mount; choose another path")
+    return out
+
+
+def _by(key: str, ours: list[Any], theirs: list[Any]) -> list[Any]:
+    """A list merged by `key`: ours in order, each updated by the template's item of the same key
+    (a map merged onto it), then the template's new items."""
+    mine = {x.get(key): i for i, x in enumerate(ours) if isinstance(x, dict)}
+    out = [copy.deepcopy(x) for x in ours]
+    for item in theirs:
+        k = item.get(key) if isinstance(item, dict) else None
+        if k is not None and k in mine:
+            out[mine[k]] = {**out[mine[k]], **copy.deepcopy(item)}
+        else:
+            out.append(copy.deepcopy(item))
+    return out
+
+
+def _appended(ours: list[Any], theirs: list[Any]) -> list[Any]:
+    return [*copy.deepcopy(ours), *(copy.deepcopy(x) for x in theirs if x not in ours)]
+
+
+def _affinity(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """The template's affinity over ours: nodeAffinity as given, pod (anti-)affinity terms appended."""
+    out = copy.deepcopy(ours)
+    for kind, value in theirs.items():
+        if kind in ("podAffinity", "podAntiAffinity") and isinstance(value, dict):
+            mine = dict(out.get(kind) or {})
+            for rule, terms in value.items():
+                mine[rule] = _appended(mine.get(rule) or [], terms or []) if isinstance(terms, list) else terms
+            out[kind] = mine
+        else:
+            out[kind] = copy.deepcopy(value)
+    return out
+
+
+def _container(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    """The operator's container with the template's container of the same name merged onto it."""
+    out = copy.deepcopy(ours)
+    for key, value in theirs.items():
+        if key == "env":
+            out["env"] = _by("name", out.get("env") or [], value)
+        elif key == "volumeMounts":
+            out["volumeMounts"] = _by("mountPath", out.get("volumeMounts") or [], value)
+        elif key == "envFrom":
+            out["envFrom"] = _appended(out.get("envFrom") or [], value)
+        elif key == "securityContext" and isinstance(value, dict):
+            out[key] = {**(out.get(key) or {}), **copy.deepcopy(value)}
+        elif key != "name":
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+APPENDED = ("tolerations", "topologySpreadConstraints", "readinessGates", "hostAliases")
+BY_NAME = ("initContainers", "volumes", "imagePullSecrets", "schedulingGates", "resourceClaims")
+MERGED_MAPS = ("nodeSelector", "securityContext", "overhead", "dnsConfig", "os", "resources")
+
+
+def merge_template(rendered: dict[str, Any], template: PodTemplate | None) -> dict[str, Any]:
+    """`rendered` (a pod template the operator made, its overlay merged in) with `template`
+    merged onto it (the module docstring says how); checked first by `template_problems`."""
+    if template is None or template == PodTemplate():
+        return rendered
+    out = copy.deepcopy(rendered)
+    meta, spec = out.setdefault("metadata", {}), out["spec"]
+    for part in ("labels", "annotations"):
+        extra = getattr(template.metadata, part)
+        if extra:
+            meta[part] = {**(meta.get(part) or {}), **extra}
+    for key, value in template.spec.items():
+        if key == "containers":
+            ours = {c["name"]: i for i, c in enumerate(spec["containers"])}
+            for c in value:
+                if c.get("name") in ours:
+                    i = ours[c["name"]]
+                    spec["containers"][i] = _container(spec["containers"][i], c)
+                else:
+                    spec["containers"].append(copy.deepcopy(c))
+        elif key in BY_NAME:
+            spec[key] = _by("name", spec.get(key) or [], value)
+        elif key in APPENDED:
+            spec[key] = _appended(spec.get(key) or [], value)
+        elif key == "affinity":
+            spec[key] = _affinity(spec.get(key) or {}, value)
+        elif key in MERGED_MAPS and isinstance(value, dict):
+            spec[key] = {**(spec.get(key) or {}), **copy.deepcopy(value)}
+        else:
+            spec[key] = copy.deepcopy(value)
+    return out
+
+
+def shape(rendered: dict[str, Any], overlay: PodOverlay | None, template: PodTemplate | None) -> dict[str, Any]:
+    """The rendered pod template with the overlay, then the template, merged in."""
+    return merge_template(apply(rendered, overlay), template)

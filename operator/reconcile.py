@@ -38,6 +38,7 @@ from diloco.operator import conditions as c
 from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.operator.context import Context, post
+from diloco.operator.kube import ApiError
 from diloco.operator.syncer_client import Target
 from diloco.spec import KIND, DecoupledDiLoCoJob, SpecError, parse_job
 
@@ -48,8 +49,10 @@ def load(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[str]]:
     """The validated job, or the problems (each naming its field path)."""
     meta = body.get("metadata", {})
     try:
+        # Labels and annotations too: Kueue's (kueue.py) are read from the job's.
         job = parse_job({"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-                         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+                         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                                      "labels": meta.get("labels") or {}, "annotations": meta.get("annotations") or {}},
                          "spec": body.get("spec")})
     except SpecError as exc:
         return None, exc.problems
@@ -162,12 +165,14 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     was_finished = st.finished(status)
     gate: kueue.Gate | None = None
     queued: list[dict[str, Any]] = []  # the job's Workload, when queued
+    placed: dict[str, kueue.PodSetInfo] = {}  # what Kueue's admission puts into each PodSet's pods
     if queue is not None:
         live = live if live is not None else children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
-        job, gate, queued = _queue(ctx, ref, job, owner, link, queue, live, was_finished)
-    desired = render.children(job, owner, token, started=st.started(status), finished=was_finished,
-                              blocked=blocker is not None, link=link, outcome=policies.outcome(status),
-                              expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers) + queued
+        job, gate, queued, placed = _queue(ctx, ref, job, owner, link, queue, live, was_finished)
+    desired = kueue.place(render.children(job, owner, token, started=st.started(status), finished=was_finished,
+                                          blocked=blocker is not None, link=link, outcome=policies.outcome(status),
+                                          expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers),
+                          placed) + queued
     live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds, live)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
@@ -187,12 +192,15 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     new = immutable.condition(immutable.record(status, new, owner.uid, job.spec), status, refused,
                               st.rfc3339(now), generation)
     new["conditions"] = kueue.condition(new["conditions"], gate, st.rfc3339(now), generation)
+    if gate is not None and gate.reason in kueue.TROUBLE and \
+            (c.find(status.get("conditions") or [], kueue.JOB_ADMITTED) or {}).get("reason") != gate.reason:
+        post(ref, gate.reason, gate.message, warning=True)
     if immutable.newly_refused(status, refused):
         post(ref, "SpecImmutable", "; ".join(refused), warning=True)
     if ended is not None:
         # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
-        desired = render.children(job, owner, token, started=True, finished=True, link=link,
-                                  outcome=policies.outcome(new), peers=ctx.config.peers) + queued
+        desired = kueue.place(render.children(job, owner, token, started=True, finished=True, link=link,
+                                              outcome=policies.outcome(new), peers=ctx.config.peers), placed) + queued
         _, cleaned = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
         done.refused.extend(cleaned.refused)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
@@ -243,24 +251,56 @@ def _show_refusals(ctx: Context, ref: dict[str, Any], status: dict[str, Any], ne
 
 def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link,
            queue: str, live: dict[children.Key, Any], finished: bool,
-           ) -> tuple[DecoupledDiLoCoJob, kueue.Gate | None, list[dict[str, Any]]]:
-    """A queued job's Workload, replaced if it holds quota for an older shape of the job, and
-    spec.suspend set from its admission (kueue.py); the job as this pass then runs it."""
-    desired = kueue.workload(job, owner, queue, link)
+           ) -> tuple[DecoupledDiLoCoJob, kueue.Gate, list[dict[str, Any]], dict[str, kueue.PodSetInfo]]:
+    """A queued job's Workload in the Kueue version the cluster serves, replaced if it holds
+    quota for an older shape of the job, and spec.suspend set from its admission (kueue.py);
+    the job as this pass then runs it, and what the admission puts into its pods."""
+    placed: dict[str, kueue.PodSetInfo] = {}
+    where = f"Workload {kueue.workload_name(owner.name, owner.uid)} in LocalQueue {queue}"
+    try:
+        version = ctx.api.served_version(kueue.KUEUE_GROUP)
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        gate = kueue.Gate(True, False, "KueueNotServed", f"suspended: {where} cannot be written, {exc.detail}")
+        return _suspend(ctx, ref, job, owner, gate, finished), gate, [], placed
+    priority, missing = kueue.lookup_priority(ctx.api, job)
+    desired = kueue.workload(job, owner, queue, link, version=version, priority=priority)
     key = children.key(desired)
     held, rendered = live.get(key), [desired]
-    if held is not None and (kueue.deleting(held) or kueue.stale(held, desired)):
+    if missing:
+        # As Kueue's integrations: no Workload (or no change to the one held) until the class exists.
+        live.pop(key, None)
+        rendered = []
+    if held is not None and not missing and (kueue.deleting(held) or kueue.stale(held, desired)):
         if not kueue.deleting(held):
             ctx.api.delete(key[0], owner.namespace, key[1], uid=held["metadata"].get("uid"))
             post(ref, "WorkloadReplaced", f"the learner groups changed: Workload {key[1]} is queued again")
         live.pop(key)  # the new one once the old one is gone (Kueue's finalizer frees its quota first)
         held, rendered = None, []
     gate = kueue.gate(held, key[1], queue)
-    if not finished and gate.suspend != job.spec.suspend:
-        ctx.api.patch(KIND, owner.namespace, owner.name, {"spec": {"suspend": gate.suspend}})
+    if missing and held is None:
+        gate = kueue.Gate(True, False, "PriorityClassNotFound", f"suspended: {where} is not written while {missing}")
+    if gate.admitted and held is not None:
+        flavors, unreadable = kueue.lookup_flavors(ctx.api, held)
+        placed, problems = kueue.placement(held, flavors)
+        problems = [*unreadable, *problems, *kueue.clashes(placed, desired["spec"]["podSets"])]
+        if problems:
+            placed = {}
+            gate = kueue.Gate(True, False, "PlacementFailed", f"Kueue admitted {where}, but its admission cannot be "
+                                                              f"applied to the pods: {'; '.join(problems)}")
+    return _suspend(ctx, ref, job, owner, gate, finished), gate, rendered, placed
+
+
+def _suspend(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, gate: kueue.Gate,
+             finished: bool) -> DecoupledDiLoCoJob:
+    """spec.suspend as the gate says (Kueue owns it for a queued job), with an Event when it flips."""
+    if finished or gate.suspend == job.spec.suspend:
+        return job
+    ctx.api.patch(KIND, owner.namespace, owner.name, {"spec": {"suspend": gate.suspend}})
+    if gate.reason not in kueue.TROUBLE:  # those get theirs when the condition turns to them
         post(ref, gate.reason, gate.message, warning=gate.reason == "Evicted")
-        job = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": gate.suspend})})
-    return job, gate, rendered
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": gate.suspend})})
 
 
 def _running_reason(status: dict[str, Any]) -> str:

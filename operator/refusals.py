@@ -28,8 +28,8 @@ QUOTA, WEBHOOK, FORBIDDEN, INVALID, BAD = "QuotaExceeded", "AdmissionDenied", "F
 FIXES = {
     QUOTA: ("raise the namespace's ResourceQuota (kubectl describe resourcequota) or lower the job's replicas or "
             "resources; the operator retries on every pass"),
-    WEBHOOK: ("an admission webhook's policy refused it: change the job (its resources, spec.learnerGroups[].pod, "
-              "spec.syncer.pod) or ask the policy's owner for an exception"),
+    WEBHOOK: ("an admission webhook's policy refused it: change the job (its resources, spec.learnerGroups[].pod "
+              "or .template, spec.syncer.pod or .template) or ask the policy's owner for an exception"),
     FORBIDDEN: ("the operator's RBAC (the chart's ClusterRole) or an admission plugin (LimitRanger, PodSecurity) "
                 "refused it: the message says which"),
     INVALID: "the API server found the rendered object invalid: check the job fields the message names",

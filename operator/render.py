@@ -192,12 +192,12 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "securityContext": container_security,
         "volumeMounts": mounts,
     }
-    return overlay.apply({
+    return overlay.shape({
         "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
         "spec": {"containers": [container], "securityContext": pod_security,
                  "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
                  **parts.pod_basics(), "volumes": volumes},
-    }, job.spec.syncer.pod)
+    }, job.spec.syncer.pod, job.spec.syncer.template)
 
 
 def syncer_pod_template(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:

@@ -285,7 +285,8 @@ def test_syncer_exposure_values_reach_the_operator(monkeypatch: pytest.MonkeyPat
         assert config.gateway_api is gateway and ("GRPCRoute" in config.managed_kinds) is gateway
         assert config.expose_annotations == yaml.safe_load(ALL_ON.read_text())["syncerExposure"]["annotations"] \
             if gateway else config.expose_annotations == {}
-        (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole")]
+        (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(
+            "-kueue")]
         assert any("grpcroutes" in rule["resources"] for rule in role["rules"]) is gateway
 
 
@@ -307,3 +308,35 @@ def test_the_operators_whereabouts_reach_each_jobs_network_policy(monkeypatch: p
         expected = (yaml.safe_load(ALL_ON.read_text())["jobNetworkPolicy"]["metricsFrom"] if values
                     else [{"namespaceSelector": {}}])
         assert list(peers.metrics_from) == expected
+
+
+def test_extra_env_reaches_the_operator_after_the_charts_own_and_cannot_replace_it(tmp_path: Path) -> None:
+    values = tmp_path / "env.yaml"
+    extra = [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+             {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+    values.write_text(yaml.safe_dump({"extraEnv": extra}))
+    (deploy,) = [d for d in rendered(values) if d["kind"] == "Deployment"]
+    env = deploy["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env[-2:] == extra and {e["name"] for e in env[:-2]} >= {"DILOCO_KUEUE", "HOME"}
+    for version in VERSIONS:
+        validate(deploy, version)
+    values.write_text(yaml.safe_dump({"extraEnv": [{"name": "DILOCO_KUEUE", "value": "true"}]}))
+    done = subprocess.run([str(tool("helm")), "template", "diloco", str(CHART), "-f", str(values)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0 and "extraEnv[0].name: DILOCO_KUEUE is set by the chart" in done.stderr
+
+
+def test_kueue_gets_a_cluster_role_that_reads_flavors_and_priority_classes_whatever_is_watched() -> None:
+    for sets in ([], ["watchNamespaces={ml,research}"]):
+        docs = with_sets("kueue.enabled=true", *sets)
+        (reader,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-kueue")]
+        assert {(g, r, v) for rule in reader["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+                for v in rule["verbs"]} == {("kueue.x-k8s.io", "resourceflavors", "get"),
+                                             ("kueue.x-k8s.io", "workloadpriorityclasses", "get"),
+                                             ("scheduling.k8s.io", "priorityclasses", "get")}
+        (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] ==
+                      reader["metadata"]["name"]]
+        assert binding["subjects"][0]["namespace"] == "diloco-system"
+        others = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and d is not reader]
+        assert [d["kind"] for d in others] == (["ClusterRole"] if not sets else ["Role", "Role"])
+    assert not [d for d in with_sets() if d["metadata"]["name"].endswith("-kueue")]

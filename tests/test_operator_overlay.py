@@ -82,3 +82,166 @@ def test_the_crd_keeps_volumes_as_given() -> None:
     pod = crd.spec_schema()["properties"]["learnerGroups"]["items"]["properties"]["pod"]["properties"]
     assert pod["volumes"]["items"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     assert pod["serviceAccountName"]["type"] == "string"
+
+
+# -- pod templates (learnerGroups[].template, syncer.template) ---------------------------------
+
+SIDECAR = {"name": "tcpx-daemon", "image": "us-docker.pkg.dev/gce-ai-infra/gpudirect-tcpx/tcpgpudmarxd:v2.0.11",
+           "securityContext": {"privileged": True},
+           "volumeMounts": [{"name": "nvidia", "mountPath": "/usr/local/nvidia/lib64"}]}
+INIT = {"name": "fetch-shards", "image": "google/cloud-sdk:slim", "command": ["gsutil", "-m", "cp", "-r"],
+        "args": ["gs://corpus/shards", "/data"], "volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+ZONE = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+    {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-central1-a"]}]}]}}
+TEMPLATE = {
+    "metadata": {"labels": {"team": "pretrain"}, "annotations": {"gke-gcsfuse/volumes": "true"}},
+    "spec": {
+        "initContainers": [INIT],
+        "containers": [SIDECAR, {"name": "learner", "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                                 "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+                                 "securityContext": {"readOnlyRootFilesystem": False}}],
+        "volumes": [{"name": "data", "emptyDir": {"sizeLimit": "100Gi"}},
+                    {"name": "nvidia", "hostPath": {"path": "/home/kubernetes/bin/nvidia/lib64"}}],
+        "affinity": {"nodeAffinity": ZONE, "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 10, "podAffinityTerm": {"labelSelector": {"matchLabels": {"team": "eval"}},
+                                               "topologyKey": "kubernetes.io/hostname"}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"team": "pretrain"}}}],
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "runtimeClassName": "nvidia", "schedulerName": "volcano", "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet", "nodeSelector": {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+        "terminationGracePeriodSeconds": 90,
+    },
+}
+
+
+def templated(group_template: dict[str, Any] | None = None, syncer_template: dict[str, Any] | None = None,
+              **group: Any) -> Any:
+    g: dict[str, Any] = {"name": "us", "replicas": 2, **group,
+                         **({"template": group_template} if group_template is not None else {})}
+    syncer: dict[str, Any] = {"template": syncer_template} if syncer_template is not None else {}
+    return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "demo"},
+                      "spec": {"learnerGroups": [g], "syncer": syncer}})
+
+
+def test_a_template_adds_a_sidecar_an_init_container_and_affinity() -> None:
+    j = templated(TEMPLATE, pod={"env": [{"name": "GOOGLE_CLOUD_PROJECT", "value": "p"}]},
+                  tolerations=[{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}])
+    assert render.name_problems(j) == []
+    plain, got = templates(templated())["StatefulSet"], templates(j)["StatefulSet"]
+    meta, spec = got["metadata"], got["spec"]
+    assert meta["labels"]["team"] == "pretrain" and meta["labels"][n.JOB] == "demo"
+    assert meta["annotations"]["gke-gcsfuse/volumes"] == "true" and n.CONFIG_HASH in meta["annotations"]
+    # Containers merged by name: the learner keeps its command line, gets the env and the mount; the sidecar follows.
+    assert [c["name"] for c in spec["containers"]] == ["learner", "tcpx-daemon"]
+    learner, sidecar = spec["containers"]
+    (before,) = plain["spec"]["containers"]
+    assert (learner["image"], learner["command"], learner["args"], learner["ports"], learner["readinessProbe"]) == \
+        (before["image"], before["command"], before["args"], before["ports"], before["readinessProbe"])
+    assert learner["env"] == [*before["env"], {"name": "GOOGLE_CLOUD_PROJECT", "value": "p"},
+                              {"name": "NCCL_DEBUG", "value": "INFO"}]  # the overlay's, then the template's
+    assert learner["volumeMounts"] == [*before["volumeMounts"], {"name": "data", "mountPath": "/data", "readOnly": True}]
+    assert learner["securityContext"] == {**before["securityContext"], "readOnlyRootFilesystem": False}
+    assert sidecar == SIDECAR and spec["initContainers"] == [INIT]
+    assert spec["volumes"] == [*plain["spec"]["volumes"], *TEMPLATE["spec"]["volumes"]]
+    # Affinity: the node affinity as given; the operator's spread of learners over nodes kept, the template's appended.
+    assert spec["affinity"]["nodeAffinity"] == ZONE
+    assert spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        *plain["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"],
+        *TEMPLATE["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]]
+    assert spec["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"},
+                                   *TEMPLATE["spec"]["tolerations"]]
+    for key in ("runtimeClassName", "schedulerName", "hostNetwork", "dnsPolicy", "nodeSelector",
+                "terminationGracePeriodSeconds", "topologySpreadConstraints"):
+        assert spec[key] == TEMPLATE["spec"][key], key
+    assert templates(j)["Deployment"] == templates(templated())["Deployment"]  # the group's only
+
+
+def test_templated_children_are_valid_kubernetes() -> None:
+    """Every rendered child (StatefulSets of one-host and multi-host groups, the syncer's
+    Deployment) with templates on the groups and the syncer, as the API server's schemas check them."""
+    syncer = {"spec": {"containers": [{"name": "log-shipper", "image": "fluent/fluent-bit:3.1"}],
+                       "priorityClassName": "training", "nodeSelector": {"pool": "cpu"}}}
+    j = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "demo"},
+                   "spec": {"learnerGroups": [{"name": "us", "replicas": 2, "template": TEMPLATE},
+                                              {"name": "tpu", "replicas": 2, "hostsPerLearner": 2,
+                                               "template": {"spec": {"initContainers": [INIT], "volumes": [
+                                                   {"name": "data", "emptyDir": {}}]}}}],
+                            "syncer": {"template": syncer}}})
+    assert render.name_problems(j) == []
+    objs = render.children(j, OWNER, "t" * 43, started=True, finished=False)
+    rendered = [o for o in objs if o["kind"] in ("StatefulSet", "Deployment")]
+    assert sorted(o["metadata"]["name"] for o in rendered) == ["demo-syncer", "demo-tpu-0", "demo-tpu-1", "demo-us"]
+    for obj in rendered:
+        kubernetes_validate.validate(obj, "1.30", strict=True)
+        assert obj["spec"]["template"]["spec"].get("initContainers") == [INIT] or obj["metadata"]["name"] == "demo-syncer"
+
+
+@pytest.mark.parametrize(("where", "template", "problem"), [
+    ("group", {"spec": {"containers": [{"name": "learner", "image": "evil:latest"}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].image: the operator's learner container's; set by "
+     "spec.learnerGroups[0].image"),
+    ("group", {"spec": {"containers": [{"name": "learner", "command": ["sh"]}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].command: the operator's learner container's"),
+    ("group", {"spec": {"containers": [{"name": "learner", "resources": {"limits": {"cpu": "1"}}}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].resources: the operator's learner container's; set by "
+     "spec.learnerGroups[0].resources"),
+    ("group", {"spec": {"containers": [{"name": "learner", "env": [{"name": "DILOCO_COORDINATOR", "value": "x"}]}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].env[0].name: DILOCO_COORDINATOR is set by the operator"),
+    ("syncer", {"spec": {"containers": [{"name": "syncer", "ports": [{"containerPort": 1}]}]}},
+     "spec.syncer.template.spec.containers[0].ports: the operator's syncer container's"),
+    ("group", {"spec": {"volumes": [{"name": "token", "emptyDir": {}}]}},
+     "spec.learnerGroups[0].template.spec.volumes[0].name: 'token' is the operator's"),
+    ("group", {"spec": {"containers": [{"name": "learner", "volumeMounts": [{"name": "x", "mountPath": "/etc/diloco"}]}],
+                        "volumes": [{"name": "x", "emptyDir": {}}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].volumeMounts[0].mountPath: '/etc/diloco' is (inside) the "
+     "operator's mount"),
+    ("group", {"metadata": {"labels": {n.JOB: "other"}}},
+     f"spec.learnerGroups[0].template.metadata.labels[{n.JOB}]: the operator's"),
+    ("group", {"metadata": {"annotations": {n.CONFIG_HASH: "0"}}},
+     f"spec.learnerGroups[0].template.metadata.annotations[{n.CONFIG_HASH}]: the operator's"),
+    ("group", {"spec": {"restartPolicy": "Never"}},
+     "spec.learnerGroups[0].template.spec.restartPolicy: StatefulSets and Deployments run pods with Always only"),
+    ("group", {"spec": {"hostname": "x"}}, "spec.learnerGroups[0].template.spec.hostname: the operator's"),
+    ("group", {"spec": {"nodeSelector": {"pool": "b"}}},
+     "spec.learnerGroups[0].template.spec.nodeSelector[pool]: 'b' clashes with spec.learnerGroups[0].nodeSelector's 'a'"),
+    ("group", {"spec": {"nodeSelecter": {"pool": "a"}}},
+     "spec.learnerGroups[0].template.spec.nodeSelecter: not a PodSpec field"),
+    ("group", {"spec": {"containers": [{"name": "sidecar"}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].image: required"),
+    ("group", {"spec": {"initContainers": [{"name": "a", "image": "i", "volumeMounts": [{"name": "nope",
+                                                                                          "mountPath": "/x"}]}]}},
+     "spec.learnerGroups[0].template.spec.initContainers[0].volumeMounts[0].name: 'nope' names no volume"),
+    ("group", {"spec": {"hostNetwork": "yes"}}, "spec.learnerGroups[0].template.spec.hostNetwork: must be a boolean"),
+])
+def test_a_template_that_overrides_what_the_operator_owns_is_refused_with_the_field(
+        where: str, template: dict[str, Any], problem: str) -> None:
+    j = templated(template, nodeSelector={"pool": "a"}) if where == "group" else templated(syncer_template=template)
+    (found,) = render.name_problems(j)
+    assert found.startswith(problem), found
+
+
+def test_diloco_validate_shows_a_template_clash(tmp_path: Any) -> None:
+    """The operator's admission check, through `diloco validate`: exit 2 with the field named."""
+    import yaml
+
+    from tests.test_validate import diloco
+
+    manifest = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "demo"},
+                "spec": {"learnerGroups": [{"name": "us", "template": {"spec": {"containers": [
+                    {"name": "learner", "args": ["--steps", "1"]}]}}}]}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    done = diloco("validate", str(path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "spec.learnerGroups[0].template.spec.containers[0].args: the operator's learner container's" in \
+        done.stdout + done.stderr
+
+
+def test_the_crd_keeps_a_template_spec_as_given() -> None:
+    group = crd.spec_schema()["properties"]["learnerGroups"]["items"]["properties"]["template"]["properties"]
+    assert group["spec"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert set(group["metadata"]["properties"]) == {"labels", "annotations"}
+    syncer = crd.spec_schema()["properties"]["syncer"]["properties"]["template"]["properties"]
+    assert syncer["spec"]["x-kubernetes-preserve-unknown-fields"] is True

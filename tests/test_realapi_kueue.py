@@ -1,7 +1,8 @@
 """The operator as the Kueue integration, against the real control plane (tests/realapi/).
 
-Kueue itself cannot be downloaded here: the Workload CRD is a stand-in with Kueue's group,
-version and status subresource (tests/realapi/kueue-workload-crd.yaml), and the test plays
+Kueue itself cannot be downloaded here: its CRDs are stand-ins with Kueue's group, a release's
+version (v1beta1 here; tests/test_realapi_kueue_v1beta2.py: v1beta2) and status subresource
+(tests/realapi/kueue-workload-crd.yaml), with Kueue's default flavor, and the test plays
 Kueue, admitting and evicting Workloads by writing their status as Kueue's scheduler does
 (QuotaReserved and Admitted, an admission naming the ClusterQueue and each PodSet's assignment;
 Evicted, then the quota taken back). The operator runs as the chart's ServiceAccount with
@@ -20,7 +21,7 @@ import pytest
 from diloco.operator import kueue
 from diloco.operator import naming as n
 from tests.helpers import wait_for
-from tests.realapi.cluster import JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
+from tests.realapi.cluster import DEFAULT_FLAVOR, JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
 from tests.test_realapi import tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -57,10 +58,10 @@ def _cond(type_: str, status: bool, reason: str) -> dict[str, Any]:
             "lastTransitionTime": "2026-01-01T00:00:00Z"}
 
 
-def kueue_admits(cluster: Cluster, wl: dict[str, Any]) -> None:
-    """What Kueue's scheduler writes when the Workload fits its ClusterQueue (and, re-admitting,
-    it resets Evicted)."""
-    assignments = [{"name": p["name"], "count": p["count"], "flavors": {"cpu": "default-flavor"}}
+def kueue_admits(cluster: Cluster, wl: dict[str, Any], flavor: str = DEFAULT_FLAVOR) -> None:
+    """What Kueue's scheduler writes when the Workload fits its ClusterQueue on `flavor` (and,
+    re-admitting, it resets Evicted)."""
+    assignments = [{"name": p["name"], "count": p["count"], "flavors": {"cpu": flavor}}
                    for p in wl["spec"]["podSets"]]
     conds = [_cond("QuotaReserved", True, "QuotaReserved"), _cond("Admitted", True, "Admitted")]
     if any(x["type"] == "Evicted" for x in (wl.get("status") or {}).get("conditions") or []):

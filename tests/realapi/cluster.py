@@ -32,7 +32,11 @@ from tests.realapi.controlplane import ROOT, ControlPlane
 from tests.realapi.kubelet import Kubelet
 
 RELEASE, SYSTEM, JOBS = "diloco", "diloco-system", "jobs"
-KUEUE_CRD = Path(__file__).parent / "kueue-workload-crd.yaml"
+# Stand-ins for Kueue's CRDs, by the one version each serves.
+KUEUE_CRDS = {"v1beta1": Path(__file__).parent / "kueue-workload-crd.yaml",
+              "v1beta2": Path(__file__).parent / "kueue-crds-v1beta2.yaml"}
+# Kueue's default flavor (no node labels, no tolerations): the stand-in Kueues assign it.
+DEFAULT_FLAVOR = "default-flavor"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:{RELEASE}-decoupled-diloco"
 
 
@@ -84,22 +88,23 @@ def service_account_token(admin: Kube) -> str:
 
 
 def install_crd(admin: Kube, path: Path) -> None:
-    """A CRD from a file, served before anything uses it."""
-    crd = yaml.safe_load(path.read_text())
-    admin.request("POST", "apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    """The CRDs of a file, served before anything uses them."""
+    for crd in [d for d in yaml.safe_load_all(path.read_text()) if d]:
+        admin.request("POST", "apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
-    def established() -> bool:
-        got = admin.request("GET", f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
-        return any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (got.get("status") or {}).get("conditions") or [])
+        def established(name: str = crd["metadata"]["name"]) -> bool:
+            got = admin.request("GET", f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            return any(c.get("type") == "Established" and c.get("status") == "True"
+                       for c in (got.get("status") or {}).get("conditions") or [])
 
-    wait_for(established, timeout=30, what=f"CRD {crd['metadata']['name']} established")
+        wait_for(established, timeout=30, what=f"CRD {crd['metadata']['name']} established")
 
 
 @contextmanager
-def real_cluster(folder: Path, kueue: bool = False, watch: tuple[str, ...] = (), namespaces: tuple[str, ...] = (),
-                 **config: Any) -> Iterator[Cluster]:
-    """`kueue`: with a stand-in for Kueue's Workload CRD, the chart's kueue.enabled and Config.kueue;
+def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...] = (),
+                 namespaces: tuple[str, ...] = (), **config: Any) -> Iterator[Cluster]:
+    """`kueue`: with stand-ins for Kueue's CRDs serving that version only (True: v1beta1) and its
+    default flavor, the chart's kueue.enabled and Config.kueue;
     `watch`: the chart's watchNamespaces (a Role in each, no ClusterRole) and the operator's
     --namespace list; `namespaces`: more namespaces to create besides JOBS (before the install:
     a Role needs its namespace); `config`: other operator settings (Config's fields)."""
@@ -111,7 +116,11 @@ def real_cluster(folder: Path, kueue: bool = False, watch: tuple[str, ...] = (),
             admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                         "metadata": {"name": namespace}})
         if kueue:
-            install_crd(admin, KUEUE_CRD)
+            version = "v1beta1" if kueue is True else str(kueue)
+            install_crd(admin, KUEUE_CRDS[version])
+            admin.request("POST", f"apis/kueue.x-k8s.io/{version}/resourceflavors", {
+                "apiVersion": f"kueue.x-k8s.io/{version}", "kind": "ResourceFlavor",
+                "metadata": {"name": DEFAULT_FLAVOR}, "spec": {}})
         values = folder / "values.yaml"
         values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"},
                                           **({"kueue": {"enabled": True}} if kueue else {}),
@@ -125,7 +134,7 @@ def real_cluster(folder: Path, kueue: bool = False, watch: tuple[str, ...] = (),
         kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
                                                    namespaces=frozenset({JOBS})))
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
-                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=kueue,
+                        syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=bool(kueue),
                         **config)
         operator = stack.enter_context(OperatorThread(config, namespaces=watch))
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
