@@ -61,10 +61,12 @@ def torch_loss(hf_model: Any, windows: list[np.ndarray]) -> float:
                               for w in windows]))
 
 
-def test_a_transformers_llama_trains_under_diloco_and_goes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("kv_heads", "tied"), [(2, False), (4, True)], ids=["gqa-untied", "tied"])
+def test_a_transformers_llama_trains_under_diloco_and_goes_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              kv_heads: int, tied: bool) -> None:
     monkeypatch.chdir(tmp_path)  # the example's paths are relative to where it runs
     src = tmp_path / yaml.safe_load(EXAMPLE.read_text())["spec"]["model"]["pretrained"]
-    theirs = make_llama(src, kv_heads=2, tied=False, positions=2048)
+    theirs = make_llama(src, kv_heads=kv_heads, tied=tied, positions=2048)
     pretrain(theirs, src)
     out = tmp_path / "runs" / "continue"
     res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(EXAMPLE), "--no-live"],

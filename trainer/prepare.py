@@ -53,14 +53,15 @@ def prepare(pattern: str, out: Path, tokenizer: str, held_out_fraction: float) -
     # The split `load` makes of text (data.split of the files' bytes), so these are its ids.
     parts = split(Tokens(spans), held_out_fraction)
     out.mkdir(parents=True, exist_ok=True)
-    progress, counts = Progress(len(urls)), []
+    progress, counts, ends = Progress(len(urls)), [], {s.url: s.stop for s in spans}
     for part, name in zip(parts, ("train.bin", "val.bin")):
         with open(out / name, "wb") as f:
             n = 0
-            for ids in sources.stream(part.segments, tok, progress.read):
+            for span, ids in zip(part.segments, sources.stream(part.segments, tok, progress.read)):
                 ids.astype(dtype).tofile(f)
                 n += len(ids)
-                progress.done, progress.ids = progress.done + 1, progress.ids + len(ids)
+                progress.ids += len(ids)
+                progress.done += isinstance(span, sources.Span) and span.stop == ends[span.url]  # a file's last part
         counts.append(n)
     return counts[0], counts[1], dtype.name, vocab
 
