@@ -87,6 +87,8 @@ def plain_loop(m: dict[str, Any], steps: int) -> dict[str, Any]:
     code = f"""
 import json, os, resource, sys, time
 os.sched_setaffinity(0, {{0}})
+from diloco.launch import learner_runtime
+learner_runtime()  # the learner's allocator and XLA settings, so both sides run alike
 import jax, numpy as np
 from diloco.spec import parse_job
 from diloco.trainer import data, model

@@ -82,7 +82,7 @@ def _bad_cpus(flag: str, spec: str, why: str) -> str:
     return f"{flag} {spec!r}: {why}; give CPUs this process may use, e.g. 0 or 0,1 (it may use {allowed})"
 
 
-def keep_freed_memory() -> None:
+def keep_freed_memory(*, one_arena: bool = True) -> None:
     """Serve large allocations from one heap and keep freed memory for reuse (glibc). Both
     processes allocate the same large arrays over and over, and glibc's defaults hand each a
     fresh mmap, or trim and unmap a thread's arena, so every page faults again on first touch:
@@ -94,11 +94,16 @@ def keep_freed_memory() -> None:
     whatever the trim threshold (the learner's XLA thread did, every step); its lock is taken a
     few times per step or push, not per element. Both footprints are steady, so holding the peak
     is the right trade. Call it first, before JAX or gRPC start threads: a thread keeps the
-    arena it first allocated from. Elsewhere (no glibc) this does nothing."""
+    arena it first allocated from. Elsewhere (no glibc) this does nothing.
+
+    `one_arena=False` for learners: with XLA's threads on one arena, a 91M-parameter learner's
+    heap grew without bound (1.2 GB every 6 s, OOM-killed within minutes; bench/real_size.py),
+    while with per-thread arenas it levelled off at 5.3 GB and stepped about twice as fast."""
     try:
         libc = ctypes.CDLL(None)
         m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # glibc's mallopt parameters
-        libc.mallopt(m_arena_max, 1)
+        if one_arena:
+            libc.mallopt(m_arena_max, 1)
         libc.mallopt(m_mmap_max, 0)
         libc.mallopt(m_trim_threshold, -1)  # never return it (-1: mallopt(3)'s "disables trimming completely")
     except (OSError, AttributeError):
@@ -141,7 +146,7 @@ def xla_cpu_flags() -> None:
 def learner_runtime() -> None:
     """The allocator and XLA:CPU settings of a learner; benches call it in every JAX process
     they compare with one, so both sides run alike."""
-    keep_freed_memory()
+    keep_freed_memory(one_arena=False)
     xla_cpu_flags()
 
 
