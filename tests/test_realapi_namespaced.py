@@ -59,9 +59,18 @@ def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster
     job = tiny_job("steps", replicas=1)
     job["spec"]["training"]["steps"] = 40
     cluster.admin.create(job)
+    learner = f"{n.statefulset('steps', 'local')}-0"
+    exits: list[dict[str, Any]] = []
+
+    def succeeded() -> dict[str, Any] | bool:
+        # The learner's own word, read while its pod lives: the ending's cleanup deletes the pod.
+        for log in cluster.runtime.logs_of(learner):
+            exits.extend(e for x in log.splitlines() if '"event": "exit"' in x and (e := json.loads(x)) not in exits)
+        x = condition(cluster, "steps", "Succeeded")
+        return x.get("status") == "True" and x
+
     try:
-        done = wait_for(lambda: (x := condition(cluster, "steps", "Succeeded")).get("status") == "True" and x,
-                        timeout=200, what="the job Succeeded once its learner reached spec.training.steps")
+        done = wait_for(succeeded, timeout=200, what="the job Succeeded once its learner reached spec.training.steps")
     except AssertionError:
         pods = [(p["metadata"]["name"], (p.get("status") or {}).get("containerStatuses"))
                 for p in cluster.admin.list("Pod", JOBS, n.selector("steps"))]
@@ -75,8 +84,6 @@ def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster
     wait_for(lambda: phase("diloco_job_phase", {"diloco_namespace": JOBS, "diloco_job": "steps",
                                                 "phase": "Succeeded"}) == 1, timeout=10, what="the phase metric")
     # The learner really finished: a process of it flushed and said so before exiting 0.
-    logs = cluster.runtime.logs_of(f"{n.statefulset('steps', 'local')}-0")
-    exits = [json.loads(x) for log in logs for x in log.splitlines() if '"event": "exit"' in x]
     assert [e for e in exits if e["reason"] == "finished" and e["slot"] >= 40 and e["flushed"]], exits
     # cleanPodPolicy Running (the default): the learner StatefulSet and the syncer go, so nothing
     # restarts the learner again; the checkpoint volume stays.
