@@ -129,15 +129,19 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     threading.Thread(target=merge_loop, name="merge", daemon=True).start()
     interval = job.spec.syncer.checkpoint_interval_seconds
     next_ckpt = time.monotonic() + interval
-    while not stop.wait(timeout=max(0.05, min(1.0, next_ckpt - time.monotonic()))):
-        if time.monotonic() >= next_ckpt:
-            core.checkpoint()
-            next_ckpt = time.monotonic() + interval
-    log.info("stopping: final checkpoint")
-    core.stop()
-    core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
-    core.checkpoint()
-    server.stop(grace=2).wait()
+    try:
+        while not stop.wait(timeout=max(0.05, min(1.0, next_ckpt - time.monotonic()))):
+            if time.monotonic() >= next_ckpt:
+                core.checkpoint()
+                next_ckpt = time.monotonic() + interval
+        log.info("stopping: final checkpoint")
+        core.stop()
+        core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
+        core.checkpoint()
+    finally:
+        # Also on a bug: gRPC's threads would otherwise keep a syncer that serves nothing alive
+        # (no restart by the kubelet); stopped, the process exits with the traceback.
+        server.stop(grace=2).wait()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -387,8 +387,9 @@ class SyncerCore:
                       self.store.dir, exc)
             return False
         self.checkpoint_version = version
-        log.info("checkpoint %s at outer version %d: %d bytes in %.2f s (%.2f s of it holding the merges)",
-                 path.name, version, path.stat().st_size, time.monotonic() - started, held)
+        # Nothing here touches the directory again: its path may already name another volume.
+        log.info("checkpoint %s at outer version %d: %d MB of state in %.2f s (%.2f s of it holding the merges)",
+                 path.name, version, sum(a.nbytes for a in arrays.values()) >> 20, time.monotonic() - started, held)
         return True
 
     # -- subscriptions -------------------------------------------------------------

@@ -16,6 +16,7 @@ from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel
 from tests.helpers import policy
+from tests import syncer_harness
 from tests.syncer_harness import SHAPES, params
 
 
@@ -122,6 +123,35 @@ def test_a_directory_swapped_mid_save_takes_the_whole_save_or_none(tmp_path: Pat
         store.save(*trained_model().state())
     assert CheckpointStore(volume).load_latest()[0].sequence == 2  # type: ignore[union-attr]
 
+
+
+def test_the_syncer_survives_its_directory_swapped_just_after_a_save(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The swap lands between the save and the log line (CI once saw the syncer's main loop die
+    there, on a stat through the new path): the save counts, the next one fails cleanly."""
+    volume, blocker, path = tmp_path / "volume", tmp_path / "not-a-dir", tmp_path / "ckpt"
+    volume.mkdir()
+    blocker.write_text("x")
+    path.symlink_to(volume)
+    h = syncer_harness.start(checkpoint_dir=str(path))
+    try:
+        real_save = CheckpointStore.save
+
+        def save_then_swap(store: CheckpointStore, *args: object) -> Path:
+            saved = real_save(store, *args)  # type: ignore[arg-type]
+            swap = tmp_path / "swap"
+            swap.symlink_to(blocker)
+            os.replace(swap, path)
+            return saved
+
+        monkeypatch.setattr(CheckpointStore, "save", save_then_swap)
+        assert h.core.checkpoint()
+        monkeypatch.setattr(CheckpointStore, "save", real_save)
+        assert not h.core.checkpoint()
+        assert h.core.metrics.checkpoint_errors._value.get() == 1
+    finally:
+        h.close()
+    assert CheckpointStore(volume).load_latest()[0] is not None
 
 def test_keeps_the_newest_three(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, keep=3)
