@@ -148,7 +148,9 @@ class Data(Model):
     # shards of different sources are); interleaved: every M-th chunk (near-IID shards).
     sharding: Literal["contiguous", "interleaved"] = "contiguous"
     # Shards the training split is cut into: every learner of the job, in every cluster. Unset:
-    # this manifest's learners. Set it, the same in every cluster, when a job spans clusters.
+    # this manifest's learners at the start (then fixed: a scale-up past it is refused, as its
+    # learners would read others' tokens). Set it, the same in every cluster, when a job spans
+    # clusters or will scale up (fewer learners than shards leave shards unread).
     shards: int | None = Field(None, ge=1, le=1 << 20)
 
     @model_validator(mode="after")

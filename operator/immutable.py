@@ -9,8 +9,11 @@ values in `status.startedSpec` (with the job's uid: a copy of the status on anot
 not this job's record). A later spec that changes one is *refused*, not failed: the job keeps
 running with the started values (other changes of the same edit still apply), condition
 SpecRejected/SpecImmutable names each field, and reverting the edit clears it. Before the
-job starts, anything may change. The CRD's CEL rules (crd.py) refuse most such edits at the
-API server already; this is the check that holds on servers without CEL and after suspensions.
+job starts, anything may change. With spec.data.shards unset, the shard count recorded is the
+learners' at the start: a scale-up past it is refused (its learners would read other learners'
+tokens; the job runs on with as many learners as shards) and a scale-down keeps it (the other
+learners keep their shards). The CRD's CEL rules (crd.py) refuse most such edits at the API
+server already; this is the check that holds on servers without CEL and after suspensions.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import copy
 from typing import Any
 
 from diloco.operator import conditions as c
-from diloco.spec import JobSpec
+from diloco.spec import DecoupledDiLoCoJob, JobSpec
 
 FIELD = "startedSpec"  # status.startedSpec: {"uid": ..., "fields": {path: value}}
 # spec paths (camelCase, as written in manifests) -> why they cannot change.
@@ -51,9 +54,40 @@ def _prune(value: Any) -> Any:
 
 
 def values(spec: JobSpec) -> dict[str, Any]:
-    """The immutable fields' effective values (defaults filled in), by path; unset ones absent."""
+    """The immutable fields' effective values (defaults filled in), by path; unset ones absent.
+    The data's shard count too where it is unset (one shard per learner): the layout a started
+    job's learners read by, so a later scale-up cannot move their shard boundaries."""
     dumped = spec.model_dump(mode="json", by_alias=True)
+    dumped["data"]["shards"] = spec.shard_count
     return {path: _prune(v) for path in FIELDS if (v := _get(dumped, path)) is not None}
+
+
+def pinned(job: DecoupledDiLoCoJob) -> DecoupledDiLoCoJob:
+    """The job with its data's shard count written out where unset (one per learner), as its
+    learners read it from the first render on: recording it at the start changes nothing."""
+    if job.spec.data.shards is not None:
+        return job
+    data = job.spec.data.model_copy(update={"shards": job.spec.shard_count})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"data": data})})
+
+
+def _started_shards(started_values: dict[str, Any]) -> int | None:
+    """The data's shard count the job started with (None in a record older than this rule)."""
+    shards = (started_values.get("data") or {}).get("shards")
+    return shards if isinstance(shards, int) else None
+
+
+def _layout(started_values: dict[str, Any], spec: JobSpec) -> str | None:
+    """The started layout holds: more learners than it has shards would read other learners'
+    tokens, so such a scale-up is refused (restore() cuts the groups back to fit)."""
+    shards = _started_shards(started_values)
+    if shards is None or spec.total_learners <= shards:
+        return None
+    why = " (spec.data.shards unset: one shard per learner then)" if spec.data.shards is None else ""
+    return (f"spec.learnerGroups: {spec.total_learners} learners need {spec.total_learners} data shards, but the "
+            f"job's data was split into {shards} when it started{why}, and a learner past them would read another "
+            f"learner's tokens; the job runs on with {shards} learners. To scale a job up, create it with "
+            "spec.data.shards set to the most learners it will have")
 
 
 def started(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -89,7 +123,11 @@ def _show(value: Any) -> str:
 def refused(started_values: dict[str, Any], spec: JobSpec) -> list[str]:
     """One problem per changed immutable field: what changed, why it may not, what to do."""
     now = values(spec)
-    out = []
+    shards = _started_shards(started_values)
+    if spec.data.shards is None and shards is not None:
+        now["data"]["shards"] = shards  # unset: the started layout holds (_layout refuses outgrowing it)
+    layout = _layout(started_values, spec)
+    out = [layout] if layout else []
     for path, why in FIELDS.items():
         diff = _leaves(path, started_values.get(path), now.get(path))
         if diff:
@@ -113,6 +151,12 @@ def restore(body: dict[str, Any], started_values: dict[str, Any]) -> dict[str, A
             node[leaf] = copy.deepcopy(started_values[path])
         else:
             node.pop(leaf, None)
+    shards = _started_shards(started_values)
+    if shards is not None:  # the learners fit the started layout: groups cut back in order
+        for group in spec.get("learnerGroups") or []:
+            if isinstance(group, dict) and isinstance(group.get("replicas", 1), int):
+                group["replicas"] = min(group.get("replicas", 1), shards)
+                shards -= group["replicas"]
     return out
 
 

@@ -66,11 +66,14 @@ def _effective(body: dict[str, Any]) -> tuple[DecoupledDiLoCoJob | None, list[st
     job, problems = load(body)
     was = immutable.started(body)
     if job is None or was is None:
-        return job, problems, []
+        return (immutable.pinned(job) if job is not None else None), problems, []
     # Compared as this operator reads the record: a field added since it was written has its default.
     kept, kept_problems = load(immutable.restore(body, was))
     refused = immutable.refused(immutable.values(kept.spec) if kept else was, job.spec)
-    return (kept, refused + kept_problems if kept_problems else [], refused) if refused else (job, problems, [])
+    if refused:
+        return kept, refused + kept_problems if kept_problems else [], refused
+    # Nothing refused: the same spec, with the data's started shard count pinned where it is unset.
+    return (kept, [], []) if kept is not None else (job, problems, [])
 
 
 def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: access.Secrets) -> str:

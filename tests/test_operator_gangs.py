@@ -243,7 +243,7 @@ def test_a_host_whose_container_restarted_restarts_its_peers_and_scaling_touches
         api: Kube, controllers: Controllers, operator: OperatorThread) -> None:
     groups = [{"name": "tpu", "region": "us-west4", "replicas": 1, "hostsPerLearner": 2}]
     api.create({"apiVersion": "diloco.dev/v1alpha1", "kind": JOB, "metadata": {"name": "demo", "namespace": NAMESPACE},
-                "spec": {"learnerGroups": groups}})
+                "spec": {"learnerGroups": groups, "data": {"shards": 2}}})  # room to scale up
     wait_for(lambda: status(api).get("learners") == "1/1" and formed(api, "tpu-0"), what="the gang up")
     before = uids(api)
     # Host 0's container died (OOM) and the kubelet restarted it in place, ready again at once:

@@ -4,13 +4,19 @@ runs on exactly as it started (children unchanged) until the edit is reverted.""
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
+import numpy as np
 import pytest
+import yaml
 
 from diloco.operator import conditions, handlers, immutable, reconcile, render
+from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.spec import MANAGED_BY, parse_job
+from diloco.trainer import data
+from diloco.trainer.data import Tokens
 
 T0 = 1_800_000_000.0
 UID = "uid-1"
@@ -72,7 +78,7 @@ def test_a_started_job_refuses_an_immutable_change_and_keeps_its_children(change
 
 
 def test_other_changes_of_the_same_edit_still_apply() -> None:
-    b = started(body())
+    b = started(body(data={"shards": 4}))  # room to scale up (test_a_scale_up_*)
     changed = edit(b, model={"dModel": 256}, learnerGroups=[{"name": "us", "replicas": 3}])
     job, _, refused = reconcile._effective(changed)
     assert job is not None and refused and job.spec.total_learners == 3 and job.spec.model.d_model == 128
@@ -112,10 +118,11 @@ def test_the_condition_names_the_field_and_reverting_clears_it() -> None:
 
 
 def test_an_invalid_restored_spec_is_reported_with_the_refusal() -> None:
-    b = started(body(data={"shards": 2}))
-    # Scaling beyond the started shard count and changing data.shards: the restored spec is invalid.
-    job, problems, refused = reconcile._effective(edit(b, data={"shards": 3},
-                                                      learnerGroups=[{"name": "us", "replicas": 3}]))
+    groups = [{"name": "us", "replicas": 2}, {"name": "eu", "replicas": 2, "shardOffset": 2}]
+    b = started(body(data={"shards": 4}, learnerGroups=groups))
+    # A group moved past the started shard count along with data.shards: the restored spec is invalid.
+    moved = [groups[0], {**groups[1], "shardOffset": 4}]
+    job, problems, refused = reconcile._effective(edit(b, data={"shards": 6}, learnerGroups=moved))
     assert job is None and problems[0] == refused[0] and any("spec.data.shards" in p for p in problems[1:])
 
 
@@ -141,3 +148,55 @@ def test_the_record_is_carried_by_every_status() -> None:
     again = st.compute(job.spec, b["status"], st.Observation(now=T0 + 5), 2)
     assert again[immutable.FIELD] == b["status"][immutable.FIELD]
     assert st.changed(b["status"], again).get(immutable.FIELD) is None  # never written twice
+
+
+def learner_shards(b: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Each rendered learner's (shard, shard count), as its pod reads them from its ConfigMap."""
+    config = next(k for k in children(b) if k["kind"] == "ConfigMap" and k["metadata"]["name"] == n.config_map("demo"))
+    job = parse_job(yaml.safe_load(config["data"][n.CONFIG_KEY]))
+    return {f"{g.name}-{i}": job.spec.shard_of(g.name, i) for g in job.spec.learner_groups for i in range(g.replicas)}
+
+
+def token_ranges(shards: dict[str, tuple[int, int]], tokens: int = 10_000) -> dict[str, set[int]]:
+    """The token positions each learner trains on: the trainer's own split of a corpus."""
+    corpus = Tokens([np.arange(tokens)])
+    return {who: set(data.shard_of(corpus, s % n, n).array().tolist()) for who, (s, n) in shards.items()}
+
+
+def test_a_scale_up_past_the_started_shards_is_refused_and_the_learners_keep_theirs() -> None:
+    """spec.data.shards unset: one shard per learner at the start, then fixed. 2 -> 3 learners
+    would move the boundaries under the running two and overlap the new one with learner 1."""
+    b = started(body())
+    assert b["status"][immutable.FIELD]["fields"]["data"]["shards"] == 2
+    before = learner_shards(b)
+    up = edit(b, learnerGroups=[{"name": "us", "replicas": 3}])
+    job, problems, refused = reconcile._effective(up)
+    assert job is not None and not problems and len(refused) == 1
+    assert refused[0].startswith("spec.learnerGroups: 3 learners need 3 data shards") and "spec.data.shards" in refused[0]
+    assert learner_shards(up) == before == {"us-0": (0, 2), "us-1": (1, 2)}
+    assert children(up) == children(b)  # the job runs on as it started
+    # A scale-down keeps the layout: the learner left keeps its shard; scaling back up is no change.
+    down = edit(b, learnerGroups=[{"name": "us", "replicas": 1}])
+    assert reconcile._effective(down)[2] == [] and learner_shards(down) == {"us-0": (0, 2)}
+    assert learner_shards(edit(down, learnerGroups=[{"name": "us", "replicas": 2}])) == before
+
+
+def test_a_scale_up_within_the_started_shards_gives_no_two_learners_the_same_tokens() -> None:
+    b = started(body(data={"shards": 4}))
+    before = token_ranges(learner_shards(b))
+    up = edit(b, learnerGroups=[{"name": "us", "replicas": 3}])
+    assert reconcile._effective(up)[2] == []
+    after = token_ranges(learner_shards(up))
+    assert len(after) == 3 and all(after[k] == v for k, v in before.items())  # the running two keep theirs
+    for a, b_ in itertools.combinations(after.values(), 2):
+        assert not a & b_
+    assert sum(map(len, after.values())) >= 3 * (10_000 // 4) - 3
+
+
+def test_an_explicit_shard_count_changed_with_a_scale_up_keeps_the_started_learners() -> None:
+    b = started(body(data={"shards": 2}))
+    job, problems, refused = reconcile._effective(edit(b, data={"shards": 3},
+                                                      learnerGroups=[{"name": "us", "replicas": 3}]))
+    assert job is not None and not problems and job.spec.total_learners == 2 and job.spec.data.shards == 2
+    assert any(r.startswith("spec.learnerGroups: 3 learners") for r in refused)
+    assert any("spec.data.shards is 3, started with 2" in r for r in refused)

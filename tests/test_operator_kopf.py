@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from diloco.operator import immutable, render
 from diloco.operator import naming as n
-from diloco.operator import render
 from diloco.operator.children import MANAGED_KINDS, stamped
 from diloco.operator.context import Config
 from diloco.operator.kube import KINDS, Kube
@@ -85,7 +85,8 @@ def test_create_gives_exactly_the_expected_children(api: Kube, controllers: Cont
     token = base64.b64decode(live[("Secret", "demo-token")]["data"]["token"]).decode()
     assert len(token) >= 32
     owner = render.Owner("demo", NAMESPACE, created["metadata"]["uid"])
-    for want in map(stamped, render.children(parse_job(manifest()), owner, token, started=True, finished=False)):
+    for want in map(stamped, render.children(immutable.pinned(parse_job(manifest())), owner, token, started=True,
+                                                  finished=False)):
         got = live[(want["kind"], want["metadata"]["name"])]
         assert {k: got[k] for k in want if k != "metadata"} == {k: v for k, v in want.items() if k != "metadata"}
         owners = [] if want["kind"] == "PersistentVolumeClaim" else [n.owner_reference("demo", owner.uid)]
@@ -118,7 +119,7 @@ def test_rerun_and_operator_restart_change_nothing(cluster: ClusterThread, api: 
 
 def test_scaling_adding_and_removing_groups(api: Kube, controllers: Controllers,
                                             operator: OperatorThread) -> None:
-    api.create(manifest())
+    api.create(manifest(data={"shards": 6}))  # room for 6 learners: test_operator_immutable.py
     wait_for(lambda: status(api).get("learners") == "3/3", what="3 learners")
     eu_pods = {p["metadata"]["uid"] for p in learner_pods(api, "eu")}
     syncer_pods = {p["metadata"]["uid"] for p in api.list("Pod", NAMESPACE, n.selector("demo", n.SYNCER))}

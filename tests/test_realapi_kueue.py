@@ -88,7 +88,7 @@ def kueue_requeues(cluster: Cluster, wl: dict[str, Any]) -> None:
 
 
 def test_a_queued_job_gets_a_workload_and_nothing_runs(cluster: Cluster) -> None:
-    cluster.admin.create(queued_job("queued", suspend=True))
+    cluster.admin.create(queued_job("queued", suspend=True, data={"shards": 2}))
     cluster.admin.create(queued_job("eager"))  # not created suspended: the operator suspends it first
     cluster.admin.create(tiny_job("plain", suspend=True))  # no queue label: no Workload
     (wl,) = wait_for(lambda: workloads(cluster, "queued"), timeout=60, what="the queued job's Workload")
