@@ -154,7 +154,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from diloco.launch import read_pem, read_token
     from diloco.shards import aggregate, syncer_addresses
-    from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
+    from diloco.wire import auth_metadata, channel, pb, rpc
 
     token, ca = read_token(args), read_pem(args.tls_ca, "--tls-ca")
     try:
@@ -164,19 +164,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 2
     replies = []
     for address in addresses:
-        if ca is not None:
-            options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", args.tls_server_name)]
-                                      if args.tls_server_name else [])
-            channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
-        else:
-            channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        opened = channel(address, ca, args.tls_server_name)
         try:
-            replies.append(rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10))
+            replies.append(rpc.SyncerStub(opened).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10))
         except grpc.RpcError as exc:
             print(f"syncer {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return 1
         finally:
-            channel.close()
+            opened.close()
     out = MessageToDict(aggregate(replies), preserving_proto_field_name=True)
     if len(replies) > 1:
         out["per_shard"] = [MessageToDict(r, preserving_proto_field_name=True) for r in replies]

@@ -11,14 +11,18 @@ import hmac
 import importlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
+
+from diloco.core.codecs import encode_tensors
+from diloco.core.seed import seed_hash
 
 CHUNK_BYTES = 1 << 20  # 1 MiB: per-message overhead is negligible, and far below gRPC's message caps
 MAX_MESSAGE_BYTES = 8 << 20  # head-room over one chunk plus headers
@@ -90,6 +94,15 @@ if TYPE_CHECKING:  # the generated .pyi types every message; the stubs module is
     from diloco.proto import diloco_pb2_grpc as rpc
 else:
     pb, rpc = _load()
+
+
+def channel(address: str, ca: bytes | None = None, server_name: str | None = None) -> grpc.Channel:
+    """A channel to the syncer as every client opens it: TLS when a CA is given (the name the
+    certificate carries may differ from the address: `server_name`), else plaintext."""
+    if ca is None:
+        return grpc.insecure_channel(address, options=GRPC_OPTIONS)
+    options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca), options=options)
 
 
 def add_syncer(servicer: Any, server: grpc.Server) -> None:
@@ -236,6 +249,37 @@ def push(stub: Any, header: pb.PushHeader, blob: bytes | memoryview, metadata: A
     if unary and len(blob) <= CHUNK_BYTES:  # protobuf takes only `bytes`: the one copy (an encoder's blob is a view)
         return stub.PushOne(pb.PushChunk(header=header, data=bytes(blob)), metadata=metadata, timeout=timeout)
     return stub.Push(push_chunks(header, blob), metadata=metadata, timeout=timeout)
+
+
+# -- seeding: the first learner hands an unseeded syncer Θ₀ (syncer/seeding.py) ---------------
+
+UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
+
+
+def unseeded_message(shard: int, shards: int) -> str:
+    return f"{UNSEEDED} {shard} of {shards}: send Θ₀ (Seed) and join again"
+
+
+def parse_unseeded(details: str) -> tuple[int, int] | None:
+    """(shard, shards) from a Join refusal of an unseeded syncer, else None."""
+    if not details.startswith(UNSEEDED):
+        return None
+    try:
+        shard, _, shards = details.removeprefix(UNSEEDED).split(":")[0].split()
+        return int(shard), int(shards)
+    except ValueError:
+        return None
+
+
+def seed_chunks(learner: str, shapes: Mapping[str, Sequence[int]], tensors: Mapping[str, np.ndarray]
+                ) -> Iterator[pb.SeedChunk]:
+    """A Seed RPC's stream: every tensor's shape (the plan), then `tensors` (what the syncer
+    holds) as an fp32 bundle in chunks."""
+    blob = encode_tensors(dict(tensors), "fp32")
+    header = pb.SeedHeader(learner=learner, tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()],
+                           total_bytes=len(blob), init_hash=seed_hash(tensors))
+    for i, part in enumerate(chunks(blob)):
+        yield pb.SeedChunk(header=header if i == 0 else None, data=bytes(part))
 
 
 def auth_metadata(token: str) -> tuple[tuple[str, str], ...]:

@@ -40,21 +40,13 @@ class SyncerClients:
         self._lock = threading.Lock()
 
     def _channel(self, key: ChannelKey) -> Any:
-        import grpc
-
-        from diloco.wire import GRPC_OPTIONS
+        from diloco.wire import channel as open_channel
 
         _, _, address, ca, server_name = key
         with self._lock:
             channel = self._channels.get(key)
             if channel is None:
-                if ca is None:
-                    channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-                else:
-                    options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", server_name)] if server_name else [])
-                    channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca),
-                                                  options=options)
-                self._channels[key] = channel
+                channel = self._channels[key] = open_channel(address, ca, server_name)
         return channel
 
     def status(self, namespace: str, job: str, target: Target) -> tuple[SyncerView | None, str]:

@@ -13,50 +13,23 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 import numpy as np
 
-from diloco.core.codecs import CodecError, bundle_size, decode_tensors, encode_tensors
+from diloco.core.codecs import CodecError, bundle_size, decode_tensors
 from diloco.core.fragments import owned_by, plan_fragments, specs_from_shapes
 from diloco.core.seed import seed_hash
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.state import GlobalModel, placeholders
-from diloco.wire import Chunk, authenticate, chunks, pb
+from diloco.wire import Chunk, authenticate, pb, unseeded_message
 
-UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
 ANOTHER_SEED = "seed: the syncer was seeded with another Θ₀ (different spec.model or spec.data.seed)"
 MAX_TENSORS = 1 << 16
 MAX_ELEMENTS = 1 << 36  # 256 GiB of fp32: far above any model one syncer shard could hold
-
-
-def unseeded_message(shard: int, shards: int) -> str:
-    return f"{UNSEEDED} {shard} of {shards}: send Θ₀ (Seed) and join again"
-
-
-def parse_unseeded(details: str) -> tuple[int, int] | None:
-    """(shard, shards) from a Join refusal of an unseeded syncer, else None."""
-    if not details.startswith(UNSEEDED):
-        return None
-    try:
-        shard, _, shards = details.removeprefix(UNSEEDED).split(":")[0].split()
-        return int(shard), int(shards)
-    except ValueError:
-        return None
-
-
-def seed_chunks(learner: str, shapes: Mapping[str, Sequence[int]], tensors: Mapping[str, np.ndarray]
-                ) -> Iterator[pb.SeedChunk]:
-    """A Seed RPC's stream: every tensor's shape (the plan), then `tensors` (what the syncer
-    holds) as an fp32 bundle in chunks."""
-    blob = encode_tensors(dict(tensors), "fp32")
-    header = pb.SeedHeader(learner=learner, tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in shapes.items()],
-                           total_bytes=len(blob), init_hash=seed_hash(tensors))
-    for i, part in enumerate(chunks(blob)):
-        yield pb.SeedChunk(header=header if i == 0 else None, data=bytes(part))
 
 
 def _bad(why: str) -> Refused:

@@ -15,8 +15,8 @@ from diloco.core.rounds import Closed, Contribution
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel
-from tests.helpers import policy
 from tests import syncer_harness
+from tests.helpers import policy
 from tests.syncer_harness import SHAPES, params
 
 

@@ -24,20 +24,21 @@ from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import Refused
 from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.seeding import (
-    Switch,
-    Unseeded,
-    parse_unseeded,
-    receive_seed,
-    seed_chunks,
-    seeded_model,
-    unseeded_message,
-)
+from diloco.syncer.seeding import Switch, Unseeded, receive_seed, seeded_model
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.client import JoinRefused, SyncerClient
-from diloco.wire import add_syncer, auth_metadata, pb, rpc, server_options
+from diloco.wire import (
+    add_syncer,
+    auth_metadata,
+    parse_unseeded,
+    pb,
+    rpc,
+    seed_chunks,
+    server_options,
+    unseeded_message,
+)
 from tests import syncer_harness as sh
 from tests.helpers import without_learner_extra
 

@@ -26,11 +26,10 @@ from diloco.core.codecs import CODECS, CodecError, decode_tensors, encode_tensor
 from diloco.core.fragments import owned_by
 from diloco.core.ledger import Arrival
 from diloco.core.seed import InitialModel
-from diloco.syncer.seeding import parse_unseeded, seed_chunks
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
-from diloco.wire import GRPC_OPTIONS, auth_metadata, chunks, pb, push, rpc
+from diloco.wire import auth_metadata, channel, chunks, parse_unseeded, pb, push, rpc, seed_chunks
 
 log = logging.getLogger("diloco.learner")
 FATAL = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED}
@@ -59,11 +58,7 @@ class SyncerClient:
                  tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False):
         self.address, self.learner, self.region = address, learner, region
         self.metadata = auth_metadata(token)
-        if tls_ca is not None:
-            options = GRPC_OPTIONS + ([("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else [])
-            self.channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=tls_ca), options=options)
-        else:
-            self.channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self.channel = channel(address, tls_ca, tls_server_name)
         self.stub = rpc.SyncerStub(self.channel)
         self.emit = on_event
         self.incarnation = ""

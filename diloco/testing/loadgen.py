@@ -40,8 +40,7 @@ from diloco.core.fragments import Method, owner, plan_fragments, specs_from_shap
 from diloco.core.schedule import due_fragments
 from diloco.core.seed import InitialModel
 from diloco.shards import syncer_addresses
-from diloco.syncer.seeding import seed_chunks
-from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, push, rpc
+from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, push, rpc, seed_chunks
 
 
 @dataclass
