@@ -18,7 +18,7 @@ import textwrap
 OURS = """
 import time, sys, numpy as np
 t0 = time.perf_counter()
-from diloco.syncer.checkpoint import CheckpointStore
+from diloco.checkpoint import CheckpointStore
 t1 = time.perf_counter()
 n = int({mib} * (1 << 20) / 8)
 arrays = {{f"param/t{{i}}": np.random.default_rng(i).standard_normal(n // 8).astype(np.float32) for i in range(8)}}

@@ -46,9 +46,9 @@ def manifest(minutes: float, chaos: bool) -> dict[str, Any]:
 
 def job(args: argparse.Namespace) -> None:
     """Internal: one job with the product's runner, plus SIGSTOP hangs when chaos is on."""
+    from diloco.checkpoint import CheckpointStore
     from diloco.local.runner import LocalRun
     from diloco.spec import parse_job
-    from diloco.syncer.checkpoint import CheckpointStore
 
     m = manifest(args.minutes, args.chaos)
     out = Path(args.out)

@@ -216,16 +216,16 @@ def run_arm(net, mode: str, config: Path, seconds: float, workdir: Path) -> tupl
 def eval_loss(config: Path, final: Path) -> float:
     import numpy as np
 
+    from diloco.checkpoint import CheckpointStore, params_of
     from diloco.local.report import evaluate
     from diloco.spec import load_job
-    from diloco.syncer.checkpoint import CheckpointStore
 
     job = load_job(str(config))
     if final.suffix == ".npz":
         params = {k.replace("|", "/"): v for k, v in np.load(final).items()}
     else:
         loaded, _ = CheckpointStore(final).load_latest()
-        params = {k.removeprefix("param/"): v for k, v in loaded.arrays.items() if k.startswith("param/")}
+        params = params_of(loaded.arrays)
     return evaluate(job, params)
 
 

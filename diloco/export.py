@@ -25,12 +25,11 @@ import safetensors
 import safetensors.numpy
 
 from diloco import export_hf
+from diloco.checkpoint import CheckpointStore, Loaded, params_of
 from diloco.core.fragments import owned_by, owner
 from diloco.hf import resolve
 from diloco.shards import checkpoint_dir
 from diloco.spec import DataSource, DecoupledDiLoCoJob, SpecError, TransformerModel, load_job
-from diloco.syncer.checkpoint import CheckpointStore, Loaded
-from diloco.syncer.state import GlobalModel
 
 FORMAT_VERSION = 1
 WEIGHTS = {"safetensors": "model.safetensors", "orbax": "orbax"}  # format -> its file or folder under OUT
@@ -101,7 +100,7 @@ def read_checkpoint(job: DecoupledDiLoCoJob, root: Path) -> TrainedModel:
         loads.append(loaded)
     params: dict[str, np.ndarray] = {}
     for loaded in loads:
-        params.update(GlobalModel.params_of(loaded.arrays))
+        params.update(params_of(loaded.arrays))
     check_shapes(job.spec.model, params, str(root))
     versions = [_versions(loaded, fragments) for loaded in loads]
     info = {"job": job.metadata.name, "versions": [versions[owner(p, shards)][p] for p in range(fragments)],

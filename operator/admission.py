@@ -1,7 +1,7 @@
 """Pure: every check a job passes before the operator runs it, in one list.
 
 The operator (reconcile.py) and `diloco validate` both call `problems`, so a manifest that
-validates is one the operator accepts: the spec's own rules (diloco/spec.py), then what
+validates is one the operator accepts: the spec's own rules (diloco/spec/__init__.py), then what
 Kubernetes would refuse later or the learners could not fill (render.name_problems: names, TPU
 slices and hostsPerLearner, pod overlays and templates, a checkpoint volume nobody can size), then what this
 installation cannot do (the Gateway API, Kueue's limits). One check needs the cluster and is

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.spec_status import MAX_MESSAGE
+from diloco.spec import MAX_MESSAGE
 
 CREATED, RUNNING, DEGRADED, SUSPENDED, SUCCEEDED, FAILED = (
     "Created", "Running", "Degraded", "Suspended", "Succeeded", "Failed")

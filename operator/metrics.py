@@ -13,7 +13,7 @@ from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from diloco.spec_status import Phase
+from diloco.spec import Phase
 
 JOB_LABELS = ["diloco_namespace", "diloco_job"]
 PHASES: tuple[str, ...] = get_args(Phase)

@@ -1,5 +1,5 @@
 """Merge a user's pod overlay (`learnerGroups[].pod`, `syncer.pod`) and then pod template
-(`learnerGroups[].template`, `syncer.template`: diloco/spec_pod.py) into a rendered pod
+(`learnerGroups[].template`, `syncer.template`: diloco/spec/pod.py) into a rendered pod
 template. Pure: the template in, a new one out.
 
 The overlay merges, not replaces: labels and annotations are added under ours (the selector
@@ -34,8 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diloco.operator import naming as n
-from diloco.spec import DecoupledDiLoCoJob
-from diloco.spec_pod import RESERVED_NAMES, RESERVED_PREFIXES, PodOverlay, PodTemplate
+from diloco.spec import RESERVED_NAMES, RESERVED_PREFIXES, DecoupledDiLoCoJob, PodOverlay, PodTemplate
 
 
 def _dump(items: list[Any]) -> list[dict[str, Any]]:

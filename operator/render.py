@@ -113,15 +113,14 @@ def checkpoint_bytes(spec: JobSpec) -> int | None:
     """Room for the checkpoints the syncer keeps, as its own code sizes them, from the model's
     shapes as the spec fixes them (no JAX: the operator runs from the syncer image). None for a
     user's own module, whose shapes only its code knows."""
-    from diloco.syncer.checkpoint import disk_bytes
-    from diloco.syncer.state import GlobalModel
+    from diloco.checkpoint import disk_bytes, state_bytes
 
     shapes = parameter_shapes(spec.model)
     if shapes is None:
         return None
     # With room for momentum buffers even at the default outer momentum 0, which keeps none:
     # spec.syncer.outerMomentum may be turned on later, and a claim does not grow by itself.
-    return disk_bytes(GlobalModel.state_bytes(shapes, momentum=True))
+    return disk_bytes(state_bytes(shapes, momentum=True))
 
 
 def checkpoint_storage(spec: JobSpec) -> str:

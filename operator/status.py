@@ -6,7 +6,7 @@ global picture (every region, every cluster); the group counts are this cluster'
 Counters written by the pod handlers (lost, preempted, readmitted, restarts), multi-host
 learners' runs (gangRuns) and accumulators (goodput) are carried over, so the status is the
 operator's only memory and a restarted operator continues where the last one stopped.
-Every status written must fit `JobStatus` (diloco/spec_status.py), the CRD's status schema:
+Every status written must fit `JobStatus` (diloco/spec/status.py), the CRD's status schema:
 `changed` and `validated` check it before anything is patched.
 """
 
@@ -278,7 +278,7 @@ def invalid(status: dict[str, Any], problems: list[str], generation: int, now: f
 def validated(status: dict[str, Any]) -> dict[str, Any]:
     """`status` (a whole one, or a merge patch of whole top-level fields), once JobStatus accepts it.
     The API server prunes a field the CRD's schema lacks without a word; a misspelt key, or a new
-    one not added to diloco/spec_status.py, fails here (and so in tests) instead."""
+    one not added to diloco/spec/status.py, fails here (and so in tests) instead."""
     JobStatus.model_validate(status)
     return status
 

@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from diloco.syncer.checkpoint import write_atomically
+from diloco.checkpoint import write_atomically
 
 log = logging.getLogger("diloco.syncer")
 FILE = "publish.lease"

@@ -19,12 +19,12 @@ import grpc
 from google.protobuf.internal import api_implementation
 from prometheus_client import start_http_server
 
+from diloco.checkpoint import CheckpointStore
 from diloco.contract import parse_shard, ready_line
 from diloco.core import kernels
 from diloco.core.fragments import owned_by
 from diloco.launch import keep_freed_memory, reserve_heap
 from diloco.spec import DecoupledDiLoCoJob
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.seeding import Switch, Unseeded
 from diloco.syncer.service import SyncerCore

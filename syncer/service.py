@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from diloco.checkpoint import CheckpointStore
 from diloco.core.codecs import CodecError, Pieces, decode_tensors, encoded_size
 from diloco.core.fragments import owned_by, owner
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import Admission, Refused, check_header, outer_gradient
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.counters import RESTART_WINDOW, SLACK_CYCLES, Counters, credit_limit
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics

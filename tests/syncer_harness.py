@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from diloco.checkpoint import CheckpointStore
 from diloco.core.codecs import encode_tensors
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer

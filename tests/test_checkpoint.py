@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from diloco.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.core.rounds import Closed, Contribution
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel
 from tests import syncer_harness
 from tests.helpers import policy

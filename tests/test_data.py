@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from diloco.spec import SpecError, parse_job
-from diloco.spec_learner import Data
+from diloco.spec import Data, SpecError, parse_job
 from diloco.trainer import data, prepare, sources
 
 WINDOW = 9  # context 8 + 1: small enough for files of a few hundred bytes

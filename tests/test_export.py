@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from diloco import cli
+from diloco.checkpoint import CheckpointStore
 from diloco.core.fragments import owned_by
 from diloco.export import ExportError, TrainedModel, export, job_for, load_export, read_checkpoint
 from diloco.sample import ByteTokenizer, generate, sample_text, summary_sample, tokenizer_for
 from diloco.spec import DataSource, DecoupledDiLoCoJob, TransformerModel
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.data import eval_batches
 from diloco.trainer.model import init_params, loss_fn

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diloco.syncer.checkpoint import CheckpointStore, deserialize
+from diloco.checkpoint import CheckpointStore, deserialize
 from tests.faults.cluster import Cluster, Status
 
 pytestmark = pytest.mark.e2e

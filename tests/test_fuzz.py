@@ -32,11 +32,11 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from diloco.checkpoint import MAGIC as CKPT_MAGIC
+from diloco.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.core.codecs import CODECS, MAGIC, MAX_NDIM, CodecError, decode, decode_tensors, encode_tensors
 from diloco.spec import SpecError, load_job, parse_job
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.checkpoint import MAGIC as CKPT_MAGIC
-from diloco.syncer.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
 from diloco.syncer.state import GlobalModel
 from diloco.wire import auth_metadata, chunks, pb
 from tests import syncer_harness as sh

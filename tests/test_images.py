@@ -31,10 +31,10 @@ from typing import Any
 import grpc
 import pytest
 
+from diloco.checkpoint import CheckpointStore
 from diloco.contract import SYNCER_GRPC_PORT, Exit
 from diloco.operator import render
 from diloco.spec import parse_job
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests.helpers import TINY_MODEL, wait_for
 

@@ -62,7 +62,7 @@ def test_helm_installed_the_chart_and_the_crd_serves(cluster: Cluster) -> None:
     # 1.20 publishes OpenAPI v2 only (kubectl's default is v3), a few seconds after the CRD is established.
     wait_for(lambda: "learnerGroups" in cluster.kubectl("explain", "ddj.spec", "--output=plaintext-openapiv2",
                                                        check=False), timeout=30, what="kubectl explain ddj.spec")
-    # The status has a schema too (diloco/spec_status.py): explained, and pruned to it by the server.
+    # The status has a schema too (diloco/spec/status.py): explained, and pruned to it by the server.
     explained = cluster.kubectl("explain", "ddj.status", "--output=plaintext-openapiv2")
     assert "learnerGroups" in explained and "startedSpec" in explained and "goodput" in explained, explained
     groups = cluster.kubectl("explain", "ddj.status.learnerGroups", "--output=plaintext-openapiv2")

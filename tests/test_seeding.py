@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import yaml
 
+from diloco.checkpoint import CheckpointStore
 from diloco.core.codecs import bundle_size
 from diloco.core.fragments import plan_fragments, specs_from_shapes
 from diloco.core.seed import InitialModel, seed_hash
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import Refused
-from diloco.syncer.checkpoint import CheckpointStore
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.seeding import Switch, Unseeded, receive_seed, seeded_model
 from diloco.syncer.service import SyncerCore

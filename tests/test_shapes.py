@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diloco.shapes import parameter_count, parameter_shapes
-from diloco.spec import TransformerModel
-from diloco.spec_learner import PRESETS
+from diloco.spec import PRESETS, TransformerModel
 from diloco.trainer import model
 
 

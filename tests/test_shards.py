@@ -190,7 +190,7 @@ def test_diloco_status_adds_up_the_shards(shards: list[sh.Harness]) -> None:
 
 
 def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
-    from diloco.syncer.checkpoint import CheckpointStore
+    from diloco.checkpoint import CheckpointStore
     from diloco.syncer.state import GlobalModel
 
     h = sh.start(SPEC, checkpoint_dir=str(tmp_path), shard=1)

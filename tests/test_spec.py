@@ -131,7 +131,7 @@ def test_learners_only_clusters_must_place_their_shards() -> None:
 
 
 def test_pod_overlay_names_are_checked_as_every_other_dns_name() -> None:
-    """One pattern for DNS names (spec_base.py), so a pod's names get the same error that names the fix."""
+    """One pattern for DNS names (diloco/spec/base.py), so a pod's names get the same error that names the fix."""
     pod = {"serviceAccountName": "Bucket_Reader", "priorityClassName": "a..b", "imagePullSecrets": [{"name": "-x"}]}
     assert problems(minimal(learnerGroups=[{"name": "a", "pod": pod}])) == [
         f"spec.learnerGroups[0].pod.{field}: {value!r} is not a DNS name (lower-case letters, digits, '-' and '.')"

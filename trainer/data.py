@@ -30,7 +30,7 @@ from diloco.trainer import sources
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from diloco.spec_learner import Data
+    from diloco.spec import Data
 
 
 def corpus_plays() -> list[bytes]:

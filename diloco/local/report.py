@@ -8,11 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from diloco.checkpoint import CheckpointStore, params_of
 from diloco.local.tracker import RunTracker
 from diloco.shards import checkpoint_dir
 from diloco.spec import DecoupledDiLoCoJob
-from diloco.syncer.checkpoint import CheckpointStore
-from diloco.syncer.state import GlobalModel
 
 
 def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
@@ -34,7 +33,7 @@ def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] |
         loaded, _ = CheckpointStore(checkpoint_dir(str(out / "checkpoints"), s, shards)).load_latest()
         if loaded is None:
             return None
-        merged.update(GlobalModel.params_of(loaded.arrays))
+        merged.update(params_of(loaded.arrays))
     return merged
 
 

@@ -1,5 +1,5 @@
 """What a learner trains: the model, the data and the recipe (`spec.model`, `spec.data`,
-`spec.training`). Part of the one job spec (diloco/spec.py re-exports these classes).
+`spec.training`). Part of the one job spec (diloco/spec/__init__.py re-exports these classes).
 
 The defaults are the zero-download quickstart: a byte-level GPT on the built-in corpus, one
 device, fp32. Real jobs pick a `llama` preset, their own data and a mesh over their chips.
@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from diloco.spec_base import Model
+from diloco.spec.base import Model
 
 Family = Literal["gpt", "llama"]
 DType = Literal["float32", "bfloat16"]
@@ -198,7 +198,7 @@ class Training(Model):
     warmup_steps: int = Field(50, ge=0)  # AdamW's moments settle within tens of steps
     # Cosine decay length in steps of one learner: the schedule stands at the job's trained
     # tokens over M learners' batch (core/schedule.py JobProgress). Left out, a job derives it
-    # (diloco/spec.py `derived_decay_steps`): tokenBudget / (M x batchSize x context) with a
+    # (diloco/spec/__init__.py `derived_decay_steps`): tokenBudget / (M x batchSize x context) with a
     # token budget, so the decay ends with the budget; else the job's `steps`; else 2000 (and
     # never before warmupSteps end).
     decay_steps: int = Field(DEFAULT_DECAY_STEPS, ge=1)

@@ -1,4 +1,6 @@
-"""Durable syncer checkpoints: one file each, written atomically, verified by SHA-256.
+"""The job's checkpoint format: durable syncer checkpoints, one file each, written atomically,
+verified by SHA-256. The syncer writes them; export, sample and the local report read them, so
+the format and its keys live here, below all three.
 
 Layout: magic `DDCK1\\n`, an 8-byte header length, a JSON header (metadata plus name,
 dtype, shape and offset of every array), the raw little-endian arrays, and the
@@ -133,6 +135,30 @@ def deserialize(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, object]]:
     if not isinstance(meta, dict):
         raise CheckpointError("metadata is not a mapping")
     return arrays, meta
+
+
+# Keys of a checkpoint's arrays: Θ under PARAM, each fragment's outer momentum under MOMENTUM.
+PARAM = "param/"
+MOMENTUM = "momentum/"
+
+
+def momentum_key(fragment: int, name: str) -> str:
+    return f"{MOMENTUM}{fragment}/{name}"
+
+
+def params_of(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Θ from a checkpoint's arrays, as fp32."""
+    return {k.removeprefix(PARAM): np.array(v, np.float32) for k, v in arrays.items() if k.startswith(PARAM)}
+
+
+def process_key(learner: str, session: str) -> str:
+    """One learner process (its session): the key of the tokens credited to it in the metadata."""
+    return f"{learner}/{session}"
+
+
+def state_bytes(shapes: Mapping[str, tuple[int, ...]], momentum: bool = True) -> int:
+    """Bytes of a checkpoint's arrays: each parameter and, with outer momentum, its buffer, in fp32."""
+    return (2 if momentum else 1) * 4 * sum(math.prod(s) for s in shapes.values())
 
 
 KEEP = 3  # newest checkpoints kept: two older ones survive a corrupt newest, and disk stays bounded

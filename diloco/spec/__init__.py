@@ -15,12 +15,13 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
-from diloco.spec_base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
-from diloco.spec_learner import Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
-from diloco.spec_pod import PodOverlay, PodTemplate, Resources, Toleration
-from diloco.spec_status import (  # noqa: F401
+from diloco.spec.learner import PRESETS, Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
+from diloco.spec.pod import RESERVED_NAMES, RESERVED_PREFIXES, PodOverlay, PodTemplate, Resources, Toleration  # noqa: F401
+from diloco.spec.status import (  # noqa: F401
+    MAX_MESSAGE,
     Condition,
     JobStatus,
     LearnerGroupStatus,
@@ -28,7 +29,7 @@ from diloco.spec_status import (  # noqa: F401
     Phase,
     SyncerStatus,
 )
-from diloco.spec_syncer import (  # noqa: F401
+from diloco.spec.syncer import (  # noqa: F401
     DEFAULT_SYNCER_IMAGE,
     Expose,
     ExposeTLS,
@@ -56,8 +57,8 @@ class LearnerGroup(Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     resources: Resources = Field(default_factory=Resources)
-    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
-    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec_pod.py)
+    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec/pod.py)
+    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec/pod.py)
     # >1 stretches each step by this factor: a stand-in for older or slower chips.
     slowdown: float = Field(1.0, ge=1.0, le=100.0)
     # First data shard of this group's learners (learner i reads shard shardOffset + i). Unset:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator
 
-from diloco.spec_base import DNS_SUBDOMAIN, Model
+from diloco.spec.base import DNS_SUBDOMAIN, Model
 
 # The variables the operator sets itself (learner index, multi-host and TPU settings, HOME).
 RESERVED_PREFIXES, RESERVED_NAMES = ("DILOCO_", "TPU_WORKER_"), ("POD_NAME", "HOME")

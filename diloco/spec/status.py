@@ -17,7 +17,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic.json_schema import SkipJsonSchema
 
-from diloco.spec_base import Model
+from diloco.spec.base import Model
 
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0.0)]

@@ -1,5 +1,5 @@
 """How the syncer merges and publishes, and where it runs (`spec.syncer`). Part of the one job
-spec (diloco/spec.py re-exports these classes).
+spec (diloco/spec/__init__.py re-exports these classes).
 
 The defaults are the paper's protocol as measured here (docs/ALGORITHM.md, docs/BENCHMARKS.md):
 K = 1, a grace window, RDA over int4 outer gradients, int8 broadcast deltas, one shard.
@@ -16,8 +16,8 @@ from diloco.core.fragments import Method
 from diloco.core.ledger import Adoption
 from diloco.core.merge import MergeMethod
 from diloco.core.rounds import StalePolicy
-from diloco.spec_base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
-from diloco.spec_pod import PodOverlay, PodTemplate, Resources
+from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.pod import PodOverlay, PodTemplate, Resources
 
 DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
 
@@ -144,8 +144,8 @@ class Syncer(Model):
     staleness: Staleness = Field(default_factory=Staleness)
     image: str = DEFAULT_SYNCER_IMAGE
     resources: Resources = Field(default_factory=Resources)
-    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec_pod.py)
-    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec_pod.py)
+    pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec/pod.py)
+    template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec/pod.py)
     external: ExternalSyncer | None = None
     expose: Expose | None = None
     # Regions of learner groups in other clusters that use this syncer: its status and metrics
