@@ -13,6 +13,13 @@ from diloco import contract, extras
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Every subcommand: running a job and its processes, then the tools on a model and a cluster."""
+    _add_job_parsers(sub)
+    _add_model_parsers(sub)
+    _add_cluster_parsers(sub)
+
+
+def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check a DecoupledDiLoCoJob manifest as the operator does at admission")
     p.add_argument("file", help="YAML manifest")
     p.add_argument("--gateway-api", action="store_true",
@@ -47,6 +54,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     contract.add_client_tls_flags(p)
     p.set_defaults(func=cmd_status)
 
+
+def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a syncer checkpoint's global model for transformers (hf), or as "
                                       "safetensors or orbax with our config")
     p.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR",
@@ -83,6 +92,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the last fraction of the ids, written to val.bin (default: spec.data.heldOutFraction's 0.05)")
     p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a, needs=extras.LEARNER))
 
+
+def _add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("crd", help="print the CustomResourceDefinition generated from the job spec")
     p.add_argument("--no-cel", action="store_true",
                    help="without the CEL rules on immutable fields (API servers before 1.23 reject them in kubectl's validation)")

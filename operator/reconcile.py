@@ -140,20 +140,10 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     live: dict[children.Key, Any] | None = None  # observed once, for the shard check and the sync
     queue = kueue.queue(ctx.config.kueue, meta.get("labels"))  # queued in Kueue: kueue.py
     if job is not None:
-        problems = admission.install_problems(job, gateway_api=ctx.config.gateway_api, queued=queue is not None)
-        if not problems and job.spec.syncer.external is None:
-            live = children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
-            changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
-                                                  live.get(("StatefulSet", n.syncer(name))))
-            problems += [changed] if changed else []
+        problems, live = _install_problems(ctx, job, namespace, name, queued=queue is not None)
         job = None if problems else job
     if job is None:
-        new = st.invalid(status, problems, generation, now)
-        if st.changed(status, new):
-            ctx.api.patch(KIND, namespace, name, {"status": new}, sub="status")
-            post(ref, "InvalidSpec", "; ".join(problems), warning=True)
-        ctx.metrics.job_status(namespace, name, new)  # its phase: Failed
-        ctx.metrics.reconciles.labels("invalid").inc()
+        _invalid(ctx, ref, status, problems, generation, now)
         return
     owner = render.Owner(name, namespace, meta["uid"])
     secrets = {secret: ctx.api.get("Secret", namespace, secret) for secret, _, _ in access.referenced(job)}
@@ -210,12 +200,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     new = _show_refusals(ctx, ref, status, new, done.refused, st.rfc3339(now), generation)
     if (waiting := capacity.started_waiting(status.get("conditions") or [], new["conditions"])) is not None:
         post(ref, capacity.WAITING, waiting["message"], warning=True)
-    for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
-        pod_meta = pod["metadata"]
-        if ctx.api.delete("Pod", namespace, pod_meta["name"], grace_seconds=0, uid=pod_meta.get("uid")):
-            ctx.metrics.forced_deletions.labels(namespace, name).inc()
-            post(ref, "PodForceDeleted", f"pod {pod_meta['name']} was Terminating past its grace period "
-                                         f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
+    _force_delete_stuck(ctx, ref, job_pods, now)
     new = _readmit_ready(ctx, ref, new, job_pods)
     if ended is None and not was_finished and blocker is None and not job.spec.suspend:
         new = _settle_gangs(ctx, ref, job, new, job_pods, now, set(obs.finished))
@@ -224,6 +209,50 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     if queued and st.finished(new) and (held := live.get(children.key(queued[0]))) is not None:
         # Kueue frees a finished job's quota.
         kueue.finish(ctx.api, held, c.is_true(new["conditions"], c.SUCCEEDED), "the job finished", st.rfc3339(now))
+    _publish(ctx, ref, job, status, new, obs, now)
+
+
+def _install_problems(ctx: Context, job: DecoupledDiLoCoJob, namespace: str, name: str, *, queued: bool
+                      ) -> tuple[list[str], dict[children.Key, Any] | None]:
+    """What keeps a valid spec from running here (admission.py), and the live children where
+    they were read to see whether the syncer's shard count would change under a running job."""
+    problems = admission.install_problems(job, gateway_api=ctx.config.gateway_api, queued=queued)
+    if problems or job.spec.syncer.external is not None:
+        return problems, None
+    live = children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
+    changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
+                                          live.get(("StatefulSet", n.syncer(name))))
+    return problems + ([changed] if changed else []), live
+
+
+def _invalid(ctx: Context, ref: dict[str, Any], status: dict[str, Any], problems: list[str], generation: int,
+             now: float) -> None:
+    """A job whose spec cannot run: phase Failed, the problems in its status and one Event."""
+    namespace, name = ref["metadata"]["namespace"], ref["metadata"]["name"]
+    new = st.invalid(status, problems, generation, now)
+    if st.changed(status, new):
+        ctx.api.patch(KIND, namespace, name, {"status": new}, sub="status")
+        post(ref, "InvalidSpec", "; ".join(problems), warning=True)
+    ctx.metrics.job_status(namespace, name, new)  # its phase: Failed
+    ctx.metrics.reconciles.labels("invalid").inc()
+
+
+def _force_delete_stuck(ctx: Context, ref: dict[str, Any], job_pods: list[dict[str, Any]], now: float) -> None:
+    """Pods Terminating past their grace period (a dead node's) hold their slot: delete them now."""
+    namespace, name = ref["metadata"]["namespace"], ref["metadata"]["name"]
+    for pod in pods.stuck(job_pods, now, ctx.config.stuck_timeout):
+        pod_meta = pod["metadata"]
+        if ctx.api.delete("Pod", namespace, pod_meta["name"], grace_seconds=0, uid=pod_meta.get("uid")):
+            ctx.metrics.forced_deletions.labels(namespace, name).inc()
+            post(ref, "PodForceDeleted", f"pod {pod_meta['name']} was Terminating past its grace period "
+                                         f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
+
+
+def _publish(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, status: dict[str, Any],
+             new: dict[str, Any], obs: st.Observation, now: float) -> None:
+    """The new status written (only what changed), the metrics, and a finished job past its TTL deleted."""
+    meta = ref["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
     diff = st.changed(status, new)
     if diff:
         ctx.api.patch(KIND, namespace, name, {"status": diff}, sub="status")
@@ -235,7 +264,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     done_at = st.parse_time(new.get("completionTime") or status.get("completionTime"))
     if ttl is not None and done_at is not None and now - done_at >= ttl:
         post(ref, "TTLExpired", f"finished {now - done_at:.0f} s ago; deleting (ttlSecondsAfterFinished={ttl})")
-        ctx.api.delete(KIND, namespace, name, uid=owner.uid)
+        ctx.api.delete(KIND, namespace, name, uid=meta["uid"])
 
 
 def _show_refusals(ctx: Context, ref: dict[str, Any], status: dict[str, Any], new: dict[str, Any],
