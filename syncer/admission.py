@@ -31,7 +31,8 @@ NORM_WARMUP = 16  # no outlier check before this many: early rounds move fast, a
 
 
 class Refused(Exception):
-    """A request refused before it touched the global state; carries the gRPC status."""
+    """A request refused before it touched the global state; carries the gRPC status and the
+    outcome it is counted under (empty: not counted as a refused push, e.g. a Join's checks)."""
 
     def __init__(self, code: grpc.StatusCode, reason: str, outcome: str = "invalid"):
         super().__init__(reason)
@@ -97,7 +98,7 @@ def outer_gradient(blob: bytes | memoryview, p: int, shapes: Mapping[str, tuple[
     return packed, math.sqrt(squares)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Admission:
     """Who holds each learner id, which pushes were taken (for retries), and each fragment's
     recent norms (for the outlier bound)."""
@@ -157,7 +158,7 @@ class Admission:
                           "re-sync from the global model", "outlier")
         return ratio
 
-    def taken(self, origin: tuple[str, int], push_id: int, p: int, norm: float, merged_into: int) -> None:
+    def taken(self, origin: tuple[str, int], push_id: int, *, p: int, norm: float, merged_into: int) -> None:
         """Record an accepted push: its norm joins the statistic, its id answers retries."""
         self.norms[p].append(norm)
         if push_id:

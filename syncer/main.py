@@ -51,14 +51,12 @@ def restored_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard
     return model
 
 
-def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | None,
+def serve(job: DecoupledDiLoCoJob, token: str, *, port: int, metrics_port: int | None,
           checkpoint_dir: str | None, tls: tuple[bytes, bytes] | None = None, host: str = "[::]",
           shard: int = 0) -> None:
     keep_freed_memory()
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     metrics = SyncerMetrics()
-    # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
-    regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
     model = restored_model(job, store, shard)
     restored = model is not None
     # Load the kernels before serving, not at the first pushes: loaded then, they make the first
@@ -74,18 +72,8 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
 
     def start(model: GlobalModel) -> SyncerCore:
         """The syncer proper, once it has a model; RPCs switch to it at once."""
-        core = SyncerCore(job.spec.syncer, model, store, metrics, regions=regions, shard=shard, incarnation=incarnation,
-                          tokens_per_step=job.spec.tokens_per_step)
-        if store is not None and not restored:
-            # A fresh job's first checkpoint, before anything is published: it holds the provenance
-            # key and Θ₀'s hash, so a syncer that crashes before its first scheduled checkpoint still
-            # recognises what it published when learners hand it back (Recover).
-            core.checkpoint()
-        t0, headroom = time.monotonic(), core.headroom()
-        reserve_heap(headroom)  # diloco/launch.py: faulted in now, not during the first rounds and Joins
-        log.info("reserved %d MB of heap for republished fragments under a Join and the delta chains (%.1f s; "
-                 "protobuf: %s)",
-                 headroom >> 20, time.monotonic() - t0, api_implementation.Type())
+        core = _start(job, model, store=store, metrics=metrics, shard=shard, incarnation=incarnation,
+                      fresh=not restored)
         switch.current = SyncerServicer(core, token)
         log.info("syncer %s shard %d of %d serving (incarnation %s, fragments %s of %d)", job.metadata.name,
                  shard, job.spec.syncer.shards, core.incarnation, list(core.owned), core.model.plan.num_fragments)
@@ -94,11 +82,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
     unseeded = Unseeded(job.spec.syncer, shard, token, on_seed=start, incarnation=incarnation)
     switch = Switch(unseeded)
     add_syncer(switch, server)  # forwards every RPC to the current servicer
-    if tls is not None:
-        key, cert = tls
-        bound = server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)]))
-    else:
-        bound = server.add_insecure_port(f"{host}:{port}")
+    bound = _listen(server, tls, f"{host}:{port}")
     if bound == 0:
         raise SystemExit(f"syncer: cannot listen on port {port}")
     stop = threading.Event()
@@ -115,33 +99,65 @@ def serve(job: DecoupledDiLoCoJob, token: str, port: int, metrics_port: int | No
                 return
         core = unseeded.started
         log.info("seeded with Θ₀ by a learner: %d tensors", len(core.model.params))
-
-    def merge_loop() -> None:
-        # Woken by every accepted push; otherwise sleeps until the next grace deadline.
-        while not stop.is_set():
-            try:
-                core.merge_ready()
-            except Exception:  # a bug must not silently end all merging: say so, keep serving
-                metrics.merge_errors.inc()
-                log.exception("merge failed; the round's contributions are dropped")
-            core.wait_for_round()
-
-    threading.Thread(target=merge_loop, name="merge", daemon=True).start()
-    interval = job.spec.syncer.checkpoint_interval_seconds
-    next_ckpt = time.monotonic() + interval
+    threading.Thread(target=_merge_loop, args=(core, stop), name="merge", daemon=True).start()
     try:
-        while not stop.wait(timeout=max(0.05, min(1.0, next_ckpt - time.monotonic()))):
-            if time.monotonic() >= next_ckpt:
-                core.checkpoint()
-                next_ckpt = time.monotonic() + interval
-        log.info("stopping: final checkpoint")
-        core.stop()
-        core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
-        core.checkpoint()
+        _run(core, stop, job.spec.syncer.checkpoint_interval_seconds)
     finally:
         # Also on a bug: gRPC's threads would otherwise keep a syncer that serves nothing alive
         # (no restart by the kubelet); stopped, the process exits with the traceback.
         server.stop(grace=2).wait()
+
+
+def _start(job: DecoupledDiLoCoJob, model: GlobalModel, *, store: CheckpointStore | None, metrics: SyncerMetrics,
+           shard: int, incarnation: str, fresh: bool) -> SyncerCore:
+    """The syncer's core on `model`, its first checkpoint written (a `fresh` job's) and its heap reserved."""
+    # Regions reported by name: this manifest's groups' and other clusters' (spec.syncer.remoteRegions).
+    regions = frozenset([*(g.region for g in job.spec.learner_groups), *job.spec.syncer.remote_regions])
+    core = SyncerCore(spec=job.spec.syncer, model=model, store=store, metrics=metrics, regions=regions, shard=shard,
+                      incarnation=incarnation, tokens_per_step=job.spec.tokens_per_step)
+    if store is not None and fresh:
+        # A fresh job's first checkpoint, before anything is published: it holds the provenance
+        # key and Θ₀'s hash, so a syncer that crashes before its first scheduled checkpoint still
+        # recognises what it published when learners hand it back (Recover).
+        core.checkpoint()
+    t0, headroom = time.monotonic(), core.headroom()
+    reserve_heap(headroom)  # diloco/launch.py: faulted in now, not during the first rounds and Joins
+    log.info("reserved %d MB of heap for republished fragments under a Join and the delta chains (%.1f s; "
+             "protobuf: %s)",
+             headroom >> 20, time.monotonic() - t0, api_implementation.Type())
+    return core
+
+
+def _listen(server: grpc.Server, tls: tuple[bytes, bytes] | None, address: str) -> int:
+    """Bind `address` (with TLS if given a key and certificate); the port bound, 0 if none."""
+    if tls is not None:
+        key, cert = tls
+        return int(server.add_secure_port(address, grpc.ssl_server_credentials([(key, cert)])))
+    return int(server.add_insecure_port(address))
+
+
+def _merge_loop(core: SyncerCore, stop: threading.Event) -> None:
+    """The merge thread: woken by every accepted push; otherwise sleeps until the next grace deadline."""
+    while not stop.is_set():
+        try:
+            core.merge_ready()
+        except Exception:  # a bug must not silently end all merging: say so, keep serving
+            core.metrics.merge_errors.inc()
+            log.exception("merge failed; the round's contributions are dropped")
+        core.wait_for_round()
+
+
+def _run(core: SyncerCore, stop: threading.Event, interval: float) -> None:
+    """Checkpoint every `interval` seconds until stopped; then the final merges and checkpoint."""
+    next_ckpt = time.monotonic() + interval
+    while not stop.wait(timeout=max(0.05, min(1.0, next_ckpt - time.monotonic()))):
+        if time.monotonic() >= next_ckpt:
+            core.checkpoint()
+            next_ckpt = time.monotonic() + interval
+    log.info("stopping: final checkpoint")
+    core.stop()
+    core.merge_ready(flush=True)  # close open rounds: what learners flushed at SIGTERM is kept
+    core.checkpoint()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -160,5 +176,6 @@ def main(args: argparse.Namespace) -> int:
     if not shard < job.spec.syncer.shards:
         raise SystemExit(f"--shard {args.shard}: spec.syncer.shards is {job.spec.syncer.shards}, "
                          f"so shards are 0 to {job.spec.syncer.shards - 1}")
-    serve(job, read_token(args), args.port, args.metrics_port, args.checkpoint_dir, tls, shard=shard)
+    serve(job, read_token(args), port=args.port, metrics_port=args.metrics_port, checkpoint_dir=args.checkpoint_dir,
+          tls=tls, shard=shard)
     return 0

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from diloco.core.codecs import encoded_size
-from diloco.syncer.admission import MAX_ID, Refused
+from diloco.syncer import readmission
+from diloco.syncer.admission import Refused
 from diloco.syncer.pacing import Pacer
-from diloco.syncer.peer_state import StateRelay
 from diloco.syncer.publisher import Update
 from diloco.syncer.seeding import ANOTHER_SEED
 from diloco.syncer.service import SyncerCore
@@ -62,10 +61,6 @@ class SyncerServicer:
         # keeping up takes; one further behind costs a serialisation of its own.
         self._wire: OrderedDict[tuple[int, int, bool], list[bytes]] = OrderedDict()
         self._wire_lock = threading.Lock()
-        self.relay = StateRelay(core.clock)  # peers' optimizer state for re-joining learners (syncer/peer_state.py)
-        # AdamW's two moments in bf16 are the model's fp32 size; the names are longer than the
-        # parameters' (optimizer tree paths), hence the slack.
-        self.max_state_bytes = sum(encoded_size(s, "fp32") + 512 for s in core.model.shapes().values()) + (1 << 20)
         self.pacer = Pacer(core.spec.join_bytes_per_second)  # Joins and relayed state share it (syncer/pacing.py)
 
     def _messages(self, u: Update) -> list[bytes]:
@@ -109,19 +104,9 @@ class SyncerServicer:
 
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         self._auth(context)
-        core = self.core
-        if not request.learner or len(request.learner) > MAX_ID:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "learner id must be 1-128 characters")
-        theirs = {t.name: tuple(t.shape) for t in request.tensors}
-        if theirs != core.model.shapes():
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          "the learner's model does not match the syncer's (different spec.model?)")
-        if request.init_hash and core.model.init_hash and request.init_hash != core.model.init_hash:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the learner's initial model Θ₀ differs from the one the "
-                          "syncer was seeded with (different spec.model or spec.data.seed?)")
         with self._refusals(context):
-            header, model = core.join(request.learner, request.region, request.process, request.supersede)
-        core.count_sent(model.size)
+            header, model = readmission.join(self.core, request)
+        self.core.count_sent(model.size)
         first = pb.JoinChunk(header=header).SerializeToString()
         for i, span in enumerate(model.spans(CHUNK_BYTES)):  # framed by hand: one copy, no upb arena per chunk
             self._pace(sum(len(s) for s in span))
@@ -139,11 +124,12 @@ class SyncerServicer:
 
     @contextlib.contextmanager
     def _refusals(self, context: grpc.ServicerContext) -> Iterator[None]:
-        """A Refused becomes the RPC's status (counted by outcome); nothing else is caught."""
+        """A Refused becomes the RPC's status (counted by outcome, if it has one); nothing else is caught."""
         try:
             yield
         except Refused as exc:
-            self.core.count_refusal(exc.outcome)
+            if exc.outcome:
+                self.core.count_refusal(exc.outcome)
             context.abort(exc.code, exc.reason)
             raise  # abort raises; this keeps type checkers honest
 
@@ -156,11 +142,7 @@ class SyncerServicer:
     def _push(self, first: Chunk, rest: Iterator[Chunk], context: grpc.ServicerContext) -> pb.PushReply:
         header = first.header
         with self._refusals(context):
-            self.core.check_header(header)
-            reply = self.core.admit(header, _assemble(first, rest, header.total_bytes, "push"))
-        if reply.accepted and self.relay.should_share(header.learner):
-            reply.share_state = True
-        return reply
+            return self.core.admit(header, lambda: _assemble(first, rest, header.total_bytes, "push"))
 
     def Subscribe(self, request: pb.SubscribeRequest, context: grpc.ServicerContext) -> Iterator[pb.Published]:
         self._auth(context)
@@ -178,10 +160,7 @@ class SyncerServicer:
         first = self._opening(request_iterator, context, "recovery")
         header = first.header
         with self._refusals(context):
-            if header.total_bytes > self.core.max_recover_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"recover: {header.total_bytes} bytes is more than the model")
-            blob = _assemble(first, request_iterator, header.total_bytes, "recover")
-            adopted = self.core.recover(list(header.fragments), list(header.versions), blob, list(header.tags))
+            adopted = self.core.recover(header, lambda: _assemble(first, request_iterator, header.total_bytes, "recover"))
         return pb.RecoverReply(adopted=adopted, versions=self.core.versions())
 
     def Seed(self, request_iterator: Iterator[pb.SeedChunk], context: grpc.ServicerContext) -> pb.SeedReply:
@@ -198,7 +177,7 @@ class SyncerServicer:
         self._auth(context)
         with self._refusals(context):
             self.core.check_session(request.learner, request.session_secret)
-        got = self.relay.fetch(request.learner, request.wait_seconds, context.is_active)
+        got = self.core.relay.fetch(request.learner, request.wait_seconds, context.is_active)
         if got is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no peer shared its optimizer state in time")
             return
@@ -215,16 +194,10 @@ class SyncerServicer:
         first = self._opening(request_iterator, context, "state upload")
         header = first.header
         with self._refusals(context):
-            self.core.check_session(header.learner, header.session_secret)
-            if header.declined:
-                self.relay.decline(header.learner)
+            if not readmission.share_state(self.core, header):
                 return pb.ShareStateReply(relayed=False)
-            if not 0 < header.total_bytes <= self.max_state_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"optimizer state of {header.total_bytes} bytes: "
-                              f"expected 1 to {self.max_state_bytes} (two moments of this model)")
-            self.core.check_state_count(header.learner, int(header.count))
             blob = _assemble(first, request_iterator, header.total_bytes, "optimizer state")
-        return pb.ShareStateReply(relayed=self.relay.offer(header.learner, int(header.count), bytes(blob)))
+        return pb.ShareStateReply(relayed=self.core.relay.offer(header.learner, int(header.count), bytes(blob)))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)

@@ -56,7 +56,7 @@ def unseeded(tmp_path: Path) -> Iterator[tuple[str, Unseeded, Switch]]:
     store = CheckpointStore(tmp_path / "ckpt")
 
     def start(model: GlobalModel) -> SyncerCore:
-        core = SyncerCore(SPEC, model, store, SyncerMetrics(), tokens_per_step=sh.TOKENS_PER_STEP)
+        core = SyncerCore(spec=SPEC, model=model, store=store, metrics=SyncerMetrics(), tokens_per_step=sh.TOKENS_PER_STEP)
         core.checkpoint()
         switch.current = SyncerServicer(core, sh.TOKEN)
         return core

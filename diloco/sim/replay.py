@@ -1,8 +1,10 @@
 """A deterministic replay of Decoupled DiLoCo: one process, a virtual clock, scripted speeds.
 
 The real protocol without the timing noise of real processes: the learners' books and
-schedule (`diloco.core.ledger`, `diloco.core.schedule`), the syncer's rounds, merging and
-outer step (`diloco.core.rounds`, `diloco.syncer.state.GlobalModel`), the real push codec,
+schedule (`diloco.core.ledger`, `diloco.core.schedule`), the syncer's own round driver
+(`diloco.syncer.round.RoundDriver`: admission's norm bound, the rounds, merging, the outer step
+and publishing, as the syncer runs them) fed the real push bytes, the step-time vote of the
+syncer's counters,
 and whatever inner step the caller passes (`Trainer`: the real JAX model in
 `bench/replay.py`, a toy in the tests). Learners' step times, start times, kills and the
 network latency are scripted, so two runs of one script are identical and an ablation
@@ -18,17 +20,21 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from diloco.core.codecs import Blob
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
-from diloco.core.rounds import Contribution, Verdict
 from diloco.core.schedule import JobProgress, Schedule
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.state import GlobalModel, Outer
+from diloco.syncer.admission import Admission, Refused, outer_gradient
+from diloco.syncer.counters import Counters
+from diloco.syncer.round import RoundDriver
+from diloco.syncer.state import GlobalModel
+from diloco.wire import pb
 
 Tensors = dict[str, np.ndarray]
 
@@ -46,7 +52,7 @@ class Trainer(Protocol):
         ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Script:
     """One learner's timeline in virtual seconds."""
 
@@ -57,7 +63,7 @@ class Script:
     pauses: list[tuple[float, float]] = field(default_factory=list)  # (from, seconds): frozen, not killed
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Learner:
     m: int
     script: Script
@@ -79,7 +85,16 @@ class _Learner:
     inbox: dict[int, Arrival] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
+class Sent:
+    """A push on its way to the syncer: its header and bytes, and when its learner sent it."""
+
+    header: pb.PushHeader
+    blob: Blob
+    at: float
+
+
+@dataclass(kw_only=True)
 class ReplayResult:
     params: Tensors
     rounds: list[int]  # learners per merged round
@@ -98,17 +113,20 @@ class Replay:
         self.spec, self.trainer, self.steps, self.latency = spec, trainer, steps, latency
         self.adoption, self.peer_state = adoption, peer_state
         self.model = GlobalModel.fresh(spec, params0)
-        num = self.model.plan.num_fragments
-        self.book = self.model.round_book()
+        # The syncer's round, on the virtual clock, publishing straight to the learners.
+        admission = Admission(num_fragments=self.model.plan.num_fragments, max_norm_ratio=spec.max_norm_ratio)
+        self.driver = RoundDriver(model=self.model, admission=admission, publish=self._publish, clock=lambda: self.now)
+        self.book = self.driver.book
+        self.steps_voted = Counters(max(trainer.tokens_per_step, 1), spec.fragments, started=0.0)  # the step-time vote
         self.fragments = [list(f) for f in self.model.plan.fragments]
-        self.learners = [_Learner(m, s) for m, s in enumerate(scripts)]
+        self.learners = [_Learner(m=m, script=s) for m, s in enumerate(scripts)]
         # How a (re)joining learner's schedule starts; ablations swap in one deaf to the syncer.
         self.schedule_factory: Callable[[int, int, int], Schedule] = lambda num, slot, m: Schedule(num, slot, per_slot=spec.shards)
         self.rngs = [np.random.default_rng([seed, m]) for m in range(len(scripts))]
         self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
         self.seq = itertools.count()
         self.now = 0.0
-        self.published_slot = [-1] * num
+        self.published_slot = self.driver.published_slot
         self.rounds: list[int] = []
         self.refused = 0
         self.ticks: set[float] = set()  # deadlines with a tick scheduled
@@ -135,11 +153,11 @@ class Replay:
             if kind != "snapshot" and all(lr.done for lr in self.learners) and not self._traffic():
                 break
         self._merge(flush=True)  # the syncer's final flush
-        return ReplayResult({n: v.copy() for n, v in self.model.params.items()}, self.rounds,
-                            sum(lr.trained_tokens + lr.earlier_tokens for lr in self.learners),
-                            self.model.tokens_merged,
-                            sum(lr.schedule.skipped for lr in self.learners if lr.schedule), self.refused,
-                            self.model.outer_steps, self.curve)
+        return ReplayResult(params={n: v.copy() for n, v in self.model.params.items()}, rounds=self.rounds,
+                            tokens_trained=sum(lr.trained_tokens + lr.earlier_tokens for lr in self.learners),
+                            tokens_merged=self.model.tokens_merged,
+                            skipped_slots=sum(lr.schedule.skipped for lr in self.learners if lr.schedule),
+                            refused=self.refused, outer_steps=self.model.outer_steps, curve=self.curve)
 
     def _traffic(self) -> bool:
         return any(kind in ("arrive", "tick") for _, _, kind, _ in self.events)
@@ -220,18 +238,21 @@ class Replay:
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
         assert lr.ledger is not None
         lr.push_seq += 1
-        _blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
+        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
                                self.spec.compression, self.spec.block_size)
-        c = Contribution(f"l{lr.m}", p, lr.ledger.books[p].version, f.steps, f.tokens, f.delta,
-                         session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)
-        self.at(t_sent + self.latency, "arrive", lr.m, lr.life, c, lr.script.step_seconds, t_sent)
+        header = pb.PushHeader(learner=f"l{lr.m}", fragment=p, base_version=lr.ledger.books[p].version, steps=f.steps,
+                               tokens=f.tokens, step_seconds=lr.script.step_seconds, total_bytes=blob.nbytes,
+                               session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)
+        self.at(t_sent + self.latency, "arrive", lr.m, lr.life, Sent(header, blob, t_sent))
 
     def _flush(self, lr: _Learner) -> None:
-        """The end of the job for this learner: push everything unpushed, then stop."""
+        """The end of the job for this learner: push everything unpushed, each fragment in its
+        next due slot (as the learner's flush does: the syncer refuses a slot not due for it),
+        then stop."""
         assert lr.ledger is not None and lr.schedule is not None
         for p in range(len(self.fragments)):
             if lr.ledger.unpushed(p):
-                self._push(lr, p, lr.schedule.slot, self.now)
+                self._push(lr, p, lr.schedule.next_slot_of(p), self.now)
         lr.done = True
 
     # -- the syncer -------------------------------------------------------------------
@@ -239,19 +260,23 @@ class Replay:
     def _active(self) -> set[str]:
         return {f"l{lr.m}" for lr in self.learners if lr.alive}
 
-    def _on_arrive(self, m: int, life: int, c: Contribution[Outer], step_seconds: float, t_sent: float) -> None:
-        if self.killed_at.get((m, life), float("inf")) < t_sent:
+    def _on_arrive(self, m: int, life: int, sent: Sent) -> None:
+        """A push reaches the syncer: parsed and offered to its round as the syncer does
+        (syncer/service.py `admit`, less the transport's checks), then due rounds merge."""
+        if self.killed_at.get((m, life), float("inf")) < sent.at:
             return  # its learner died before the step that made it ended: never sent
-        self.book.observe_step_time(step_seconds)
-        p = c.fragment
-        offer = self.book.offer(c, self.now, self.model.versions[p])
-        reply: tuple[Any, ...]
-        if offer.verdict is Verdict.ACCEPTED:
-            reply = ("accepted", p, c.push_id, self.model.versions[p] + 1, offer.late)
-            self.model.report(f"{c.learner}/{c.session}", c.trained_tokens)
+        h, p = sent.header, sent.header.fragment
+        tensors, norm = outer_gradient(sent.blob, p, self.model.shapes(p))
+        self.steps_voted.observe_step(h.learner, h.step_seconds)
+        reply: tuple[Any, ...] = ("refused", p, h.push_id)
+        try:
+            taken = self.driver.offer(h, tensors, norm, step_time=self.steps_voted.step_median(), received_at=self.now)
+        except Refused:  # an outlier (spec.syncer.maxNormRatio)
+            taken = None
+        if taken is not None and taken.accepted:
+            reply = ("accepted", p, h.push_id, taken.merged_into, taken.offer.late)
         else:
             self.refused += 1
-            reply = ("refused", p, c.push_id)
         self.at(self.now + self.latency, "reply", m, life, reply)
         self._merge()
 
@@ -260,23 +285,20 @@ class Replay:
         self._merge()
 
     def _merge(self, flush: bool = False) -> None:
-        active = self._active()
-        due = self.book.pending() if flush else self.book.ready(self.now, active)
-        for p in due:
-            closed = self.book.close(p, self.model.versions[p])
-            self.model.apply(closed, active=max(len(active), 1))
-            self.published_slot[p] = closed.slot
-            self.rounds.append(len({c.learner for c in closed.contributions}))
-            arrival = Arrival(self.model.versions[p], self.model.fragment(p), closed.slot + 1,
-                              self.model.tokens_trained())
-            for lr in self.learners:
-                if lr.alive:
-                    self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
-        for p in range(len(self.fragments)):
-            deadline = self.book.deadline(p)
-            if deadline is not None and deadline > self.now and deadline not in self.ticks:
+        """Every due round, through the syncer's driver; then a tick at each open round's deadline."""
+        for done in self.driver.merge_ready(self._active, flush=flush):
+            self.rounds.append(len({c.learner for c in done.closed.contributions}))
+        for deadline in self.driver.deadlines():
+            if deadline > self.now and deadline not in self.ticks:
                 self.ticks.add(deadline)
                 self.at(deadline, "tick")
+
+    def _publish(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int) -> None:
+        """The driver's publish: each live learner receives Θ_p exact after the network latency."""
+        arrival = Arrival(version, dict(values), slot + 1, self.model.tokens_trained())
+        for lr in self.learners:
+            if lr.alive:
+                self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
 
     def _on_reply(self, m: int, life: int, reply: tuple[Any, ...]) -> None:
         lr = self.learners[m]

@@ -102,7 +102,8 @@ def local_syncer(token: str, regions: set[str]) -> Iterator[str]:
     """A syncer (small numpy model) in this process on 127.0.0.1; yields its address. Enough for
     the operators' Status RPCs and for fake learners joining with `SyncerClient.join(sh.SHAPES)`."""
     spec = SyncerSpec(fragments=2)
-    core = SyncerCore(spec, GlobalModel.fresh(spec, sh.params()), None, SyncerMetrics(), regions=frozenset(regions),
+    core = SyncerCore(spec=spec, model=GlobalModel.fresh(spec, sh.params()), store=None, metrics=SyncerMetrics(),
+                      regions=frozenset(regions),
                       tokens_per_step=sh.TOKENS_PER_STEP)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, token), server)
