@@ -151,7 +151,7 @@ def params_of(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.removeprefix(PARAM): np.array(v, np.float32) for k, v in arrays.items() if k.startswith(PARAM)}
 
 
-def process_key(learner: str, session: str) -> str:
+def process_key(learner: str, session: int | str) -> str:
     """One learner process (its session): the key of the tokens credited to it in the metadata."""
     return f"{learner}/{session}"
 

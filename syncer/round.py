@@ -21,6 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
+from diloco.checkpoint import process_key
 from diloco.core.merge import Source
 from diloco.core.rounds import Closed, Contribution, Offer, RoundBook, Verdict
 from diloco.syncer.admission import Admission
@@ -115,7 +116,7 @@ class RoundDriver:
         outlier bound on its norm (raises Refused), the step time the grace window scales with
         (the learners' median), the book's verdict; if accepted, recorded for retries and its
         trained tokens reported. The caller holds `lock`."""
-        p, key = h.fragment, f"{h.learner}/{h.session}"
+        p, key = h.fragment, process_key(h.learner, h.session)
         c = Contribution(h.learner, p, int(h.base_version), int(h.steps), int(h.tokens), dict[str, Source](tensors),
                          session=int(h.session), push_id=int(h.push_id), slot=int(h.slot) if h.push_id else None,
                          trained_tokens=credit_limit(int(h.trained_tokens), self.model.known_tokens(key), int(h.tokens)),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from diloco.checkpoint import PARAM, momentum_key, params_of, process_key
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
 from diloco.core.merge import Source, merge_updates, token_weights, values_of
 from diloco.core.outer import NesterovSGD
@@ -209,7 +210,7 @@ class GlobalModel:
         self.versions[p] += 1
         credits: dict[str, int] = {}
         for c in closed.contributions:
-            key = f"{c.learner}/{c.session}"
+            key = process_key(c.learner, c.session)
             credit = max(0, c.trained_tokens - self.credited.get(key, 0))
             if credit:
                 before = self._beyond_credit(key, self.reported.get(key, 0))
@@ -239,16 +240,11 @@ class GlobalModel:
 
     # -- checkpoint state ----------------------------------------------------------
 
-    @staticmethod
-    def state_bytes(shapes: Mapping[str, tuple[int, ...]], momentum: bool = True) -> int:
-        """Bytes of `state()`'s arrays: each parameter and, with outer momentum, its buffer, in fp32."""
-        return (2 if momentum else 1) * 4 * sum(math.prod(s) for s in shapes.values())
-
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, object]]:
         held = self.held()
-        arrays = {f"param/{n}": v for n, v in self.params.items() if n in held}
+        arrays = {f"{PARAM}{n}": v for n, v in self.params.items() if n in held}
         for p, opt in enumerate(self.optimizers):
-            arrays.update({f"momentum/{p}/{n}": b for n, b in opt.state_dict().items()})
+            arrays.update({momentum_key(p, n): b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
                 "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
                 "schedule": dict(self.schedule), "publish_key": self.publish_key.hex(),
@@ -257,11 +253,6 @@ class GlobalModel:
             meta["owned"] = list(self.owned)
         return arrays, meta
 
-    @staticmethod
-    def params_of(arrays: Mapping[str, np.ndarray]) -> Tensors:
-        """Θ from a checkpoint's arrays (what `state()` wrote under `param/`)."""
-        return {k.removeprefix("param/"): np.array(v, np.float32) for k, v in arrays.items() if k.startswith("param/")}
-
     @classmethod
     def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object],
                    expect: Mapping[str, tuple[int, ...]] | None = None, owned: Sequence[int] | None = None
@@ -269,7 +260,7 @@ class GlobalModel:
         """Restore, refusing a checkpoint whose tensors, plan or shard do not match this job's
         (and this shard's: `owned`). `expect`: the model's shapes where the caller knows them;
         the syncer does not (it runs no model code) and takes the checkpoint's own."""
-        params = cls.params_of(arrays)
+        params = params_of(arrays)
         mismatch = "checkpoint tensors do not match the job's model (different spec.model?)"
         got = {k: tuple(v.shape) for k, v in params.items()}
         if expect is None:
@@ -294,7 +285,7 @@ class GlobalModel:
             raise ValueError("checkpoint versions are malformed")
         model.versions[:] = versions
         for p, opt in enumerate(model.optimizers):
-            prefix = f"momentum/{p}/"
+            prefix = momentum_key(p, "")
             buffers = {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
             if any(n not in model.plan.fragments[p] or v.shape != model.params[n].shape for n, v in buffers.items()):
                 raise ValueError(f"checkpoint momentum of fragment {p} does not match its tensors")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize
+from diloco.checkpoint import CheckpointError, CheckpointStore, deserialize, serialize, state_bytes
 from diloco.core.rounds import Closed, Contribution
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.state import GlobalModel
@@ -229,15 +229,15 @@ def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
 
 
 def test_state_bytes_is_what_a_checkpoint_of_a_trained_model_holds(tmp_path: Path) -> None:
-    """The operator sizes the checkpoint volume with GlobalModel.state_bytes: it must cover the
+    """The operator sizes the checkpoint volume with diloco.checkpoint.state_bytes: it must cover the
     arrays a checkpoint really holds (the header adds only metadata)."""
     model = trained_model()
     arrays, _ = model.state()
-    held = GlobalModel.state_bytes(SHAPES, momentum=model.spec.outer_momentum > 0)
+    held = state_bytes(SHAPES, momentum=model.spec.outer_momentum > 0)
     assert sum(a.nbytes for a in arrays.values()) == held
     path = CheckpointStore(tmp_path).save(*model.state())
     assert held < path.stat().st_size < held + (64 << 10)
-    assert GlobalModel.state_bytes(SHAPES) >= held  # the volume is sized for momentum turned on later
+    assert state_bytes(SHAPES) >= held  # the volume is sized for momentum turned on later
 
 
 @settings(max_examples=40, deadline=None)

@@ -190,7 +190,7 @@ def test_diloco_status_adds_up_the_shards(shards: list[sh.Harness]) -> None:
 
 
 def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
-    from diloco.checkpoint import CheckpointStore
+    from diloco.checkpoint import CheckpointStore, params_of
     from diloco.syncer.state import GlobalModel
 
     h = sh.start(SPEC, checkpoint_dir=str(tmp_path), shard=1)
@@ -204,7 +204,7 @@ def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
     finally:
         h.close()
     loaded, _ = CheckpointStore(str(tmp_path)).load_latest()
-    assert loaded is not None and set(GlobalModel.params_of(loaded.arrays)) == mine
+    assert loaded is not None and set(params_of(loaded.arrays)) == mine
     restored = GlobalModel.from_state(SPEC, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=(1, 3))
     assert restored.versions == [0, 0, 0, 1]
     assert np.array_equal(restored.params[model.plan.fragments[3][0]], model.params[model.plan.fragments[3][0]])
