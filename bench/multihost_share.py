@@ -69,7 +69,7 @@ class Scripted:  # host 0's syncer client: hands out this step's news
         return self.news
 
 real = Scripted() if pid == 0 else None
-typed = MirroredClient(hosts, real, stop, plan.fragments, shapes)
+typed = MirroredClient(hosts, real, stop, fragments=plan.fragments, shapes=shapes)
 blob_bytes = []
 
 def pickled_share(value):  # trainer/hosts.py's Hosts.share before issue 44, verbatim

@@ -149,7 +149,7 @@ def test_bad_manifest_exits_2_and_starts_nothing(tmp_path: Path) -> None:
 
 def test_a_job_stopped_by_step_count_flushes_and_counts_every_token(tmp_path: Path) -> None:
     """Also where news of a fragment meets its push still waiting to be encoded
-    (trainer/learner.py, `pending`): about 10 times in 275 steps of this run."""
+    (trainer/fragment_sync.py, `Fragments.pending`): about 10 times in 275 steps of this run."""
     m = manifest("e2e-steps", {}, seconds=200, replicas=2)
     m["spec"]["training"].update(steps=150, evalIntervalSteps=50)
     summary, events = run(tmp_path, m)

@@ -86,7 +86,7 @@ class Scripted:
         return True
 
 stop = threading.Event()
-client = MirroredClient(Hosts(pid, 2), Scripted() if pid == 0 else None, stop, fragments, shapes)
+client = MirroredClient(Hosts(pid, 2), Scripted() if pid == 0 else None, stop, fragments=fragments, shapes=shapes)
 
 def arrays(d):
     for v in d.values():

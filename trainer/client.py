@@ -53,7 +53,12 @@ class Backoff:
 
 
 class SyncerClient:
-    def __init__(self, address: str, token: str, learner: str, region: str,
+    """One syncer (or one shard of it), as the learner loop uses it (trainer/link.py, `SyncerLink`)."""
+
+    # The first four stay positional: the tests pass them so. The defaults: events go nowhere (a
+    # test or a tool, not a learner process); plaintext (TLS is opt-in: the learner's --tls-ca); and no
+    # takeover of a live learner id (only the learner's first Join after a restart asks for one).
+    def __init__(self, address: str, token: str, learner: str, region: str, *,
                  on_event: Callable[..., None] = lambda *a, **k: None,
                  tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False):
         self.address, self.learner, self.region = address, learner, region

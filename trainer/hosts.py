@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +33,11 @@ from diloco.contract import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV, 
 from diloco.core.codecs import CODECS
 from diloco.core.ledger import Arrival
 from diloco.trainer.messages import JoinRefused, JoinState, Unauthenticated, Updates
+
+if TYPE_CHECKING:
+    from diloco.core.seed import InitialModel
+    from diloco.trainer.link import SyncerLink
+    from diloco.trainer.messages import Outgoing
 
 HEADER = 32  # int64 words of every shared record: its length, then up to 31 values inline
 Shapes = Sequence[tuple[str, tuple[int, ...]]]
@@ -218,13 +223,16 @@ STATE, UNAUTHENTICATED, JOIN_REFUSED, FAILED, UNFIT = range(5)
 
 
 class MirroredClient:
-    """What the learner loop uses of a syncer client, identical on every host. Host 0 holds
-    the real client; at each `take_updates` it shares the updates and its stop flags, and
-    the loop reads only those snapshots, so every host breaks out at the same step.
-    `fragments` and `shapes` are the fragment plan and the model's shapes, which every host
-    holds: they give the shared tensors their layout."""
+    """What the learner loop uses of a syncer client (trainer/link.py, `LearnerLink`), identical
+    on every host. Host 0 holds the real client; at each `take_updates` it shares the updates
+    and its stop flags, and the loop reads only those snapshots, so every host breaks out at
+    the same step. `fragments` and `shapes` are the fragment plan and the model's shapes, which
+    every host holds: they give the shared tensors their layout."""
 
-    def __init__(self, hosts: Hosts, client: Any | None, stop: threading.Event,
+    # Positional, not keyword-only: tests/test_hosts.py and bench/multihost_share.py pass all five.
+    # The defaults suit one host, which shares nothing and so needs no layout; `shapes` left out
+    # is taken from the join's.
+    def __init__(self, hosts: Hosts, client: SyncerLink | None, stop: threading.Event, *,
                  fragments: Sequence[Sequence[str]] = (), shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         self.hosts, self.client, self._stop = hosts, client, stop
         self.fragments = [list(f) for f in fragments]
@@ -292,7 +300,7 @@ class MirroredClient:
                          if plan else [], params=params, codec=CODECS[codec], block_size=block_size, slot=slot,
                          owned=owned, shard=shard, shards=shards, resume_tokens=resume, job_tokens=job)
 
-    def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: Any = None) -> Any:
+    def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: InitialModel | None = None) -> JoinState:
         if self.hosts.count == 1:
             assert self.client is not None
             return self.client.join_with_retry(shapes, initial)
@@ -309,7 +317,7 @@ class MirroredClient:
         if self.client is not None:
             self.client.start()
 
-    def submit(self, item: Any) -> None:
+    def submit(self, item: Outgoing) -> None:
         if self.client is not None:  # the other hosts computed the same push; host 0 sends it
             self.client.submit(item)
 

@@ -1,9 +1,10 @@
 """`diloco learner`: one Decoupled DiLoCo learner (docs/ALGORITHM.md, "The learner loop").
 
-Read top to bottom: join and pull the global model; then until the end: adopt (rebase
+Read `run` top to bottom: join and pull the global model; then until the end: adopt (rebase
 onto) any global fragments that arrived, take one AdamW step on our own shard, and hand
 the outer gradient of the fragment the shared schedule says is due to the background
-sender; at the end, flush every fragment's unmerged progress. Events go to
+sender; at the end, flush every fragment's unmerged progress. What each fragment holds
+between the devices and the syncer is trainer/fragment_sync.py's `Fragments`. Events go to
 stdout as JSON lines (the local runner and the operator's logs read them).
 """
 
@@ -12,11 +13,29 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from diloco.contract import Event, Exit, LearnerId
+
+if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and learner_runtime (see _configure)
+    import numpy as np
+
+    from diloco.core.fragments import FragmentPlan
+    from diloco.spec import JobSpec, LearnerGroup
+    from diloco.trainer.data import Batches
+    from diloco.trainer.fragment_sync import Fragments
+    from diloco.trainer.hosts import Hosts, MirroredClient
+    from diloco.trainer.link import SyncerLink
+    from diloco.trainer.messages import JoinState
+    from diloco.trainer.metrics import LearnerMetrics
+    from diloco.trainer.peer_state import PeerStates
+    from diloco.trainer.recipe import Recipe
 
 log = logging.getLogger("diloco.learner")
 FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
@@ -42,12 +61,53 @@ def _warm_codecs(syncer: Any) -> None:
     kernels.warm_codecs((syncer.compression, syncer.broadcast_compression), syncer.block_size)
 
 
-def run(args: argparse.Namespace) -> int:
-    from diloco.contract import Event, Exit, LearnerId
+class EndsEarly(Exception):
+    """This learner cannot train: its exit code, and why."""
+
+    # fatal=False: most are the flags' or the spec's errors, which a person reads on stderr; the
+    # syncer's refusals and a plan that does not fit are fatal events, which runner and operator read.
+    def __init__(self, code: int, reason: str, *, fatal: bool = False) -> None:
+        super().__init__(reason)
+        self.code, self.reason, self.fatal = code, reason, fatal
+
+    def report(self) -> int:
+        if self.fatal:
+            emit(Event.FATAL, reason=self.reason)
+        else:
+            print(self.reason, file=sys.stderr)
+        return self.code
+
+
+@dataclass
+class Learner:
+    """One learner as the spec and its flags make it, before it joins."""
+
+    args: argparse.Namespace
+    spec: JobSpec
+    group: LearnerGroup
+    learner_id: str  # group-index, as the syncer knows us (contract.LearnerId)
+    hosts: Hosts
+    token: str
+    tls_ca: bytes | None
+    batches: Batches  # our own disjoint shard: batch k is a pure function of (seed, shard, k)
+    evals: list[np.ndarray]  # the shared held-out split
+
+
+@dataclass
+class Model:
+    """The model as every learner has it, and our compiled steps of it."""
+
+    theta0: dict[str, np.ndarray]  # Θ₀, on the host
+    shapes: dict[str, tuple[int, ...]]
+    plan: FragmentPlan  # P x shards fragments (core/schedule.py), derived as the syncer derives it
+    recipe: Recipe  # AdamW and the eval loss, one SPMD program over our devices
+
+
+def _configure(args: argparse.Namespace) -> Learner:
+    """The spec, our group and hosts, and our shard of the data."""
     from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token
     from diloco.trainer.runtime import split_host_threads
 
-    t_process = time.monotonic()
     pin_cpus(args.cpus)  # before JAX starts its thread pools
     learner_runtime()  # before XLA's first buffers and computation (diloco/launch.py)
     job = load_config(args.config, pretrained=True)
@@ -57,39 +117,22 @@ def run(args: argparse.Namespace) -> int:
     # join: there a re-admitted learner is a second late and its first pushes arrive stale.
     # In the background, so a cold cache (compiling takes seconds) never delays the join.
     threading.Thread(target=_warm_codecs, args=(job.spec.syncer,), name="warm-kernels", daemon=True).start()
-    import jax
-    import numpy as np
-
-    from diloco.core.fragments import plan_fragments, specs_from_shapes
-    from diloco.core.ledger import Ledger, absorb, prepare_push
-    from diloco.core.schedule import JobProgress, Schedule
-    from diloco.core.seed import InitialModel
-    from diloco.shards import syncer_addresses
-    from diloco.trainer import data, model, sharding
-    from diloco.trainer.client import JoinRefused, Outgoing, SyncerClient, Unauthenticated, Updates
-    from diloco.trainer.hosts import Hosts, MirroredClient
-    from diloco.trainer.metrics import LearnerMetrics
-    from diloco.trainer.peer_state import PeerStates
-    from diloco.trainer.recipe import Recipe, scalar
-    from diloco.trainer.sharded_client import ShardedClient
-    from diloco.trainer.theta0 import initial_params
+    from diloco.trainer import data
+    from diloco.trainer.hosts import Hosts
 
     spec = job.spec
     group = next((g for g in spec.learner_groups if g.name == args.group), None)
     if group is None or args.index < 0:
-        print(f"--group {args.group!r} --index {args.index}: no such learner in spec.learnerGroups", file=sys.stderr)
-        return Exit.CONFIG
-    learner_id = str(LearnerId(group.name, args.index))
+        raise EndsEarly(Exit.CONFIG, f"--group {args.group!r} --index {args.index}: no such learner in "
+                                     "spec.learnerGroups")
     try:  # a learner of several hosts: join the others first, before JAX does anything else
         hosts = Hosts.start(args, group.hosts_per_learner)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
     _SPEAKS[0] = hosts.leader
     split_host_threads(args.host_cpus)  # after jax.distributed, before gRPC's and our threads start
     # Disjoint across groups and clusters: spec.data.shards and the groups' shardOffset.
     shard_index, shard_count = spec.shard_of(group.name, args.index)
-
     # Data (spec.data.source): our own disjoint shard, and the shared held-out split. Batch k is
     # a pure function of (seed, shard, k): a restarted learner resumes at the batch after the
     # last one the syncer merged (the Join says how many tokens that is), on every host alike.
@@ -101,277 +144,233 @@ def run(args: argparse.Namespace) -> int:
         evals = data.eval_batches(corpus.held_out, spec.training.eval_batches, spec.training.batch_size, window,
                                   spec.model.vocab_size)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
+    return Learner(args=args, spec=spec, group=group, learner_id=str(LearnerId(group.name, args.index)), hosts=hosts,
+                   token=token, tls_ca=tls_ca, batches=batches, evals=evals)
 
-    # Model and inner step (trainer/recipe.py): AdamW, its learning rate taken from the shared
-    # schedule's slot, so a (re)joining learner resumes the job's schedule; one SPMD program
-    # over every device this learner has (spec.training.mesh; trainer/sharding.py).
-    cfg, tr = spec.model, spec.training
+
+def _compile(me: Learner) -> Model:
+    """Θ₀, the mesh and the fragment plan; the train and eval steps compiled before joining, so
+    the state we pull is fresh when training starts."""
+    import jax
+
+    from diloco.core.fragments import plan_fragments, specs_from_shapes
+    from diloco.trainer import model, sharding
+    from diloco.trainer.recipe import Recipe
+    from diloco.trainer.theta0 import initial_params
+
+    # The inner step (trainer/recipe.py): AdamW, its learning rate taken from the job's progress,
+    # so a (re)joining learner resumes the job's schedule; one SPMD program over every device
+    # this learner has (spec.training.mesh; trainer/sharding.py).
+    spec, cfg, tr = me.spec, me.spec.model, me.spec.training
+    cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
     # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/theta0.py).
     try:
-        theta0 = initial_params(cfg, spec.data.seed, getattr(jax.config, "jax_compilation_cache_dir", None))
+        theta0 = initial_params(cfg, spec.data.seed, cache_dir)
     except ValueError as exc:  # pretrained weights that do not fit their config (diloco/hf.py)
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
     shapes = model.shapes(theta0)  # not parameter_shapes: tracing the model again costs a restart 0.2 s of CPU
     try:
         layout = sharding.layout(tr.mesh, shapes, tr.batch_size)
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
-    # The fragment plan: P x shards fragments (core/schedule.py), derived as the syncer derives it.
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
     try:
         plan = plan_fragments(specs_from_shapes(shapes), spec.syncer.plan_size, spec.syncer.fragmentation)
     except ValueError as exc:
-        emit(Event.FATAL, reason=f"spec.syncer.fragments {spec.syncer.fragments} x shards {spec.syncer.shards} "
-                                 f"fragments do not fit this model: {exc}")
-        return Exit.CONFIG
-
-    recipe = Recipe(cfg, tr, layout, shapes, getattr(jax.config, "jax_compilation_cache_dir", None))
-
-    # Compile before joining, so the state we pull is fresh when training starts.
+        raise EndsEarly(Exit.CONFIG, f"spec.syncer.fragments {spec.syncer.fragments} x shards {spec.syncer.shards} "
+                                     f"fragments do not fit this model: {exc}", fatal=True) from None
+    recipe = Recipe(cfg, tr, layout, shapes, cache_dir)
     params = recipe.place(theta0)
-    jax.block_until_ready(recipe.step(params, recipe.init_state(params), batches.batch(0), 0))
-    recipe.eval_loss(params, evals[:1])
+    jax.block_until_ready(recipe.step(params, recipe.init_state(params), me.batches.batch(0), 0))
+    recipe.eval_loss(params, me.evals[:1])
+    return Model(theta0=theta0, shapes=shapes, plan=plan, recipe=recipe)
 
-    # Join: pull the whole current global model with its versions (re-admission on restart).
-    metrics = LearnerMetrics(learner_id, group.region, args.metrics_port)
+
+def _connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, threading.Event]:
+    """Our link to the syncer, the same on every host; host 0's own client (one per syncer shard,
+    None on the other hosts); and the event SIGTERM sets."""
+    from diloco.shards import syncer_addresses
+    from diloco.trainer.client import SyncerClient
+    from diloco.trainer.hosts import MirroredClient
+    from diloco.trainer.sharded_client import ShardedClient
+
+    args = me.args
     # A pod (no restart count) or a restarted process takes its id over from a predecessor the
     # syncer may still think alive; only the very first local process need not.
     def connect(address: str) -> SyncerClient:
-        return SyncerClient(address, token, learner_id, group.region, on_event=emit, tls_ca=tls_ca,
+        return SyncerClient(address, me.token, me.learner_id, me.group.region, on_event=emit, tls_ca=me.tls_ca,
                             tls_server_name=args.tls_server_name, supersede=args.restart is None or args.restart > 0)
 
     try:
         addresses = syncer_addresses(args.syncer)  # one per shard of spec.syncer.shards
     except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return Exit.CONFIG
-    if len(addresses) != spec.syncer.shards:
-        print(f"--syncer: {len(addresses)} addresses for spec.syncer.shards {spec.syncer.shards}; "
-              "list every shard's host:port, in shard order", file=sys.stderr)
-        return Exit.CONFIG
-    real = (connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)) if hosts.leader else None
-    stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (client.stop_requested)
-    client = MirroredClient(hosts, real, stop, plan.fragments, shapes)  # the plan lays out what host 0 shares
-    t_join = time.monotonic()
-    try:  # an unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code
-        joined = client.join_with_retry(shapes, InitialModel(theta0, plan.fragments))
-    except Unauthenticated as exc:
-        emit(Event.FATAL, reason=f"syncer refused the token: {exc}")
-        return Exit.REFUSED
-    except JoinRefused as exc:
-        emit(Event.FATAL, reason=str(exc))
-        return Exit.CONFIG
-    if [list(f) for f in plan.fragments] != joined.fragments:
-        emit(Event.FATAL, reason="fragment plan differs from the syncer's; learner and syncer run different specs")
-        return Exit.CONFIG
-    P = plan.num_fragments  # P x shards: one fragment per shard is due in each slot
-    codec, block_size = joined.codec, joined.block_size  # the syncer decides the wire format
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
+    if len(addresses) != me.spec.syncer.shards:
+        raise EndsEarly(Exit.CONFIG, f"--syncer: {len(addresses)} addresses for spec.syncer.shards "
+                                     f"{me.spec.syncer.shards}; list every shard's host:port, in shard order")
+    real: SyncerLink | None = None
+    if me.hosts.leader:
+        real = connect(addresses[0]) if len(addresses) == 1 else ShardedClient(addresses, connect)
+    stop = threading.Event()  # SIGTERM; a multi-host learner acts on host 0's (link.stop_requested)
+    # The plan lays out what host 0 shares.
+    link = MirroredClient(me.hosts, real, stop, fragments=m.plan.fragments, shapes=m.shapes)
+    return link, real, stop
 
-    params = recipe.place(joined.params)
-    ledger = Ledger(plan.fragments, joined.params, joined.versions, spec.syncer.adoption)
-    schedule = Schedule(P, joined.slot, per_slot=spec.syncer.shards)
-    incarnation = joined.incarnation
-    opt_state = recipe.init_state(params)
-    tokens_per_step = tr.batch_size * spec.model.context
-    next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
-    # The learning rate follows the job's tokens, not slots (core/schedule.py, JobProgress): a
-    # (re)joiner resumes the decay where the job is, and no learner decays faster than the job trains.
-    job_progress = JobProgress(spec.shard_count, tokens_per_step)
-    job_progress.observe(joined.job_tokens)
-    pull_seconds = time.monotonic() - t_join
+
+def _join(link: MirroredClient, m: Model) -> JoinState:
+    """Pull the whole current global model with its versions (re-admission on a restart). An
+    unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code."""
+    from diloco.core.seed import InitialModel
+    from diloco.trainer.messages import JoinRefused, Unauthenticated
+
+    try:
+        joined = link.join_with_retry(m.shapes, InitialModel(m.theta0, m.plan.fragments))
+    except Unauthenticated as exc:
+        raise EndsEarly(Exit.REFUSED, f"syncer refused the token: {exc}", fatal=True) from None
+    except JoinRefused as exc:
+        raise EndsEarly(Exit.CONFIG, str(exc), fatal=True) from None
+    if [list(f) for f in m.plan.fragments] != joined.fragments:
+        raise EndsEarly(Exit.CONFIG, "fragment plan differs from the syncer's; learner and syncer run different specs",
+                        fatal=True)
+    return joined
+
+
+def _begin(me: Learner, fragments: Fragments, metrics: LearnerMetrics, *, real: SyncerLink | None,
+           stop: threading.Event, started: float, join_began: float, batch: int) -> PeerStates:
+    """Announce the join, start the link's sender and subscriber, and take SIGTERM from now on.
+    The join's eval loss is the global model's as pulled: a late joiner starts from it."""
+    from diloco.trainer.peer_state import PeerStates
+
+    pull_seconds = time.monotonic() - join_began
     metrics.mark_joined()
-    metrics.badput("startup", t_join - t_process)
+    metrics.badput("startup", join_began - started)
     metrics.badput("state_pull", pull_seconds)
-    first_eval = recipe.eval_loss(params, evals)  # the global model as pulled: a late joiner starts from it
-    emit(Event.JOINED, learner=learner_id, region=group.region, restart=args.restart or 0, versions=ledger.versions,
-         slot=schedule.slot, eval_loss=first_eval, startup_seconds=round(t_join - t_process, 3),
+    first_eval = fragments.recipe.eval_loss(fragments.theta, me.evals)
+    emit(Event.JOINED, learner=me.learner_id, region=me.group.region, restart=me.args.restart or 0,
+         versions=fragments.ledger.versions, slot=fragments.schedule.slot, eval_loss=first_eval,
+         startup_seconds=round(join_began - started, 3),
          startup_cpu_seconds=round(time.process_time(), 3),  # this process's CPU until now, all threads
-         pull_seconds=round(pull_seconds, 3), incarnation=incarnation, batch=next_batch)
-    client.start()
+         pull_seconds=round(pull_seconds, 3), incarnation=fragments.incarnation, batch=batch)
+    fragments.link.start()
     # A mid-run (re)joiner asks for a peer's AdamW moments and trains on fresh ones until they
     # arrive (trainer/peer_state.py); every one-host learner shares its own when asked.
-    peers = PeerStates(real if hosts.count == 1 and tr.peer_optimizer_state else None, emit)
-    if joined.slot > 0:
+    peers = PeerStates(real if me.hosts.count == 1 and me.spec.training.peer_optimizer_state else None, emit)
+    if fragments.schedule.slot > 0:  # joined mid-run: the schedule starts at the join's slot
         peers.start_fetch()
-
-    # An adoption's rebase is a shift of θ_p (core/ledger.py) that needs no read of θ_p. It is
-    # added right after the next step is dispatched, queued behind that step on the devices,
-    # so adopting costs the devices no wait at all; the step it misses keeps its progress.
-    shifts: list[dict[str, np.ndarray]] = []
-
-    def shift(by: dict[str, np.ndarray]) -> None:
-        shifts.append(by)
-
-    def shifted() -> None:
-        for by in shifts:
-            params.update(recipe.shift(params, by))
-        shifts.clear()
-
-    def fragment(p: int) -> dict[str, Any]:  # θ_p as it is now, on the devices
-        return {n: params[n] for n in plan.fragments[p]}
-
-    def local(p: int) -> dict[str, np.ndarray]:
-        shifted()
-        return hosts.host_copy(fragment(p))
-
-    def apply(u: Updates) -> None:
-        """Adopt at a step boundary what the syncer sent: a re-join, answers, fragments."""
-        nonlocal incarnation
-        if u.rejoined is not None:  # the syncer (shard) restarted: rebase its fragments onto its state
-            anchors = ledger.anchors()
-            shift({n: u.rejoined.params[n] - anchors[n] for n in u.rejoined.params})
-            ledger.restart(u.rejoined.params, u.rejoined.versions, u.rejoined.owned)
-            schedule.observe(u.rejoined.slot)
-            job_progress.observe(u.rejoined.job_tokens)
-            incarnation = u.rejoined.incarnation
-            emit(Event.READOPTED, incarnation=incarnation, versions=ledger.versions)
-        absorb(ledger, schedule, local, shift, u.refused, u.accepted, u.published)
-        for arrival in u.published.values():
-            job_progress.observe(arrival.job_tokens)
-
-    push_seq = 0
-    trained_tokens = 0
-
-    def push(p: int, slot: int, theta: dict[str, Any]) -> None:
-        """Hand fragment p's unpushed progress (θ_p as the step that filled `slot` left it, still
-        on the devices) to the sender, recorded as the syncer will decode it."""
-        nonlocal push_seq
-        push_seq += 1
-        blob, f = prepare_push(ledger, p, hosts.host_copy(theta), push_seq, codec, block_size)
-        client.submit(Outgoing(p, ledger.books[p].version, f.steps, f.tokens, step_ema, loss_value, blob,
-                               train_seconds, incarnation, push_seq, slot, trained_tokens))
-
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return peers
 
-    step, train_seconds, step_ema, loss_value = 0, 0.0, 0.0, float("nan")
-    # The due pushes of the last step, (fragment, slot, θ_p on the devices), one per syncer shard:
-    # they are read and encoded right after the next step is dispatched, so on an accelerator
-    # that host work overlaps the devices' step instead of leaving them idle between steps; so
-    # is the adoption's arithmetic.
-    pending: list[tuple[int, int, dict[str, Any]]] = []
-    host_wait, step_done = 0.0, None  # the devices' wait on this loop between two steps (the gap)
-    finished = False
-    last_report = time.monotonic()
+
+def _report(fragments: Fragments, metrics: LearnerMetrics, *, epoch: float) -> None:
+    """About once a second: the network, acknowledged-training and host-wait metrics, and a progress event."""
+    link, pr, job = fragments.link, fragments.progress, fragments.job
+    metrics.network(link.bytes_sent, link.bytes_received)
+    metrics.productive(link.acked_train_seconds)
+    metrics.host_wait(pr.host_wait)
+    emit(Event.PROGRESS, step=pr.step, slot=fragments.schedule.slot, epoch=round(epoch, 4),
+         loss=pr.loss, step_seconds=pr.step_ema, host_wait_seconds=round(pr.host_wait, 6),
+         learning_rate=float(fragments.recipe.lr(job.at)),
+         lr_position=job.at,  # the job's progress in steps of one learner (JobProgress)
+         train_seconds=pr.train_seconds, trained_tokens=pr.trained_tokens, skipped_slots=fragments.schedule.skipped,
+         acked_train_seconds=link.acked_train_seconds, bytes_sent=link.bytes_sent,
+         bytes_received=link.bytes_received, versions=fragments.ledger.versions)
+
+
+def _evaluate(fragments: Fragments, metrics: LearnerMetrics, evals: list[np.ndarray], *, slot: int) -> None:
+    """The held-out loss of θ as it is now, as a metric and an event."""
+    pr = fragments.progress
+    ev = fragments.recipe.eval_loss(fragments.theta, evals)
+    pr.step_done = time.monotonic()  # the devices were evaluating, not waiting
+    metrics.eval_loss.set(ev)
+    emit(Event.EVAL, step=pr.step, slot=slot, eval_loss=ev, versions=fragments.ledger.versions)
+
+
+def _exited(fragments: Fragments, *, flushed: bool, reason: str) -> None:
+    """The exit event: where the learner stopped, what the syncer acknowledged, and why."""
+    pr, link = fragments.progress, fragments.link
+    emit(Event.EXIT, step=pr.step, slot=fragments.schedule.slot, train_seconds=pr.train_seconds,
+         trained_tokens=pr.trained_tokens, acked_train_seconds=link.acked_train_seconds, bytes_sent=link.bytes_sent,
+         bytes_received=link.bytes_received, flushed=flushed, reason=reason)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`diloco learner`: set up, join, train until the end, flush; the exit code (contract.Exit)."""
+    t_process = time.monotonic()
+    try:
+        me = _configure(args)  # the spec, our group and hosts, our shard of the data
+        m = _compile(me)  # Θ₀, the mesh, the fragment plan; the steps compiled before joining
+        from diloco.trainer.metrics import LearnerMetrics
+        metrics = LearnerMetrics(me.learner_id, me.group.region, args.metrics_port)
+        link, real, stop = _connect(me, m)
+        t_join = time.monotonic()
+        joined = _join(link, m)
+    except EndsEarly as end:
+        return end.report()
+    from diloco.trainer.fragment_sync import Fragments
+    from diloco.trainer.recipe import scalar
+
+    tr, recipe, batches = me.spec.training, m.recipe, me.batches
+    tokens_per_step = tr.batch_size * me.spec.model.context
+    fragments = Fragments(joined=joined, plan=m.plan.fragments, recipe=recipe, hosts=me.hosts, link=link,
+                          adoption=me.spec.syncer.adoption, shards=me.spec.syncer.shards,
+                          learners=me.spec.shard_count, tokens_per_step=tokens_per_step, emit=emit)
+    opt_state = recipe.init_state(fragments.theta)
+    next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
+    peers = _begin(me, fragments, metrics, real=real, stop=stop, started=t_process, join_began=t_join,
+                   batch=next_batch)  # the join's event; the sender and subscriber start; SIGTERM stops us
+
+    pr, job, finished, last_report = fragments.progress, fragments.job, False, time.monotonic()
     while True:
         # 1. One inner step on our shard, dispatched first: what follows until its loss is read
         #    runs while the devices compute it.
         batch = batches.batch(next_batch)
         next_batch += 1
         t0 = time.monotonic()
-        if step_done is not None:
-            host_wait += t0 - step_done
-        params, opt_state, loss = recipe.step(params, opt_state, batch, job_progress.position())
-        job_progress.stepped()
+        pr.dispatched(t0)
+        fragments.theta, opt_state, loss = recipe.step(fragments.theta, opt_state, batch, job.position())
+        job.stepped()
 
-        # 2. Adopt what the syncer published: θ_p += Θ_p − A_p − (progress Θ_p already holds),
-        #    added behind the step; share our optimizer state if a re-joining peer waits for
-        #    it, or take a peer's. Then the last step's due push: read and encoded now.
-        updates = client.take_updates()
-        kept = []
-        for waiting in pending:
-            fate = updates.before(waiting[0])  # rarely not "keep": its fragment's news just came
-            if fate == "send":
-                push(*waiting)  # the books take it before the news of its fragment
-            elif fate == "keep":
-                kept.append(waiting)
-        apply(updates)
-        shifted()
+        # 2. Adopt what the syncer published (added behind the step); share our optimizer state if
+        #    a re-joining peer waits for it, or take a peer's. Then the last step's due pushes.
+        updates = link.take_updates()
+        kept = fragments.at_boundary(updates)
         opt_state = peers.at_boundary(opt_state, updates.share_state)
-        for waiting in kept:
-            push(*waiting)
-        pending = []
-        stopping = client.stop_requested or client.stopping.is_set()
+        fragments.send(kept)
+        stopping = link.stop_requested or link.stopping.is_set()
 
         # 3. The step's loss (stretched by the group's slowdown factor).
-        loss_value = scalar(loss)
-        compute = time.monotonic() - t0
-        if group.slowdown > 1:
-            time.sleep(compute * (group.slowdown - 1))
-        step_done = time.monotonic()
-        dt = step_done - t0
-        train_seconds += dt
-        step_ema = dt if step == 0 else 0.9 * step_ema + 0.1 * dt
-        ledger.stepped(tokens_per_step)
-        trained_tokens += tokens_per_step
-        metrics.step(dt, tokens_per_step, loss_value)
+        pr.loss = scalar(loss)
+        if me.group.slowdown > 1:
+            time.sleep((time.monotonic() - t0) * (me.group.slowdown - 1))
+        metrics.step(fragments.stepped(t0, tokens_per_step), tokens_per_step, pr.loss)
 
         # A diverged learner pushes nothing and starts over from the global model; so does one
         # whose outer gradient the syncer refused as malformed or non-finite.
-        if not np.isfinite(loss_value) or client.resync.is_set():
-            emit(Event.DIVERGED if not np.isfinite(loss_value) else Event.RESYNCED, step=step)
-            client.clear_resync()
-            params = recipe.place(ledger.anchors())
-            opt_state = recipe.init_state(params)
-            ledger.restart()
-            ledger.reset_counters()
-            schedule.take()
-            step += 1
+        if not math.isfinite(pr.loss) or link.resync.is_set():
+            opt_state = fragments.start_over()
             continue
         if stopping:  # SIGTERM, or the syncer refused us for good: this step's progress is flushed below
-            step += 1
+            pr.step += 1
             break
 
-        # 4. Our slot in the shared schedule: the due fragments' outer gradients (one per syncer
-        #    shard) go out after the next dispatch, each unless its previous push is still in
-        #    flight (then its progress goes out with the next one).
-        slot, due = schedule.take()
-        poisoned = step == args.inject_nan_at_step  # fault injection: a learner whose state went bad
-        if poisoned:
-            bad = {n for p in due for n in plan.fragments[p]}
-            params = {n: v * np.nan if n in bad else v for n, v in params.items()}
-        pending = [(p, slot, fragment(p)) for p in due if poisoned or not ledger.busy(p)]  # poison always goes out
-        step += 1
-
-        if step % tr.eval_interval_steps == 0:
-            ev = recipe.eval_loss(params, evals)
-            step_done = time.monotonic()  # the devices were evaluating, not waiting
-            metrics.eval_loss.set(ev)
-            emit(Event.EVAL, step=step, slot=slot, eval_loss=ev, versions=ledger.versions)
+        # 4. Our slot in the shared schedule: its due fragments' outer gradients go out after the
+        #    next dispatch (poisoned at --inject-nan-at-step: fault injection).
+        slot = fragments.take_due(poison=pr.step == args.inject_nan_at_step)
+        pr.step += 1
+        if pr.step % tr.eval_interval_steps == 0:
+            _evaluate(fragments, metrics, me.evals, slot=slot)
         if time.monotonic() - last_report >= 1.0:
             last_report = time.monotonic()
-            metrics.network(client.bytes_sent, client.bytes_received)
-            metrics.productive(client.acked_train_seconds)
-            metrics.host_wait(host_wait)
-            emit(Event.PROGRESS, step=step, slot=schedule.slot, epoch=round(batches.epoch(next_batch), 4),
-                 loss=loss_value, step_seconds=step_ema, host_wait_seconds=round(host_wait, 6),
-                 learning_rate=float(recipe.lr(job_progress.at)),
-                 lr_position=job_progress.at,  # the job's progress in steps of one learner (JobProgress)
-                 train_seconds=train_seconds, trained_tokens=trained_tokens, skipped_slots=schedule.skipped,
-                 acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
-                 bytes_received=client.bytes_received, versions=ledger.versions)
-        if (args.max_steps and step >= args.max_steps) or (tr.steps and schedule.slot >= tr.steps):
+            _report(fragments, metrics, epoch=batches.epoch(next_batch))
+        if (args.max_steps and pr.step >= args.max_steps) or (tr.steps and fragments.schedule.slot >= tr.steps):
             finished = True
             break
 
     # The end (SIGTERM or the last step): push every fragment's unmerged progress, and wait
     # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
-    # A fragment is pushed once per global version it holds: one the syncer refused (too stale)
-    # goes out again only after a newer version arrived, not in a loop of refusals.
-    for waiting in pending:
-        push(*waiting)
-    shifted()
-    flushed = False
-    flushed_at: dict[int, int] = {}
-    deadline = time.monotonic() + FLUSH_SECONDS
-    while client.until(deadline):
-        apply(client.take_updates())
-        shifted()
-        for p in range(P):
-            if ledger.unpushed(p) and flushed_at.get(p) != ledger.books[p].version:
-                flushed_at[p] = ledger.books[p].version
-                push(p, schedule.next_slot_of(p), fragment(p))
-        if not ledger.unacknowledged():
-            flushed = client.flush(timeout=max(0.0, deadline - time.monotonic()))
-            break
-        client.wait_for_news(0.2)
-    emit(Event.EXIT, step=step, slot=schedule.slot, train_seconds=train_seconds, trained_tokens=trained_tokens,
-         acked_train_seconds=client.acked_train_seconds, bytes_sent=client.bytes_sent,
-         bytes_received=client.bytes_received, flushed=flushed,
-         reason="fatal" if client.stopping.is_set() and not client.stop_requested else ("finished" if finished else "stopped"))
-    fatal = client.stopping.is_set() and not client.stop_requested  # the syncer refused us for good
-    client.close()
+    flushed = fragments.flush(FLUSH_SECONDS)
+    fatal = link.stopping.is_set() and not link.stop_requested  # the syncer refused us for good
+    _exited(fragments, flushed=flushed, reason="fatal" if fatal else ("finished" if finished else "stopped"))
+    link.close()
     return Exit.REFUSED if fatal else Exit.OK

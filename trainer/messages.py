@@ -65,8 +65,8 @@ class Updates:
     share_state: bool = False  # the syncer asks for our optimizer state: a re-joining peer waits for it
 
     def before(self, p: int) -> Literal["keep", "send", "drop"]:
-        """What becomes of a push of fragment p that waits to be encoded (trainer/learner.py,
-        `pending`) when these updates are adopted first: kept, if they leave p's books alone;
+        """What becomes of a push of fragment p that waits to be encoded (trainer/fragment_sync.py,
+        `Fragments.pending`) when these updates are adopted first: kept, if they leave p's books alone;
         sent first, if they change them (a publish of p, an answer about p); dropped, if a syncer
         (shard) restarted: a push against the old anchors must not reach the new one, and its
         progress, never booked, leaves with p's next push."""

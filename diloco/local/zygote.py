@@ -45,7 +45,7 @@ PRELOAD = (
     "diloco.trainer.learner", "diloco.trainer.client", "diloco.trainer.data", "diloco.trainer.hosts",
     "diloco.trainer.metrics", "diloco.trainer.model", "diloco.trainer.recipe", "diloco.trainer.sharded_client",
     "diloco.trainer.sharding", "diloco.trainer.gpt", "diloco.trainer.llama", "diloco.trainer.theta0",
-    "diloco.trainer.step_cache", "diloco.trainer.peer_state",
+    "diloco.trainer.step_cache", "diloco.trainer.peer_state", "diloco.trainer.fragment_sync", "diloco.trainer.link",
     # Imported lazily by a learner's first channel and first lowering: after a fork they cost
     # every restart about 0.1 s of CPU (profiled in a chaos run).
     "grpc._channel", "grpc.experimental", "jaxlib.mlir.dialects.mhlo",
