@@ -32,7 +32,7 @@ lint: $(VENV)/.installed
 	bash scripts/typecheck.sh
 
 check: lint
-	$(BIN)/pytest -m "not e2e"
+	$(BIN)/pytest -m "not e2e and not slow"
 
 # The realapi lane needs a Kubernetes 1.20 control plane: built from Debian's sources on first
 # use (about 8 minutes), cached under ~/.cache/decoupled-diloco after.

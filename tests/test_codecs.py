@@ -125,6 +125,7 @@ def reference_codes(x: np.ndarray, codec: str, block: int) -> tuple[np.ndarray, 
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 700), codec=st.sampled_from(["int4", "int8"]), block=st.sampled_from([2, 6, 8, 64, 256]),
        seed=st.integers(0, 2**32 - 1), scale=st.sampled_from([1e-30, 1e-3, 1.0, 1e30]))
+@pytest.mark.slow
 def test_compiled_kernels_match_the_numpy_codec_bit_for_bit(n, codec, block, seed, scale) -> None:
     from diloco.core.codecs import parse
 
@@ -170,6 +171,7 @@ def test_nonfinite_input_gives_a_payload_the_decoder_refuses() -> None:
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(0, 700), codec=st.sampled_from(["fp32", "bf16", "int8", "int4"]),
        block=st.sampled_from([2, 6, 64]), seed=st.integers(0, 2**32 - 1))
+@pytest.mark.slow
 def test_the_fused_delta_encode_is_encode_then_decode_bit_for_bit(n, codec, block, seed) -> None:
     """The broadcast's one-pass kernel: the same bytes as encoding the difference, and the same
     new view as a receiver adding the decoded bytes to what it holds. The push's form of it

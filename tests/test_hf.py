@@ -84,6 +84,7 @@ def batches(vocab: int, n: int = 4, length: int = 32) -> list[np.ndarray]:
     return [rng.integers(0, vocab, (2, length)) for _ in range(n)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kv_heads", "tied"), [(2, False), (4, True)], ids=["gqa-untied", "tied"])
 def test_a_transformers_llama_is_our_theta0_and_our_export_is_it_again(tmp_path: Path, kv_heads: int,
                                                                       tied: bool) -> None:
@@ -123,6 +124,7 @@ def test_a_transformers_llama_is_our_theta0_and_our_export_is_it_again(tmp_path:
         np.testing.assert_array_equal(again.params[k], trained[k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_the_byte_level_gpt_exports_as_gpt2_with_bytes_for_ids(tmp_path: Path) -> None:
     cfg = TransformerModel(layers=2, d_model=32, heads=4, context=32)
     rng = np.random.default_rng(1)

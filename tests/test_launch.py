@@ -82,6 +82,7 @@ def _compiled(mode: str, xla_flags: str = "") -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_a_learner_runs_dots_without_ynnpack_fusions_unless_the_user_says_otherwise() -> None:
     assert "__ynn_fusion" in _compiled("default")  # XLA's default, which costs every restart its first step
     assert "__ynn_fusion" not in _compiled("learner")

@@ -38,6 +38,7 @@ def test_the_gpt_keeps_its_parameter_names_and_tying_drops_the_head() -> None:
     assert llama["layers_0/attn/k/kernel"] == (128, 2, 32)  # two key/value heads of 32 for four query heads
 
 
+@pytest.mark.slow
 def test_llama_is_causal_and_its_bf16_loss_is_close_to_fp32() -> None:
     cfg = TransformerModel(preset="llama-tiny", layers=1, context=16)
     params = model.init_params(cfg, 0)

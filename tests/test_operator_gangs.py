@@ -200,6 +200,7 @@ def formed(kube: Kube, slot: str) -> tuple[str, ...] | None:
     return gangs.run_of(status(kube), slot)
 
 
+@pytest.mark.slow
 def test_losing_a_host_restarts_that_learner_whole_and_no_other(api: Kube, controllers: Controllers,
                                                                 operator: OperatorThread) -> None:
     groups = [{"name": "tpu", "region": "us-west4", "replicas": 2, "hostsPerLearner": 2},

@@ -86,6 +86,7 @@ def blocked_with(api: Kube, reason: str) -> dict[str, Any]:
     return dict(running)
 
 
+@pytest.mark.slow
 def test_remote_cluster_waits_for_its_secret_and_token_then_runs_learners_only() -> None:
     home_address: dict[str, str] = {}
     home_config = dataclasses.replace(FAST, syncer_address=lambda job, ns: home_address.get("syncer", "127.0.0.1:9"))
@@ -140,6 +141,7 @@ def test_remote_cluster_waits_for_its_secret_and_token_then_runs_learners_only()
                      what="the exposed address")
 
 
+@pytest.mark.slow
 def test_jobs_managed_elsewhere_are_left_alone(api: Kube, controllers: Controllers) -> None:
     """MultiKueue's manager cluster holds the job with managedBy set; its workers run the copies."""
     with OperatorThread(FAST) as op:

@@ -73,6 +73,7 @@ def _child(model: dict) -> dict:
 
 @pytest.mark.parametrize("model", [{"layers": 1, "d_model": 128, "heads": 4, "context": 32},
                                    {"preset": "llama-tiny", "layers": 1, "context": 32, "dtype": "bfloat16", "remat": True}])
+@pytest.mark.slow
 def test_a_data_by_fsdp_mesh_shards_the_model_and_trains_as_one_device_does(model: dict) -> None:
     r = _child(model)
     assert r["devices"] == 4

@@ -11,6 +11,8 @@ import pytest
 from diloco.spec import TransformerModel
 from diloco.trainer import model, theta0
 
+pytestmark = pytest.mark.slow  # each test initialises a model under JAX: seconds apiece (make test, not make check)
+
 CFG = TransformerModel(layers=1, d_model=32, heads=2, context=16)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,6 +44,7 @@ def test_any_bytes_give_a_chunk_or_a_reason_never_an_exception(raw: bytes) -> No
         assert bytes(got.data) == want.data and (got.header is not None) == want.HasField("header")
 
 
+@pytest.mark.slow
 def test_a_server_busy_on_an_rpc_for_several_keepalives_is_not_hung_up_on() -> None:
     """A client-streamed RPC the server works on for 8 of the client's keepalive intervals before
     answering (a large Seed): gRPC's default server policy hung up ("too many pings") after

@@ -64,6 +64,7 @@ def test_a_forked_learner_is_our_child_in_its_own_session_and_dies_by_signal(zyg
     assert learner.wait(30) == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_the_supervisor_starts_learners_without_a_zygote_that_died(tmp_path: Path) -> None:
     sup = Supervisor(dict(os.environ), zygote_log=tmp_path / "zygote.log")
     assert sup.zygote_log is not None
