@@ -32,7 +32,8 @@ from tests.kube.emulator import ClusterThread
 from tests.kube.processes import free_port
 from tests.kube.running import OperatorThread
 
-pytestmark = pytest.mark.slow  # each test runs the kopf operator against an emulated API server: seconds apiece (make test, not make check)
+pytestmark = pytest.mark.slow  # the kopf operator on an emulated API server: seconds a test (make test only)
+
 
 pytest_plugins = ["tests.kube.fixtures"]
 FAST = Config(status_interval=0.5, chaos_interval=0.25, stuck_timeout=1.0)

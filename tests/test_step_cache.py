@@ -18,6 +18,8 @@ from diloco.spec import Mesh, Training, TransformerModel
 from diloco.trainer import model, sharding, step_cache
 from diloco.trainer.recipe import Recipe
 
+pytestmark = pytest.mark.slow  # each test compiles and exports a step: seconds apiece (make test only)
+
 CFG = TransformerModel(layers=1, d_model=32, heads=2, context=16)
 TR = Training(batch_size=4, warmup_steps=2, decay_steps=50)
 
@@ -102,7 +104,6 @@ from diloco.spec import Mesh, Training, TransformerModel
 from diloco.trainer import model, sharding
 from diloco.trainer.recipe import Recipe
 
-pytestmark = pytest.mark.slow  # each test compiles and exports a step: seconds apiece (make test, not make check)
 
 cfg = TransformerModel(layers=1, d_model=64, heads=2, context=16)
 tr = Training(batch_size=8, warmup_steps=2, decay_steps=50)

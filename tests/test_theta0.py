@@ -11,7 +11,7 @@ import pytest
 from diloco.spec import TransformerModel
 from diloco.trainer import model, theta0
 
-pytestmark = pytest.mark.slow  # each test initialises a model under JAX: seconds apiece (make test, not make check)
+pytestmark = pytest.mark.slow  # each test initialises a model under JAX: seconds apiece (make test only)
 
 CFG = TransformerModel(layers=1, d_model=32, heads=2, context=16)
 
