@@ -89,10 +89,10 @@ class _Setup:
         # The learners' own data path (trainer/data.py Batches): each window once per epoch, in a
         # seeded order, batch k of learner i a function of (seed, i, k), so every arm sees the
         # same batches in the same order and only the algorithm differs.
-        self.batches = [data.Batches(s, self.tr.batch_size, self.window, spec.data.seed, i)
+        self.batches = [data.Batches(s, self.tr.batch_size, self.window, seed=spec.data.seed, shard_index=i)
                         for i, s in enumerate(self.shards)]
         self.taken = [0] * learners
-        self.evals = data.eval_batches(held_out, self.tr.eval_batches, self.tr.batch_size, self.window)
+        self.evals = data.eval_batches(held_out, batches=self.tr.eval_batches, batch=self.tr.batch_size, length=self.window)
         self.recipe = Recipe(self.cfg, self.tr)  # the learner's own step, schedule and eval
         self.params0 = self.recipe.place(model.init_params(self.cfg, spec.data.seed))
 

@@ -58,8 +58,8 @@ from diloco.trainer import data, model, sharding
 from diloco.trainer.recipe import Recipe, scalar
 job = load_job(sys.argv[1]); spec = job.spec; cfg, tr = spec.model, spec.training
 corpus = data.load(spec.data, cfg.vocab_size, cfg.context + 1)
-batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, spec.data.seed, 0)
-evals = data.eval_batches(corpus.held_out, tr.eval_batches, tr.batch_size, cfg.context + 1)
+batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, seed=spec.data.seed, shard_index=0)
+evals = data.eval_batches(corpus.held_out, batches=tr.eval_batches, batch=tr.batch_size, length=cfg.context + 1)
 shapes = model.parameter_shapes(cfg)
 recipe = Recipe(cfg, tr, sharding.layout(tr.mesh, shapes, tr.batch_size))  # the learner's own step and mesh
 params = recipe.place(model.init_params(cfg, 0))

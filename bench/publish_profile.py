@@ -56,7 +56,7 @@ def main() -> None:
         "rda_round": ms(lambda: merge_updates([packed] * k, [1.0] * k, "rda", out=lent)),
         "outer_step": ms(lambda: NesterovSGD(0.8, 0.0).step(theta, grads, factors)),  # applies RDA's factor
         "broadcast_pass": ms(lambda: encode_delta_tensors(theta, view, "int8")),
-        "provenance_tag": ms(lambda: provenance.tag(b"k" * 32, 0, 1, view, ["a", "b"])),
+        "provenance_tag": ms(lambda: provenance.tag(b"k" * 32, 0, 1, view, names=["a", "b"])),
         # The round into a fresh accumulator, as before the syncer lent it one (its own process
         # keeps freed memory, diloco/launch.py keep_freed_memory; this one does not):
         "rda_round_fresh": ms(lambda: merge_updates([packed] * k, [1.0] * k, "rda")),

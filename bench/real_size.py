@@ -96,7 +96,7 @@ from diloco.trainer.recipe import Recipe
 job = parse_job(json.loads(sys.argv[1]))
 cfg, tr = job.spec.model, job.spec.training
 corpus = data.load(job.spec.data, cfg.vocab_size, cfg.context + 1, shard=(0, 2))
-batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, 0, 0)
+batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, seed=0, shard_index=0)
 recipe = Recipe(cfg, tr)
 params = recipe.place(model.init_params(cfg, 0))
 state = recipe.init_state(params)

@@ -81,14 +81,15 @@ class JaxTrainer:
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.window = spec.model.context + 1
         self.tokens_per_step = spec.training.batch_size * spec.model.context
-        self.evals = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, self.window)
+        self.evals = data.eval_batches(held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size,
+                                          length=self.window)
         self.recipe = Recipe(spec.model, spec.training)
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
         # The learner's own data path (trainer/data.py Batches). A restarted learner continues its
         # shard where it was; the product resumes after the last merged batch, which re-trains
         # the few batches a kill lost (a difference of a few batches per kill).
         tr = spec.training
-        self.batches = [data.Batches(s, tr.batch_size, self.window, spec.data.seed, i) for i, s in enumerate(self.shards)]
+        self.batches = [data.Batches(s, tr.batch_size, self.window, seed=spec.data.seed, shard_index=i) for i, s in enumerate(self.shards)]
         self.taken = [0] * learners
 
     def fresh_state(self, m: int, params: dict[str, Any]) -> Any:

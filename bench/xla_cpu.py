@@ -43,12 +43,13 @@ job = load_job(sys.argv[1]); cfg, tr = job.spec.model, job.spec.training
 if sys.argv[2]:
     cfg = cfg.model_validate({**cfg.model_dump(), **json.loads(sys.argv[2])})
 corpus = data.load(job.spec.data, cfg.vocab_size, cfg.context + 1)
-batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, 0, 0)
+batches = data.Batches(corpus.train, tr.batch_size, cfg.context + 1, seed=0, shard_index=0)
 shapes = model.parameter_shapes(cfg)
 theta0 = model.init_params(cfg, 0)
 jax.block_until_ready(theta0)
 t = time.process_time()  # what a restart does: the recipe (its exported programs), Θ placed, AdamW, the step
-recipe = Recipe(cfg, tr, sharding.layout(tr.mesh, shapes, tr.batch_size), shapes, os.environ["JAX_COMPILATION_CACHE_DIR"])
+recipe = Recipe(cfg, tr, sharding.layout(tr.mesh, shapes, tr.batch_size), shapes=shapes,
+                cache_dir=os.environ["JAX_COMPILATION_CACHE_DIR"])
 params = recipe.place(theta0)
 opt = recipe.init_state(params)
 out = recipe.step(params, opt, batches.batch(0), 0); load = time.process_time() - t

@@ -13,7 +13,7 @@ import enum
 import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import IO, Any
 
 TOKEN_ENV = "DILOCO_TOKEN"  # the job token's variable when no --token-file is given
@@ -131,6 +131,7 @@ class LearnerArgs:
     group: str
     index: int | str  # a string where the pod fills it in, e.g. "$(POD_NAME)" (its ordinal)
     syncer: str
+    _: KW_ONLY  # the optional flags by name: a positional slip would pass one as another
     metrics_port: int | None = None
     cpus: str | None = None
     host_cpus: str | None = None
@@ -155,6 +156,7 @@ class LearnerArgs:
 @dataclass(frozen=True)
 class SyncerArgs:
     config: str
+    _: KW_ONLY
     port: int = SYNCER_GRPC_PORT
     metrics_port: int | None = None
     checkpoint_dir: str | None = None

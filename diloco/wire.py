@@ -241,7 +241,7 @@ def push_chunks(header: pb.PushHeader, blob: bytes | memoryview) -> Iterator[pb.
         yield pb.PushChunk(header=header if i == 0 else None, data=bytes(part))
 
 
-def push(stub: Any, header: pb.PushHeader, blob: bytes | memoryview, metadata: Any, timeout: float,
+def push(stub: Any, header: pb.PushHeader, blob: bytes | memoryview, metadata: Any, *, timeout: float,
          unary: bool = True) -> pb.PushReply:
     """One push: `PushOne` when the bundle fits one chunk (gRPC's Python client starts a thread
     for every client stream, and spends about twice the CPU: bench/push_rpc.py), `Push`

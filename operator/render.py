@@ -173,8 +173,8 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         volumes.append(volume)
         mounts.append(mount)
         tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
-    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", SYNCER_GRPC_PORT, SYNCER_METRICS_PORT, n.CHECKPOINT_DIR,
-                      token_file=n.TOKEN_FILE, shard=shard, **tls)
+    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", port=SYNCER_GRPC_PORT, metrics_port=SYNCER_METRICS_PORT,
+                      checkpoint_dir=n.CHECKPOINT_DIR, token_file=n.TOKEN_FILE, shard=shard, **tls)
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,

@@ -102,7 +102,7 @@ class Counters:
             return None
         return int(max(0.0, now - since) / floor) + SLACK_CYCLES * self.cycle
 
-    def check(self, origin: tuple[str, int], p: int, base_version: int, steps: int, tokens: int, now: float) -> None:
+    def check(self, origin: tuple[str, int], p: int, *, base_version: int, steps: int, tokens: int, now: float) -> None:
         """Raise Refused (outcome `counters`) if a push's counters are out of bounds."""
         if tokens > steps * self.tokens_per_step:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,

@@ -29,7 +29,7 @@ def new_key() -> bytes:
     return os.urandom(KEY_BYTES)
 
 
-def tag(key: bytes, fragment: int, version: int, values: Mapping[str, np.ndarray], names: Sequence[str]) -> bytes:
+def tag(key: bytes, fragment: int, version: int, values: Mapping[str, np.ndarray], *, names: Sequence[str]) -> bytes:
     """The MAC over fragment, version, then each tensor in plan order: name, shape, fp32 bytes.
     Names and shapes are the syncer's own plan, so the encoding is unambiguous."""
     h = blake3(f"diloco-publish/{fragment}/{version}/".encode(), key=key)
@@ -40,6 +40,6 @@ def tag(key: bytes, fragment: int, version: int, values: Mapping[str, np.ndarray
     return h.digest()
 
 
-def verify(key: bytes, fragment: int, version: int, values: Mapping[str, np.ndarray], names: Sequence[str],
+def verify(key: bytes, fragment: int, version: int, values: Mapping[str, np.ndarray], *, names: Sequence[str],
            presented: bytes) -> bool:
-    return hmac.compare_digest(tag(key, fragment, version, values, names), presented)
+    return hmac.compare_digest(tag(key, fragment, version, values, names=names), presented)

@@ -97,7 +97,7 @@ class Unseeded:
     which starts the syncer proper and switches the RPCs to it before the seed is answered (so
     the seeding learner's next Join finds it); Join says the model is missing; the rest wait."""
 
-    def __init__(self, spec: SyncerSpec, shard: int, token: str, on_seed: Callable[[GlobalModel], Any],
+    def __init__(self, spec: SyncerSpec, shard: int, token: str, *, on_seed: Callable[[GlobalModel], Any],
                  incarnation: str = "") -> None:
         self.spec, self.shard, self.token, self.on_seed = spec, shard, token, on_seed
         self.incarnation = incarnation

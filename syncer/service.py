@@ -169,8 +169,8 @@ class SyncerCore:
             if (merged_into := self.admission.retried((h.learner, h.session), h.push_id)) is not None:
                 return pb.PushReply(accepted=True, version=self.model.versions[p], merged_into=merged_into)
             self.counters.observe_step(h.learner, h.step_seconds)
-            self.counters.check((h.learner, int(h.session)), p, int(h.base_version), int(h.steps), int(h.tokens),
-                                info.last_seen)
+            self.counters.check((h.learner, int(h.session)), p, base_version=int(h.base_version), steps=int(h.steps),
+                                tokens=int(h.tokens), now=info.last_seen)
             # One vote per learner in the step time: no liar moves it.
             taken = self.driver.offer(h, tensors, norm, step_time=self.counters.step_median(),
                                       received_at=info.last_seen)

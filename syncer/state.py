@@ -183,8 +183,8 @@ class GlobalModel:
         if not np.any(weights > 0):
             weights = np.ones(len(deltas))  # all zero-step pushes: average them plainly
         embeddings = {n for n in self.plan.fragments[p] if is_embedding(n)}
-        merged = merge_updates(deltas, [float(w) for w in weights], self.spec.merge, embeddings, closed.scales,
-                               self._accumulators(p))
+        merged = merge_updates(deltas, [float(w) for w in weights], self.spec.merge, plain_average=embeddings,
+                               scales=closed.scales, out=self._accumulators(p))
         learners = {c.learner for c in closed.contributions}
         share = len(learners) / active if self.spec.participation_scaling and active > len(learners) else 1.0
         factors = {n: share * u.factor for n, u in merged.items()}  # applied inside the outer step's pass
@@ -254,7 +254,7 @@ class GlobalModel:
         return arrays, meta
 
     @classmethod
-    def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object],
+    def from_state(cls, spec: SyncerSpec, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object], *,
                    expect: Mapping[str, tuple[int, ...]] | None = None, owned: Sequence[int] | None = None
                    ) -> GlobalModel:
         """Restore, refusing a checkpoint whose tensors, plan or shard do not match this job's
@@ -318,11 +318,12 @@ class GlobalModel:
         return model
 
     def tag_matches(self, p: int, version: int, values: Mapping[str, np.ndarray], presented: bytes) -> bool:
-        return provenance.verify(self.publish_key, p, version, values, self.plan.fragments[p], presented)
+        return provenance.verify(self.publish_key, p, version, values, names=self.plan.fragments[p],
+                                 presented=presented)
 
     def tag(self, p: int, version: int, values: Mapping[str, np.ndarray]) -> bytes:
         """The provenance tag of fragment p's `values` at `version` (what a learner then holds)."""
-        return provenance.tag(self.publish_key, p, version, values, self.plan.fragments[p])
+        return provenance.tag(self.publish_key, p, version, values, names=self.plan.fragments[p])
 
 
 def round_policy(spec: SyncerSpec, num_fragments: int) -> RoundPolicy:

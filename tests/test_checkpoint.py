@@ -35,7 +35,7 @@ def test_state_round_trip_bit_for_bit(tmp_path: Path) -> None:
     store.save(*model.state())
     loaded, skipped = store.load_latest()
     assert loaded is not None and skipped == []
-    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, SHAPES)
+    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, expect=SHAPES)
     assert restored.versions == [2, 1] and restored.tokens_merged == model.tokens_merged
     assert restored.publish_key == model.publish_key  # its predecessors' tags still verify
     for n in SHAPES:
@@ -69,9 +69,9 @@ def test_mismatched_checkpoint_refused(tmp_path: Path) -> None:
     model = trained_model()
     arrays, meta = model.state()
     with pytest.raises(ValueError, match="do not match"):
-        GlobalModel.from_state(model.spec, arrays, meta, {"other": (1,)})
+        GlobalModel.from_state(model.spec, arrays, meta, expect={"other": (1,)})
     with pytest.raises(ValueError, match="plan"):
-        GlobalModel.from_state(SyncerSpec(fragments=3), arrays, meta, SHAPES)
+        GlobalModel.from_state(SyncerSpec(fragments=3), arrays, meta, expect=SHAPES)
 
 
 def test_full_disk_keeps_previous_and_leaves_no_debris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,9 +184,9 @@ def test_momentum_and_counters_are_checked(tmp_path: Path) -> None:
     arrays, meta = model.state()
     bad = dict(arrays, **{"momentum/0/head/kernel": np.zeros((1, 1), np.float32)})
     with pytest.raises(ValueError, match="momentum"):
-        GlobalModel.from_state(model.spec, bad, meta, SHAPES)
+        GlobalModel.from_state(model.spec, bad, meta, expect=SHAPES)
     with pytest.raises(ValueError, match="tokens_merged"):
-        GlobalModel.from_state(model.spec, arrays, dict(meta, tokens_merged=None), SHAPES)
+        GlobalModel.from_state(model.spec, arrays, dict(meta, tokens_merged=None), expect=SHAPES)
 
 
 def test_participation_scaling_moves_theta_by_the_share_of_active_learners() -> None:
@@ -216,16 +216,16 @@ def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
     store.save(*model.state())
     loaded, _ = store.load_latest()
     assert loaded is not None
-    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, SHAPES)
+    restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, expect=SHAPES)
     assert restored.tokens_merged == 4096 and restored.schedule == {"next_slot": 7, "closed_slot": [6, -1]}
     later = Contribution("a-0", 1, 0, 4, 4096, {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(1).items()},
                          session=9, push_id=2, slot=7, trained_tokens=6144)
     assert restored.apply(Closed(1, 0, [later], [1.0], 0.0)).tokens == 2048  # only what is new
     bad = dict(loaded.meta, credited={"a-0/9": -1})
     with pytest.raises(ValueError, match="credited"):
-        GlobalModel.from_state(model.spec, loaded.arrays, bad, SHAPES)
+        GlobalModel.from_state(model.spec, loaded.arrays, bad, expect=SHAPES)
     with pytest.raises(ValueError, match="schedule"):
-        GlobalModel.from_state(model.spec, loaded.arrays, dict(loaded.meta, schedule={"next_slot": "x"}), SHAPES)
+        GlobalModel.from_state(model.spec, loaded.arrays, dict(loaded.meta, schedule={"next_slot": "x"}), expect=SHAPES)
 
 
 def test_state_bytes_is_what_a_checkpoint_of_a_trained_model_holds(tmp_path: Path) -> None:

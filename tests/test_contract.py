@@ -25,7 +25,7 @@ def test_every_learner_field_round_trips_through_the_learners_flags() -> None:
 
 
 def test_every_syncer_field_round_trips_through_the_syncers_flags() -> None:
-    sent = SyncerArgs("job.yaml", 5000, metrics_port=9200, checkpoint_dir="/ck", token_file="/t",
+    sent = SyncerArgs("job.yaml", port=5000, metrics_port=9200, checkpoint_dir="/ck", token_file="/t",
                       tls_cert="/c.pem", tls_key="/k.pem", shard="1")
     got = vars(parse(add_syncer_flags, sent.argv()))
     for field in dataclasses.fields(SyncerArgs):

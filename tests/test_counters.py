@@ -119,16 +119,16 @@ def test_a_fresh_joiner_is_bounded_from_its_join_and_a_rejoiner_after_a_restart_
     fresh.observe_step("a-0", 0.1)
     fresh.join(("b-0", 7), now=100.0)
     with pytest.raises(Refused):  # 1 s since its Join at 0.1 s / 4: at most 40 steps, plus 2 cycles
-        fresh.check(("b-0", 7), 0, 0, 45, 45 * TPS, now=101.0)
-    fresh.check(("b-0", 7), 0, 0, 44, 44 * TPS, now=101.0)
+        fresh.check(("b-0", 7), 0, base_version=0, steps=45, tokens=45 * TPS, now=101.0)
+    fresh.check(("b-0", 7), 0, base_version=0, steps=44, tokens=44 * TPS, now=101.0)
     restarted = Counters(TPS, cycle=P, started=0.0)
     restarted.observe_step("a-0", 0.1)
     restarted.join(("b-0", 7), now=5.0)
-    restarted.check(("b-0", 7), 0, 0, 10**6, 10**6 * TPS, now=6.0)
+    restarted.check(("b-0", 7), 0, base_version=0, steps=10**6, tokens=10**6 * TPS, now=6.0)
     with pytest.raises(Refused):
-        restarted.check(("b-0", 7), 0, 0, 1, 2**62, now=6.0)
+        restarted.check(("b-0", 7), 0, base_version=0, steps=1, tokens=2**62, now=6.0)
     with pytest.raises(Refused):  # once the window is over, from its Join
-        restarted.check(("b-0", 7), 0, 0, 10**6, 10**6 * TPS, now=RESTART_WINDOW)
+        restarted.check(("b-0", 7), 0, base_version=0, steps=10**6, tokens=10**6 * TPS, now=RESTART_WINDOW)
 
 
 def test_a_merge_starts_the_counters_over_once_the_learner_holds_its_version() -> None:
@@ -158,9 +158,9 @@ def test_the_bound_follows_honest_steps_that_grow_while_rounds_cannot_close() ->
     c.join(("a-0", 1), now=0.0)
     for k in range(1, 200):
         c.observe_step("a-0", 0.05)
-        c.check(("a-0", 1), 0, 0, 4 * k, 4 * k * TPS, now=4 * k * 0.05)
+        c.check(("a-0", 1), 0, base_version=0, steps=4 * k, tokens=4 * k * TPS, now=4 * k * 0.05)
     with pytest.raises(Refused):  # 4x faster than it says it steps is the most believed
-        c.check(("a-0", 1), 0, 0, 10_000, 10_000 * TPS, now=40.0)
+        c.check(("a-0", 1), 0, base_version=0, steps=10_000, tokens=10_000 * TPS, now=40.0)
 
 
 def test_a_bounded_liar_gets_a_bounded_share_of_the_merge() -> None:
@@ -187,7 +187,7 @@ def test_counters_at_their_bounds_pass_and_past_them_are_refused(steps: int, ext
     assert bound == int(seconds / (step / SPEED)) + SLACK_CYCLES * 4
     within = steps <= bound and tokens <= steps * TPS
     try:
-        c.check(("a-0", 1), 0, 0, steps, tokens, now=seconds)
+        c.check(("a-0", 1), 0, base_version=0, steps=steps, tokens=tokens, now=seconds)
         assert within
     except Refused as exc:
         assert not within and exc.outcome == "counters"

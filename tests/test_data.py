@@ -85,7 +85,8 @@ def test_builtin_is_bit_identical_to_before() -> None:
                           old_sample(shard, 8, 129, np.random.default_rng([0, 2, 0])))
     rng = np.random.default_rng(0)
     expected = [old_sample(held_out, 8, 129, rng) for _ in range(4)]
-    for evals in (data.eval_batches(held_out, 4, 8, 129), data.eval_batches(corpus.held_out, 4, 8, 129)):
+    for evals in (data.eval_batches(held_out, batches=4, batch=8, length=129),
+                  data.eval_batches(corpus.held_out, batches=4, batch=8, length=129)):
         assert all(np.array_equal(a, b) for a, b in zip(evals, expected))
 
 
@@ -160,13 +161,13 @@ def test_shards_are_disjoint_and_cover_the_data(layout: str) -> None:
 
 def test_batches_are_a_pure_function_of_seed_shard_and_k() -> None:
     ids = np.arange(10_000, dtype=np.uint32)
-    a, again = data.Batches(ids, 4, WINDOW, 7, 0), data.Batches(ids, 4, WINDOW, 7, 0)
+    a, again = data.Batches(ids, 4, WINDOW, seed=7, shard_index=0), data.Batches(ids, 4, WINDOW, seed=7, shard_index=0)
     first = [a.batch(k) for k in range(500)]
     assert first[0].dtype == np.int32 and first[0].shape == (4, WINDOW)
     assert np.array_equal(again.batch(321), first[321])  # a fresh learner resumes at k
-    assert all(np.array_equal(data.Batches(ids, 4, WINDOW, 7, 0).batch(k), first[k]) for k in range(100, 110))
-    assert not np.array_equal(data.Batches(ids, 4, WINDOW, 7, 1).batch(0), first[0])  # another shard
-    assert not np.array_equal(data.Batches(ids, 4, WINDOW, 8, 0).batch(0), first[0])  # another seed
+    assert all(np.array_equal(data.Batches(ids, 4, WINDOW, seed=7, shard_index=0).batch(k), first[k]) for k in range(100, 110))
+    assert not np.array_equal(data.Batches(ids, 4, WINDOW, seed=7, shard_index=1).batch(0), first[0])  # another shard
+    assert not np.array_equal(data.Batches(ids, 4, WINDOW, seed=8, shard_index=0).batch(0), first[0])  # another seed
     # One epoch visits every window once; the next reorders them.
     starts = np.concatenate([b[:, 0] for b in first])
     epoch = starts[: a.windows]
@@ -202,7 +203,7 @@ def test_validation_errors_name_the_field_and_the_fix(tmp_path: Path) -> None:
         f.write(b"x")
     assert "not a multiple of 2 (uint16)" in error(spec_data(kind="tokens", path=str(tmp_path / "odd.bin")))
     with pytest.raises(ValueError, match=r"shard 3 has 5 tokens, fewer than one window \(spec.model.context"):
-        data.Batches(np.zeros(5, np.uint16), 2, WINDOW, 0, 3)
+        data.Batches(np.zeros(5, np.uint16), 2, WINDOW, seed=0, shard_index=3)
 
 
 def test_a_large_token_file_is_checked_by_sample(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -274,11 +275,11 @@ def test_a_learner_reads_only_its_shard_of_token_files_on_object_storage(layout:
         expected = old_shard(train, index, 4, layout)
         assert np.array_equal(corpus.train.array(), expected)
         assert sources.Span.bytes_read == expected.nbytes  # its shard, read once, and nothing else
-        evals = data.eval_batches(corpus.held_out, 4, 8, WINDOW, vocab_size=1000)
+        evals = data.eval_batches(corpus.held_out, batches=4, batch=8, length=WINDOW, vocab_size=1000)
         assert sources.Span.bytes_read == expected.nbytes + sum(e.size for e in evals) * 2  # + the windows
     sources.Span.bytes_read = 0
     with pytest.raises(ValueError, match=r"spec\.model\.vocabSize: the held-out data holds id"):
-        data.eval_batches(corpus.held_out, 4, 8, WINDOW, vocab_size=500)
+        data.eval_batches(corpus.held_out, batches=4, batch=8, length=WINDOW, vocab_size=500)
 
 
 def test_a_learner_tokenizes_only_its_own_text(tmp_path: Path) -> None:

@@ -66,7 +66,7 @@ LOSS = jax.jit(loss_fn, static_argnums=0)  # compiled once per model config
 def held_out_loss(cfg: TransformerModel, params: dict[str, np.ndarray]) -> float:
     held_out = np.frombuffer(b"ROMEO: But soft, what light through yonder window breaks? " * 8, np.uint8)
     p = {k: jnp.asarray(v) for k, v in params.items()}
-    return float(np.mean([float(LOSS(cfg, p, jnp.asarray(b))) for b in eval_batches(held_out, 3, 4, cfg.context + 1)]))
+    return float(np.mean([float(LOSS(cfg, p, jnp.asarray(b))) for b in eval_batches(held_out, batches=3, batch=4, length=cfg.context + 1)]))
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "orbax"])

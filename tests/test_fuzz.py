@@ -405,7 +405,7 @@ def test_checkpoint_loader_on_signed_malformed_headers(case: tuple[Any, bytes | 
     # works or is refused with a ValueError that names the mismatch.
     assert isinstance(meta, dict) and all(isinstance(a, np.ndarray) for a in arrays.values())
     try:
-        GlobalModel.from_state(SyncerSpec(fragments=2), arrays, meta, sh.SHAPES)
+        GlobalModel.from_state(SyncerSpec(fragments=2), arrays, meta, expect=sh.SHAPES)
     except ValueError as exc:
         assert str(exc)
 

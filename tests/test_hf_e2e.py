@@ -80,7 +80,7 @@ def test_a_transformers_llama_trains_under_diloco_and_goes_home(tmp_path: Path, 
     spec = job.spec
     window = spec.model.context + 1
     held_out = data.load(spec.data, spec.model.vocab_size, window).held_out
-    windows = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)
+    windows = data.eval_batches(held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size, length=window)
     expected = torch_loss(theirs, windows)
     first = min((e for e in events if e["event"] == "joined"), key=lambda e: e["t"])
     assert first["eval_loss"] == pytest.approx(expected, rel=1e-4), (first, expected)

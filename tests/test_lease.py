@@ -49,7 +49,7 @@ def test_a_restarted_syncer_adopts_published_versions_and_refuses_any_above_the_
         first.close()
     loaded, _ = first.core.store.load_latest()  # type: ignore[union-attr]
     assert loaded is not None
-    model = GlobalModel.from_state(SyncerSpec(fragments=2), loaded.arrays, loaded.meta, sh.SHAPES)
+    model = GlobalModel.from_state(SyncerSpec(fragments=2), loaded.arrays, loaded.meta, expect=sh.SHAPES)
     second = sh.start(SyncerSpec(fragments=2), checkpoint_dir=str(tmp_path), model=model)
     try:
         before = {n: v.copy() for n, v in second.core.model.params.items()}

@@ -33,7 +33,7 @@ def adopt(ledger: Ledger, theta: dict[str, np.ndarray], version: int, value: flo
 def test_push_carries_unpushed_progress_and_a_second_push_only_what_is_new() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    _blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    _blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
     assert np.allclose(first.delta["a"], -1.0) and (first.steps, first.tokens) == (1, 10)
     train(theta, ledger, 2.0)
     assert np.allclose(ledger.outer_gradient(0, theta)["a"], -2.0)  # the first push's progress is in flight
@@ -44,7 +44,7 @@ def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -
         ledger, theta = books()
         schedule = Schedule(2)
         train(theta, ledger, 1.0)
-        prepare_push(ledger, 0, {"a": theta["a"]}, 7, "fp32", 64)
+        prepare_push(ledger, 0, {"a": theta["a"]}, push_id=7, codec="fp32", block_size=64)
         train(theta, ledger, 0.5)  # progress made while the push is in flight
 
         def shift(v: dict[str, np.ndarray], theta: dict[str, np.ndarray] = theta) -> None:
@@ -65,7 +65,7 @@ def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -
 def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
     ledger.accepted(0, 1, merged_into=2)  # it will be merged into version 2, not 1
     adopt(ledger, theta, 1, 0.3)
     assert np.allclose(theta["a"], 1.3) and ledger.busy(0)
@@ -76,10 +76,10 @@ def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
 def test_a_refused_push_goes_out_again_with_the_next_one() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    prepare_push(ledger, 0, {"a": theta["a"]}, 1, "fp32", 64)
+    prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
     train(theta, ledger, 1.0)
     ledger.refused(0, 1)
-    _, again = prepare_push(ledger, 0, {"a": theta["a"]}, 2, "fp32", 64)
+    _, again = prepare_push(ledger, 0, {"a": theta["a"]}, push_id=2, codec="fp32", block_size=64)
     assert np.allclose(again.delta["a"], -2.0) and (again.steps, again.tokens) == (2, 20)
 
 
@@ -88,7 +88,7 @@ def test_int4_push_error_stays_local_and_leaves_with_the_next_push() -> None:
     ledger = Ledger(FRAGMENTS, zero, [0, 0])
     theta = {"a": np.random.default_rng(0).standard_normal(256).astype(np.float32)}
     ledger.stepped(1)
-    _, sent = prepare_push(ledger, 0, theta, 1, "int4", 64)
+    _, sent = prepare_push(ledger, 0, theta, push_id=1, codec="int4", block_size=64)
     residual = ledger.outer_gradient(0, theta)["a"]  # what the next push of fragment 0 carries
     assert np.allclose(residual, -theta["a"] - sent.delta["a"], atol=1e-6)
     assert 0 < np.linalg.norm(residual) < 0.2 * np.linalg.norm(theta["a"])  # int4's error, nothing more
@@ -186,7 +186,7 @@ def test_a_slot_late_at_every_shard_skips_one_slot_not_one_per_shard() -> None:
     schedule = Schedule(2, slot=4, per_slot=2)
     train(theta, ledger, 1.0)
     for p, push_id in ((0, 1), (1, 2)):
-        prepare_push(ledger, p, {n: theta[n] for n in FRAGMENTS[p]}, push_id, "fp32", 64)
+        prepare_push(ledger, p, {n: theta[n] for n in FRAGMENTS[p]}, push_id=push_id, codec="fp32", block_size=64)
     absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, lambda v: None,
            accepted=[(0, 1, 1, True), (1, 2, 1, True)])
     assert (schedule.slot, schedule.skipped) == (5, 1)

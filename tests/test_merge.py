@@ -233,8 +233,8 @@ def test_a_merge_left_as_factor_times_accumulator_steps_like_the_scaled_array(mo
         contributions = [{n: parse(encode(v, codec)) for n, v in c.items()} for c in contributions]  # type: ignore[misc]
     theta = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in contributions[0].items()}
     w, share = [1.0, 2.0, 0.5], 0.75
-    arrays = merge_fragment(contributions, w, "rda", {"embed"})
-    updates = merge_updates(contributions, w, "rda", {"embed"})
+    arrays = merge_fragment(contributions, w, "rda", plain_average={"embed"})
+    updates = merge_updates(contributions, w, "rda", plain_average={"embed"})
     assert (updates["w"].factor != 1.0) == (codec is not None) and updates["embed"].factor == 1.0
     factors = {n: share * u.factor for n, u in updates.items()}
     norm = np.sqrt(sum(f**2 * updates[n].sumsq for n, f in factors.items()))

@@ -205,12 +205,12 @@ def test_a_shard_holds_and_checkpoints_its_own_fragments_only(tmp_path) -> None:
         h.close()
     loaded, _ = CheckpointStore(str(tmp_path)).load_latest()
     assert loaded is not None and set(params_of(loaded.arrays)) == mine
-    restored = GlobalModel.from_state(SPEC, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=(1, 3))
+    restored = GlobalModel.from_state(SPEC, loaded.arrays, loaded.meta, expect=dict(sh.SHAPES), owned=(1, 3))
     assert restored.versions == [0, 0, 0, 1]
     assert np.array_equal(restored.params[model.plan.fragments[3][0]], model.params[model.plan.fragments[3][0]])
     for spec, owned in ((SyncerSpec(fragments=4), None), (SyncerSpec(fragments=1, shards=4), (1,))):  # plans of 4
         with pytest.raises(ValueError, match=r"spec\.syncer\.shards changed since it was written"):
-            GlobalModel.from_state(spec, loaded.arrays, loaded.meta, dict(sh.SHAPES), owned=owned)
+            GlobalModel.from_state(spec, loaded.arrays, loaded.meta, expect=dict(sh.SHAPES), owned=owned)
 
 
 def test_the_operator_sees_a_sharded_syncer_as_one(shards: list[sh.Harness]) -> None:

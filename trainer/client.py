@@ -299,12 +299,12 @@ class SyncerClient:
             session_secret=self.secret,
         )
         try:
-            return push(self.stub, header, item.blob, self.metadata, 60, unary=self.push_one)
+            return push(self.stub, header, item.blob, self.metadata, timeout=60, unary=self.push_one)
         except grpc.RpcError as exc:
             if not self.push_one or exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                 raise
             self.push_one = False
-        return push(self.stub, header, item.blob, self.metadata, 60, unary=False)
+        return push(self.stub, header, item.blob, self.metadata, timeout=60, unary=False)
 
     def _request_rejoin(self, stale: str) -> None:
         """The syncer restarted: pull its whole state; the loop adopts it at a step boundary.

@@ -143,7 +143,7 @@ def sample_batch(data: np.ndarray | Tokens, batch: int, length: int, rng: np.ran
     return np.stack([tokens.window(int(s), length) for s in starts]).astype(np.int32)
 
 
-def eval_batches(held_out: np.ndarray | Tokens, batches: int, batch: int, length: int,
+def eval_batches(held_out: np.ndarray | Tokens, *, batches: int, batch: int, length: int,
                  vocab_size: int | None = None) -> list[np.ndarray]:
     """Fixed evaluation windows (seed 0), identical for every learner and run; with
     `vocab_size`, their ids are checked (held-out data on object storage is read only here)."""
@@ -160,7 +160,7 @@ class Batches:
     instead of replaying or reshuffling it. Windows lie on a grid of stride length - 1 (every
     id is a target once per epoch), visited in an order drawn afresh each epoch."""
 
-    def __init__(self, tokens: Tokens | np.ndarray, batch: int, length: int, seed: int, shard_index: int) -> None:
+    def __init__(self, tokens: Tokens | np.ndarray, batch: int, length: int, *, seed: int, shard_index: int) -> None:
         self.tokens = tokens if isinstance(tokens, Tokens) else Tokens([tokens])
         self.batch_size, self.length, self.seed, self.shard_index = batch, length, seed, shard_index
         if len(self.tokens) < length:

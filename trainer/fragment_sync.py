@@ -111,7 +111,8 @@ class Fragments:
             self.job.observe(u.rejoined.job_tokens)
             self.incarnation = u.rejoined.incarnation
             self.emit(Event.READOPTED, incarnation=self.incarnation, versions=self.ledger.versions)
-        absorb(self.ledger, self.schedule, self._local, self.shifts.append, u.refused, u.accepted, u.published)
+        absorb(self.ledger, self.schedule, self._local, self.shifts.append, refused=u.refused, accepted=u.accepted,
+               published=u.published)
         for arrival in u.published.values():
             self.job.observe(arrival.job_tokens)
 
@@ -139,7 +140,8 @@ class Fragments:
         """Hand fragment p's unpushed progress (θ_p as the step that filled `slot` left it, still
         on the devices) to the sender, recorded as the syncer will decode it."""
         self.push_seq += 1
-        blob, f = prepare_push(self.ledger, p, self.hosts.host_copy(theta), self.push_seq, self.codec, self.block_size)
+        blob, f = prepare_push(self.ledger, p, self.hosts.host_copy(theta), push_id=self.push_seq, codec=self.codec,
+                               block_size=self.block_size)
         pr = self.progress
         self.link.submit(Outgoing(p, self.ledger.books[p].version, f.steps, f.tokens, pr.step_ema, pr.loss, blob,
                                   pr.train_seconds, self.incarnation, self.push_seq, slot, pr.trained_tokens))

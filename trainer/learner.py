@@ -140,9 +140,9 @@ def _configure(args: argparse.Namespace) -> Learner:
     try:
         # Only our shard is read (and, for text, tokenized): data.load.
         corpus = data.load(spec.data, spec.model.vocab_size, window, shard=(shard_index % shard_count, shard_count))
-        batches = data.Batches(corpus.train, spec.training.batch_size, window, spec.data.seed, shard_index)
-        evals = data.eval_batches(corpus.held_out, spec.training.eval_batches, spec.training.batch_size, window,
-                                  spec.model.vocab_size)
+        batches = data.Batches(corpus.train, spec.training.batch_size, window, seed=spec.data.seed, shard_index=shard_index)
+        evals = data.eval_batches(corpus.held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size,
+                                  length=window, vocab_size=spec.model.vocab_size)
     except ValueError as exc:
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     return Learner(args=args, spec=spec, group=group, learner_id=str(LearnerId(group.name, args.index)), hosts=hosts,
@@ -179,7 +179,7 @@ def _compile(me: Learner) -> Model:
     except ValueError as exc:
         raise EndsEarly(Exit.CONFIG, f"spec.syncer.fragments {spec.syncer.fragments} x shards {spec.syncer.shards} "
                                      f"fragments do not fit this model: {exc}", fatal=True) from None
-    recipe = Recipe(cfg, tr, layout, shapes, cache_dir)
+    recipe = Recipe(cfg, tr, layout, shapes=shapes, cache_dir=cache_dir)
     params = recipe.place(theta0)
     jax.block_until_ready(recipe.step(params, recipe.init_state(params), me.batches.batch(0), 0))
     recipe.eval_loss(params, me.evals[:1])

@@ -58,7 +58,7 @@ class Recipe:
     """`init` -> (params, state); `step(params, state, batch, slot)` -> (params, state, loss);
     `eval_loss(params, batches)`. Parameters and state stay where the layout puts them."""
 
-    def __init__(self, cfg: TransformerModel, tr: Training, layout: Layout | None = None,
+    def __init__(self, cfg: TransformerModel, tr: Training, layout: Layout | None = None, *,
                  shapes: dict[str, tuple[int, ...]] | None = None, cache_dir: str | None = None) -> None:
         """`shapes`: the parameters' shapes where the caller has them (a learner, from Θ₀);
         without them the model's init is traced once more (0.1 s of a restart's CPU).
@@ -103,10 +103,13 @@ class Recipe:
         if cache_dir is not None and self.host_args and cfg.module is None:
             batch = jax.ShapeDtypeStruct((tr.batch_size, cfg.context + 1), jnp.int32)
             settings = {"model": cfg.model_dump(mode="json"), "training": tr.model_dump(mode="json")}
-            self._step = step_cache.cached("step", step, (self._shapes(), state_shapes, batch, jax.ShapeDtypeStruct((), jnp.float32)),
-                                           in_sh, out_sh, (self._shapes(), state_shapes, 0.0), settings, cache_dir)
-            self._loss = step_cache.cached("loss", loss, (self._shapes(), batch), (layout.params, layout.batch),
-                                           layout.replicated, 0.0, settings, cache_dir)
+            example = (self._shapes(), state_shapes, batch, jax.ShapeDtypeStruct((), jnp.float32))
+            self._step = step_cache.cached("step", step, example, shardings=in_sh, out_shardings=out_sh,
+                                           out_like=(self._shapes(), state_shapes, 0.0), spec=settings,
+                                           cache_dir=cache_dir)
+            self._loss = step_cache.cached("loss", loss, (self._shapes(), batch), shardings=(layout.params, layout.batch),
+                                           out_shardings=layout.replicated, out_like=0.0, spec=settings,
+                                           cache_dir=cache_dir)
 
     def _shapes(self) -> dict[str, Any]:
         shapes = self._param_shapes if self._param_shapes is not None else model.parameter_shapes(self.cfg)

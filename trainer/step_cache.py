@@ -52,7 +52,7 @@ def _key(spec: dict[str, Any], specs: list[jax.ShapeDtypeStruct], tree: Any) -> 
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-def cached(name: str, fn: Callable[..., Any], example: tuple[Any, ...], shardings: tuple[Any, ...],
+def cached(name: str, fn: Callable[..., Any], example: tuple[Any, ...], *, shardings: tuple[Any, ...],
            out_shardings: Any, out_like: Any, spec: dict[str, Any], cache_dir: str | os.PathLike[str]) -> Any:
     """`fn` jitted with `shardings` and `out_shardings`, running the program exported to
     `cache_dir` as `name` (exporting it there first when no valid file exists). `example`:

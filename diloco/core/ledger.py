@@ -214,7 +214,7 @@ class Arrival:
     job_tokens: int = 0
 
 
-def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], shift: Callable[[Tensors], None],
+def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], shift: Callable[[Tensors], None], *,
            refused: Iterable[tuple[int, int]] = (), accepted: Iterable[tuple[int, int, int, bool]] = (),
            published: Mapping[int, Arrival] | None = None) -> None:
     """One step boundary's news, in the order that keeps the books exact: refusals, then
@@ -237,7 +237,7 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
         schedule.observe(arrival.next_slot)
 
 
-def prepare_push(ledger: Ledger, p: int, local: Tensors, push_id: int, codec: Codec,
+def prepare_push(ledger: Ledger, p: int, local: Tensors, *, push_id: int, codec: Codec,
                  block_size: int) -> tuple[Blob, InFlight]:
     """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
     the compression error stays in θ − A and leaves with the next push (error feedback).

@@ -204,6 +204,7 @@ def merge_updates(
     contributions: Sequence[Mapping[str, Source]],
     weights: Sequence[float],
     method: MergeMethod = "rda",
+    *,
     plain_average: frozenset[str] | set[str] = frozenset(),
     scales: Sequence[float] | None = None,
     out: Mapping[str, np.ndarray] | None = None,
@@ -230,8 +231,10 @@ def merge_fragment(
     contributions: Sequence[Mapping[str, Source]],
     weights: Sequence[float],
     method: MergeMethod = "rda",
+    *,
     plain_average: frozenset[str] | set[str] = frozenset(),
     scales: Sequence[float] | None = None,
 ) -> dict[str, np.ndarray]:
     """`merge_updates` as plain arrays."""
-    return {n: u.array() for n, u in merge_updates(contributions, weights, method, plain_average, scales).items()}
+    return {n: u.array() for n, u in merge_updates(contributions, weights, method, plain_average=plain_average,
+                                                             scales=scales).items()}

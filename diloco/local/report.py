@@ -21,7 +21,7 @@ def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
 
     spec, window = job.spec, job.spec.model.context + 1
     held_out = data.load(spec.data, spec.model.vocab_size, window).held_out
-    batches = data.eval_batches(held_out, spec.training.eval_batches, spec.training.batch_size, window)
+    batches = data.eval_batches(held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size, length=window)
     recipe = Recipe(spec.model, spec.training)  # the learners' own eval
     return recipe.eval_loss(recipe.place(params), batches)
 

@@ -54,8 +54,8 @@ class LocalRun:
         self.sup = Supervisor(env, zygote_log=out / "logs" / "zygote.log")
         self.syncers = [syncer_name(s, shards) for s in range(shards)]
         for s, (name, port) in enumerate(zip(self.syncers, self.ports)):
-            syncer = SyncerArgs(str(self.config), port, free_port(), checkpoint_dir(str(out / "checkpoints"), s, shards),
-                                shard=s if shards > 1 else None)
+            syncer = SyncerArgs(str(self.config), port=port, metrics_port=free_port(),
+                                checkpoint_dir=checkpoint_dir(str(out / "checkpoints"), s, shards), shard=s if shards > 1 else None)
             self.sup.add(Child(name, "syncer", diloco_argv("syncer", syncer.argv()), out / "logs" / f"{name}.log"))
         addresses = ",".join(f"127.0.0.1:{port}" for port in self.ports)
         groups = {g.name: g for g in spec.learner_groups}

@@ -230,7 +230,7 @@ class Replay:
             lr.params.update({n: lr.params[n] + v for n, v in values.items()})
 
         absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, shift,
-               lr.refused, lr.accepted, lr.inbox)
+               refused=lr.refused, accepted=lr.accepted, published=lr.inbox)
         for arrival in lr.inbox.values():
             lr.progress.observe(arrival.job_tokens)
         lr.refused, lr.accepted, lr.inbox = [], [], {}
@@ -238,8 +238,8 @@ class Replay:
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
         assert lr.ledger is not None
         lr.push_seq += 1
-        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, lr.push_seq,
-                               self.spec.compression, self.spec.block_size)
+        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, push_id=lr.push_seq,
+                               codec=self.spec.compression, block_size=self.spec.block_size)
         header = pb.PushHeader(learner=f"l{lr.m}", fragment=p, base_version=lr.ledger.books[p].version, steps=f.steps,
                                tokens=f.tokens, step_seconds=lr.script.step_seconds, total_bytes=blob.nbytes,
                                session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)

@@ -195,7 +195,7 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: Sequence[bytes | 
             push_id=next(ids), slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
             session_secret=link.header.session_secret)
         try:
-            accepted = push(link.stub, header, blob, auth_metadata(token), 60).accepted  # as a learner's client pushes
+            accepted = push(link.stub, header, blob, auth_metadata(token), timeout=60).accepted  # as a learner's client pushes
         except grpc.RpcError:  # counted, not fatal: the thread keeps the schedule and the counts stay true
             accepted = False
         pushed += len(blob)

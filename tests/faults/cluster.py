@@ -157,7 +157,8 @@ class Cluster:
     def start_syncer(self, extra: list[str] | None = None, wait: bool = True, timeout: float = 60.0) -> None:
         p = self.procs["syncer"]
         ckpt = str(self.checkpoint_dir) if self.checkpoint_dir is not None else None
-        argv = diloco_argv("syncer", SyncerArgs(str(self.config), self.port, p.metrics_port, ckpt).argv())
+        argv = diloco_argv("syncer", SyncerArgs(str(self.config), port=self.port, metrics_port=p.metrics_port,
+                                                  checkpoint_dir=ckpt).argv())
         before = {s.incarnation for s in self.statuses}
         self._spawn(p, argv + (extra or []))
         if wait:
@@ -169,7 +170,7 @@ class Cluster:
         p = self.procs[name]
         proxy = self.proxies.get(name)
         address = proxy.address if proxy else f"127.0.0.1:{self.port}"
-        argv = diloco_argv("learner", LearnerArgs(str(self.config), "local", i, address, p.metrics_port,
+        argv = diloco_argv("learner", LearnerArgs(str(self.config), "local", i, address, metrics_port=p.metrics_port,
                                                   cpus=str(i % self.ncpu), restart=p.restarts).argv())
         self._spawn(p, argv + self.learner_args.get(i, []) + (extra or []))
 
