@@ -87,16 +87,16 @@ def message(pods: list[Waiting], timeout: int | None) -> str:
             f"{w.message}{others}; {FIX}. Waiting is not a failure: {_limit(timeout)}")
 
 
-def condition(conds: list[c.Condition], pods: list[Waiting], timeout: int | None, stamp: str,
+def condition(conds: list[c.Condition], pods: list[Waiting], *, timeout: int | None, stamp: str,
               generation: int) -> list[c.Condition]:
     """PodsUnschedulable: True while a pod waits for capacity; absent on jobs that never waited."""
     if pods:
-        return c.set_condition(conds, c.PODS_UNSCHEDULABLE, True, WAITING, message(pods, timeout), stamp,
-                               generation)
+        return c.set_condition(conds, c.PODS_UNSCHEDULABLE, True, reason=WAITING,
+                               message=message(pods, timeout), now=stamp, generation=generation)
     if c.find(conds, c.PODS_UNSCHEDULABLE) is None:
         return conds
-    return c.set_condition(conds, c.PODS_UNSCHEDULABLE, False, SCHEDULED, "every pod has been scheduled", stamp,
-                           generation)
+    return c.set_condition(conds, c.PODS_UNSCHEDULABLE, False, reason=SCHEDULED,
+                           message="every pod has been scheduled", now=stamp, generation=generation)
 
 
 def _longest(cond: c.Condition | None) -> str | None:

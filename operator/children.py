@@ -110,7 +110,7 @@ def observe(kube: Kube, namespace: str, job: str,
     return out
 
 
-def sync(kube: Kube, namespace: str, job: str, owner_uid: str, desired: list[dict[str, Any]],
+def sync(kube: Kube, namespace: str, job: str, *, owner_uid: str, desired: list[dict[str, Any]],
          kinds: tuple[str, ...] = MANAGED_KINDS,
          live: dict[Key, dict[str, Any]] | None = None) -> tuple[dict[Key, dict[str, Any]], Plan]:
     """Apply the plan; returns the children (of `kinds`) as they are afterwards, and what was done

@@ -23,7 +23,7 @@ ORDER = (CREATED, RUNNING, DEGRADED, SUSPENDED, PODS_FAILING, PODS_UNSCHEDULABLE
 Condition = dict[str, Any]
 
 
-def set_condition(conditions: list[Condition], type_: str, status: bool, reason: str, message: str,
+def set_condition(conditions: list[Condition], type_: str, status: bool, *, reason: str, message: str,
                   now: str, generation: int) -> list[Condition]:
     """A new list with `type_` set; the others are kept, in a stable order. A message past
     metav1.Condition's limit is cut: the API server would refuse the whole status otherwise."""

@@ -207,7 +207,7 @@ def exceeded(status: dict[str, Any], limit: int) -> str | None:
             f"{last.get('pod', '?')} ({last.get('who', '?')}): {last.get('reason', '?')}: {last.get('message', '')}")
 
 
-def condition(conds: list[c.Condition], status: dict[str, Any], limit: int, now: str,
+def condition(conds: list[c.Condition], status: dict[str, Any], *, limit: int, now: str,
               generation: int) -> list[c.Condition]:
     """PodsFailing: True while a pod shows a permanent failure; absent on jobs that never had one."""
     state = status.get(FIELD)
@@ -215,14 +215,14 @@ def condition(conds: list[c.Condition], status: dict[str, Any], limit: int, now:
         return conds
     current, count = state.get("current") or [], int(state.get("permanent") or 0)
     if not current:
-        return c.set_condition(conds, c.PODS_FAILING, False, "NoPermanentFailures",
-                               f"{count} permanent failures so far (spec.runPolicy.backoffLimit={limit})", now,
-                               generation)
+        return c.set_condition(conds, c.PODS_FAILING, False, reason="NoPermanentFailures",
+                               message=f"{count} permanent failures so far (spec.runPolicy.backoffLimit={limit})",
+                               now=now, generation=generation)
     first = current[0]
     fix = FIXES.get(first.get("reason", ""), "")
     more = int(state.get("failingPods") or len(current)) - 1
     others = f" (and {more} more pods)" if more > 0 else ""
     message = (f"pod {first['pod']} ({first['who']}): {first['message']}{others}; fix: {fix}. "
                f"{count} permanent failures of spec.runPolicy.backoffLimit={limit}")
-    return c.set_condition(conds, c.PODS_FAILING, True, first.get("reason", "PermanentFailure"), message, now,
-                           generation)
+    return c.set_condition(conds, c.PODS_FAILING, True, reason=first.get("reason", "PermanentFailure"),
+                           message=message, now=now, generation=generation)

@@ -102,7 +102,7 @@ def _why(pod: dict[str, Any] | None, gone: bool, recorded: str, name: str) -> po
     return loss
 
 
-def decide(members: list[dict[str, Any]], hosts: int, run: tuple[str, ...] | None, gang: str,
+def decide(members: list[dict[str, Any]], hosts: int, *, run: tuple[str, ...] | None, gang: str,
            gone: dict[str, Any] | None = None) -> Decision:
     """What to do about gang `gang` (its StatefulSet's name), given its pods, its recorded run,
     and a pod of it just seen deleted (its DELETED event says why: preempted, evicted...)."""
@@ -141,12 +141,12 @@ def message(learner: LearnerId, restart: Restart) -> str:
     return f"learner {learner} restarting as a whole: {restart.summary}"
 
 
-def record_restart(status: dict[str, Any], learner: LearnerId, restart: Restart, lost_uid: str,
+def record_restart(status: dict[str, Any], learner: LearnerId, *, restart: Restart, lost_uid: str,
                    now: float) -> dict[str, Any]:
     """The status patch for a gang restart: the learner lost (counted once, as any loss), its
     lostLearners entry saying why it restarts as a whole, and the group's restart counter."""
     slot = str(learner)
-    patch = pods.record_loss(status, learner, restart.loss, lost_uid, now) or {}
+    patch = pods.record_loss(status, learner, lost=restart.loss, pod_uid=lost_uid, now=now) or {}
     merged = {**status, **patch}
     losses = [{**x, "restart": restart.summary} if x.get("slot") == slot else x for x in pods.open_losses(merged)]
     groups = [dict(g) for g in merged.get("learnerGroups") or []]

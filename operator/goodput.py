@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 MAX_SAMPLE_GAP = 120.0  # seconds: a longer gap (the operator was down) is not counted
 
 
-def advance(spec: JobSpec, status: dict[str, Any], obs: Observation, desired: int, active: int,
+def advance(spec: JobSpec, status: dict[str, Any], obs: Observation, *, desired: int, active: int,
             counting: bool) -> dict[str, Any]:
     """The accounting after one more sample at `obs.now`."""
     acc: dict[str, Any] = {"desiredLearnerSeconds": 0.0, "activeLearnerSeconds": 0.0, "downLearnerSeconds": 0.0,

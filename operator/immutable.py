@@ -160,15 +160,17 @@ def restore(body: dict[str, Any], started_values: dict[str, Any]) -> dict[str, A
     return out
 
 
-def condition(new: dict[str, Any], status: dict[str, Any], problems: list[str], now: str,
+def condition(new: dict[str, Any], status: dict[str, Any], *, problems: list[str], now: str,
               generation: int) -> dict[str, Any]:
     """`new` with SpecRejected: True naming each refused field; False once reverted (absent on
     jobs that never had a refusal)."""
     conds = list(new.get("conditions") or status.get("conditions") or [])
     if problems:
-        conds = c.set_condition(conds, c.SPEC_REJECTED, True, "SpecImmutable", "; ".join(problems), now, generation)
+        conds = c.set_condition(conds, c.SPEC_REJECTED, True, reason="SpecImmutable", message="; ".join(problems),
+                                now=now, generation=generation)
     elif c.find(conds, c.SPEC_REJECTED) is not None:
-        conds = c.set_condition(conds, c.SPEC_REJECTED, False, "SpecAccepted", "", now, generation)
+        conds = c.set_condition(conds, c.SPEC_REJECTED, False, reason="SpecAccepted", message="", now=now,
+                                generation=generation)
     else:
         return new
     return {**new, "conditions": conds}

@@ -111,7 +111,7 @@ class Kube:
 
     # -- raw ----------------------------------------------------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
+    def request(self, method: str, path: str, body: Any = None, *, params: dict[str, str] | None = None,
                 content_type: str = JSON) -> dict[str, Any]:
         url = f"{self.host}/{path}" + (f"?{urlencode(params)}" if params else "")
         headers = {"Accept": JSON, "User-Agent": self.user_agent}
@@ -239,7 +239,7 @@ class Kube:
             params={"fieldManager": MANAGER, "force": "true"}, content_type=APPLY_PATCH))
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any],
-              sub: str | None = None) -> dict[str, Any]:
+              *, sub: str | None = None) -> dict[str, Any]:
         return self._rediscovering(kind, lambda: self.request("PATCH", self.path(kind, namespace, name, sub), patch,
                                                               content_type=MERGE_PATCH))
 

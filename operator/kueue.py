@@ -191,7 +191,7 @@ def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = N
     out = []
     for g in job.spec.learner_groups:
         # A multi-host learner's gangs differ only in their index: any one stands for all.
-        template = learners.pod_template(job, owner, g, link, 0 if learners.is_gang(g) else None)
+        template = learners.pod_template(job, owner, g, link=link, index=0 if learners.is_gang(g) else None)
         pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
         request = topology_request(_annotations(template), job.metadata.annotations,
                                    gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
@@ -318,7 +318,8 @@ def condition(conds: list[dict[str, Any]], g: Gate | None, now: str, generation:
     """The job's Admitted condition; gone when the job is not queued (any more)."""
     if g is None:
         return [x for x in conds if x.get("type") != JOB_ADMITTED]
-    return c.set_condition(conds, JOB_ADMITTED, g.admitted, g.reason, g.message, now, generation)
+    return c.set_condition(conds, JOB_ADMITTED, g.admitted, reason=g.reason, message=g.message, now=now,
+                           generation=generation)
 
 
 @dataclass(frozen=True)
@@ -484,7 +485,7 @@ def lookup_priority(kube: Kube, job: DecoupledDiLoCoJob) -> tuple[Priority | Non
     return Priority(kind, name, int(obj.get("value") or 0)), ""
 
 
-def finish(kube: Kube, live: Mapping[str, Any], succeeded: bool, message: str, now: str) -> None:
+def finish(kube: Kube, live: Mapping[str, Any], *, succeeded: bool, message: str, now: str) -> None:
     """Mark a finished job's Workload Finished (Kueue then frees its quota). The other
     conditions are Kueue's: the list is written whole, guarded by its resourceVersion, and a
     conflict waits for the next pass."""
@@ -492,7 +493,8 @@ def finish(kube: Kube, live: Mapping[str, Any], succeeded: bool, message: str, n
         return
     md = live["metadata"]
     conds = c.set_condition(list((live.get("status") or {}).get("conditions") or []), FINISHED, True,
-                            "Succeeded" if succeeded else "Failed", message, now, int(md.get("generation") or 0))
+                            reason="Succeeded" if succeeded else "Failed", message=message, now=now,
+                            generation=int(md.get("generation") or 0))
     try:
         kube.patch(KIND, md["namespace"], md["name"],
                    {"metadata": {"resourceVersion": md.get("resourceVersion")}, "status": {"conditions": conds}},

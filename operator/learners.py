@@ -113,7 +113,7 @@ def learner_children(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup,
     """The group's headless Service and its StatefulSet (or one per learner, for gangs)."""
     if not is_gang(group):
         return [learner_service(owner, group), learner_statefulset(job, owner, group, link)]
-    return [learner_service(owner, group)] + [gang_statefulset(job, owner, group, link, i)
+    return [learner_service(owner, group)] + [gang_statefulset(job, owner, group, link=link, index=i)
                                               for i in range(group.replicas)]
 
 
@@ -152,13 +152,13 @@ def _gang_env(owner: Owner, group: LearnerGroup, index: int) -> list[dict[str, A
            {"name": NUM_PROCESSES_ENV, "value": str(hosts)},
            {"name": COORDINATOR_ENV, "value": n.coordinator_address(owner.name, group.name, index, owner.namespace)}]
     if tpu_chips(group):
-        names = [n.host_address(owner.name, group.name, index, h, owner.namespace) for h in range(hosts)]
+        names = [n.host_address(owner.name, group.name, index, host=h, namespace=owner.namespace) for h in range(hosts)]
         env += [{"name": TPU_WORKER_ID, "valueFrom": _field(f"metadata.labels['{n.INDEX}']")},
                 {"name": TPU_WORKER_HOSTNAMES, "value": ",".join(names)}]
     return env
 
 
-def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, link: access.Link,
+def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, link: access.Link,
                  index: int | None = None) -> dict[str, Any]:
     """A learner's pod template; `index` None: the group's StatefulSet (the index from the pod),
     else learner `index`'s gang (the host from the pod)."""
@@ -214,7 +214,7 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, lin
                           "spec": pod_spec}, group.pod, group.template)
 
 
-def _statefulset(owner: Owner, name: str, group: LearnerGroup, replicas: int, match: Mapping[str, str],
+def _statefulset(owner: Owner, name: str, *, group: LearnerGroup, replicas: int, match: Mapping[str, str],
                  template: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -232,16 +232,17 @@ def _statefulset(owner: Owner, name: str, group: LearnerGroup, replicas: int, ma
 
 def learner_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup,
                         link: access.Link) -> dict[str, Any]:
-    return _statefulset(owner, n.statefulset(owner.name, group.name), group, group.replicas,
-                        n.selector(owner.name, n.LEARNER, group.name), pod_template(job, owner, group, link))
+    return _statefulset(owner, n.statefulset(owner.name, group.name), group=group, replicas=group.replicas,
+                        match=n.selector(owner.name, n.LEARNER, group.name),
+                        template=pod_template(job, owner, group, link=link))
 
 
-def gang_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, link: access.Link,
+def gang_statefulset(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, link: access.Link,
                      index: int) -> dict[str, Any]:
     """Learner `index` of a multi-host group: one pod per host, `<job>-<group>-<index>-<host>`."""
-    return _statefulset(owner, n.gang(owner.name, group.name, index), group, group.hosts_per_learner,
-                        n.gang_selector(owner.name, group.name, index),
-                        pod_template(job, owner, group, link, index))
+    return _statefulset(owner, n.gang(owner.name, group.name, index), group=group, replicas=group.hosts_per_learner,
+                        match=n.gang_selector(owner.name, group.name, index),
+                        template=pod_template(job, owner, group, link=link, index=index))
 
 
 def learner_service(owner: Owner, group: LearnerGroup) -> dict[str, Any]:

@@ -53,14 +53,14 @@ def gang_selector(job: str, group: str, index: int) -> dict[str, str]:
     return {**selector(job, LEARNER, group), LEARNER_INDEX: str(index)}
 
 
-def host_address(job: str, group: str, index: int, host: int, namespace: str) -> str:
+def host_address(job: str, group: str, index: int, *, host: int, namespace: str) -> str:
     """A multi-host learner's host by its stable name under the group's headless Service."""
     return f"{gang(job, group, index)}-{host}.{statefulset(job, group)}.{namespace}.svc"
 
 
 def coordinator_address(job: str, group: str, index: int, namespace: str) -> str:
     """jax.distributed's coordinator: host 0 of the learner."""
-    return f"{host_address(job, group, index, 0, namespace)}:{COORDINATOR_PORT}"
+    return f"{host_address(job, group, index, host=0, namespace=namespace)}:{COORDINATOR_PORT}"
 
 
 def syncer(job: str) -> str:

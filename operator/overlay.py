@@ -97,10 +97,10 @@ def job_problems(job: DecoupledDiLoCoJob) -> list[str]:
     overlays["spec.syncer.pod"] = job.spec.syncer.pod
     out = [p for where, overlay in overlays.items() for p in problems(where, overlay)]
     for i, g in enumerate(job.spec.learner_groups):
-        out += template_problems(f"spec.learnerGroups[{i}].template", g.template, n.LEARNER, g.pod,
-                                 f"spec.learnerGroups[{i}]", dict(g.node_selector))
-    out += template_problems("spec.syncer.template", job.spec.syncer.template, n.SYNCER, job.spec.syncer.pod,
-                             "spec.syncer", {})
+        out += template_problems(f"spec.learnerGroups[{i}].template", g.template, container=n.LEARNER, pod=g.pod,
+                                 owner_path=f"spec.learnerGroups[{i}]", node_selector=dict(g.node_selector))
+    out += template_problems("spec.syncer.template", job.spec.syncer.template, container=n.SYNCER,
+                             pod=job.spec.syncer.pod, owner_path="spec.syncer", node_selector={})
     return out
 
 
@@ -199,7 +199,7 @@ def _reserved_env(name: str) -> bool:
     return name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES
 
 
-def template_problems(where: str, template: PodTemplate | None, container: str, pod: PodOverlay | None,
+def template_problems(where: str, template: PodTemplate | None, *, container: str, pod: PodOverlay | None,
                       owner_path: str, node_selector: Mapping[str, str]) -> list[str]:
     """Why the template at `where` cannot be merged onto the pods of `owner_path` (a learner
     group or the syncer) whose own container is `container`, each with its field path; `pod`:

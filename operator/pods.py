@@ -96,7 +96,7 @@ def open_losses(status: dict[str, Any]) -> list[dict[str, Any]]:
     return list(status.get("lostLearners") or [])
 
 
-def record_loss(status: dict[str, Any], learner: LearnerId, lost: Loss, pod_uid: str,
+def record_loss(status: dict[str, Any], learner: LearnerId, *, lost: Loss, pod_uid: str,
                 now: float) -> dict[str, Any] | None:
     """The status patch that counts this loss, or None when the slot is already lost."""
     slot, group = str(learner), learner.group

@@ -87,7 +87,7 @@ def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: 
     return raw.decode() if raw else token_urlsafe(32)
 
 
-def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link, token: str,
+def _target(ctx: Context, job: DecoupledDiLoCoJob, *, owner: render.Owner, link: access.Link, token: str,
             secrets: access.Secrets) -> Target:
     """The syncer as the operator dials it: like the learners, with the same token and CA."""
     external = job.spec.syncer.external is not None
@@ -99,7 +99,7 @@ def _target(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, link: ac
     return Target(address, token, ca, link.server_name)
 
 
-def _observe(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, live: dict[children.Key, Any],
+def _observe(ctx: Context, job: DecoupledDiLoCoJob, *, owner: render.Owner, live: dict[children.Key, Any],
              job_pods: list[dict[str, Any]], target: Target, probe: tuple[st.SyncerView | None, str] | None,
              blocker: access.Blocker | None, now: float) -> st.Observation:
     ready = {g.name: learners.ready_learners(g, job_pods) for g in job.spec.learner_groups}
@@ -143,13 +143,13 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         problems, live = _install_problems(ctx, job, namespace, name, queued=queue is not None)
         job = None if problems else job
     if job is None:
-        _invalid(ctx, ref, status, problems, generation, now)
+        _invalid(ctx, ref, status=status, problems=problems, generation=generation, now=now)
         return
     owner = render.Owner(name, namespace, meta["uid"])
     secrets = {secret: ctx.api.get("Secret", namespace, secret) for secret, _, _ in access.referenced(job)}
     token = _token(ctx, job, owner, secrets)
     link = access.link(job, namespace, secrets)
-    target = _target(ctx, job, owner, link, token, secrets)
+    target = _target(ctx, job, owner=owner, link=link, token=token, secrets=secrets)
     blocker, probe = access.secret_blocker(job, secrets), None
     if blocker is None and job.spec.syncer.external is not None:
         # Before any learner exists: a token the syncer refuses would only make them crash-loop.
@@ -161,19 +161,22 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     placed: dict[str, kueue.PodSetInfo] = {}  # what Kueue's admission puts into each PodSet's pods
     if queue is not None:
         live = live if live is not None else children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
-        job, gate, queued, placed = _queue(ctx, ref, job, owner, link, queue, live, was_finished)
+        job, gate, queued, placed = _queue(ctx, ref, job, owner=owner, link=link, queue=queue, live=live,
+                                           finished=was_finished)
     desired = kueue.place(render.children(job, owner, token, started=st.started(status), finished=was_finished,
                                           blocked=blocker is not None, link=link, outcome=policies.outcome(status),
                                           expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers),
                           placed) + queued
-    live, done = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds, live)
+    live, done = children.sync(ctx.api, namespace, name, owner_uid=owner.uid, desired=desired,
+                               kinds=ctx.config.managed_kinds, live=live)
     if done.apply or done.delete:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
     # The pods whose state is the job's: waiting for capacity (capacity.py) or failing (failures.py).
     mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot))
-    obs = replace(_observe(ctx, job, owner, live, job_pods, target, probe, blocker, now),
+    obs = replace(_observe(ctx, job, owner=owner, live=live, job_pods=job_pods, target=target, probe=probe,
+                           blocker=blocker, now=now),
                   unschedulable=tuple(capacity.waiting(mine, now)),
                   image_stuck=failures.image_stuck(mine, now, ctx.config.image_pull_grace),
                   finished=steps.finished(job.spec, mine))
@@ -181,9 +184,9 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     for reason, message in failures.events(status, fresh, job.spec.run_policy.backoff_limit):
         post(ref, reason, message, warning=True)
     ended = None if was_finished else st.ending(job.spec, {**status, **counted}, obs)
-    new = st.compute(job.spec, {**status, **counted}, obs, generation, ended)
-    new = immutable.condition(immutable.record(status, new, owner.uid, job.spec), status, refused,
-                              st.rfc3339(now), generation)
+    new = st.compute(job.spec, {**status, **counted}, obs, generation=generation, ended=ended)
+    new = immutable.condition(immutable.record(status, new, owner.uid, job.spec), status, problems=refused,
+                              now=st.rfc3339(now), generation=generation)
     new["conditions"] = kueue.condition(new["conditions"], gate, st.rfc3339(now), generation)
     if gate is not None and gate.reason in kueue.TROUBLE and \
             (c.find(status.get("conditions") or [], kueue.JOB_ADMITTED) or {}).get("reason") != gate.reason:
@@ -194,22 +197,25 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
         desired = kueue.place(render.children(job, owner, token, started=True, finished=True, link=link,
                                               outcome=policies.outcome(new), peers=ctx.config.peers), placed) + queued
-        _, cleaned = children.sync(ctx.api, namespace, name, owner.uid, desired, ctx.config.managed_kinds)
+        _, cleaned = children.sync(ctx.api, namespace, name, owner_uid=owner.uid, desired=desired,
+                                   kinds=ctx.config.managed_kinds)
         done.refused.extend(cleaned.refused)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
-    new = _show_refusals(ctx, ref, status, new, done.refused, st.rfc3339(now), generation)
+    new = _show_refusals(ctx, ref, status=status, new=new, found=done.refused, stamp=st.rfc3339(now),
+                         generation=generation)
     if (waiting := capacity.started_waiting(status.get("conditions") or [], new["conditions"])) is not None:
         post(ref, capacity.WAITING, waiting["message"], warning=True)
     _force_delete_stuck(ctx, ref, job_pods, now)
     new = _readmit_ready(ctx, ref, new, job_pods)
     if ended is None and not was_finished and blocker is None and not job.spec.suspend:
-        new = _settle_gangs(ctx, ref, job, new, job_pods, now, set(obs.finished))
+        new = _settle_gangs(ctx, ref, job, new=new, job_pods=job_pods, now=now, finished=set(obs.finished))
     if blocker is not None and _running_reason(status) != blocker.reason:
         post(ref, blocker.reason, blocker.message, warning=True)
     if queued and st.finished(new) and (held := live.get(children.key(queued[0]))) is not None:
         # Kueue frees a finished job's quota.
-        kueue.finish(ctx.api, held, c.is_true(new["conditions"], c.SUCCEEDED), "the job finished", st.rfc3339(now))
-    _publish(ctx, ref, job, status, new, obs, now)
+        kueue.finish(ctx.api, held, succeeded=c.is_true(new["conditions"], c.SUCCEEDED), message="the job finished",
+                     now=st.rfc3339(now))
+    _publish(ctx, ref, job, status=status, new=new, obs=obs, now=now)
 
 
 def _install_problems(ctx: Context, job: DecoupledDiLoCoJob, namespace: str, name: str, *, queued: bool
@@ -225,7 +231,7 @@ def _install_problems(ctx: Context, job: DecoupledDiLoCoJob, namespace: str, nam
     return problems + ([changed] if changed else []), live
 
 
-def _invalid(ctx: Context, ref: dict[str, Any], status: dict[str, Any], problems: list[str], generation: int,
+def _invalid(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], problems: list[str], generation: int,
              now: float) -> None:
     """A job whose spec cannot run: phase Failed, the problems in its status and one Event."""
     namespace, name = ref["metadata"]["namespace"], ref["metadata"]["name"]
@@ -248,7 +254,7 @@ def _force_delete_stuck(ctx: Context, ref: dict[str, Any], job_pods: list[dict[s
                                          f"by over {ctx.config.stuck_timeout:.0f} s", warning=True)
 
 
-def _publish(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, status: dict[str, Any],
+def _publish(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, status: dict[str, Any],
              new: dict[str, Any], obs: st.Observation, now: float) -> None:
     """The new status written (only what changed), the metrics, and a finished job past its TTL deleted."""
     meta = ref["metadata"]
@@ -267,7 +273,7 @@ def _publish(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, status:
         ctx.api.delete(KIND, namespace, name, uid=meta["uid"])
 
 
-def _show_refusals(ctx: Context, ref: dict[str, Any], status: dict[str, Any], new: dict[str, Any],
+def _show_refusals(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], new: dict[str, Any],
                    found: list[refusals.Refusal], stamp: str, generation: int) -> dict[str, Any]:
     """Refused child writes as the job shows them: condition ChildrenRefused, a Warning Event
     when they change, and the metric, counted per refused write (refusals.py)."""
@@ -281,7 +287,7 @@ def _show_refusals(ctx: Context, ref: dict[str, Any], status: dict[str, Any], ne
     return {**new, "conditions": conds}
 
 
-def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, link: access.Link,
+def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: render.Owner, link: access.Link,
            queue: str, live: dict[children.Key, Any], finished: bool,
            ) -> tuple[DecoupledDiLoCoJob, kueue.Gate, list[dict[str, Any]], dict[str, kueue.PodSetInfo]]:
     """A queued job's Workload in the Kueue version the cluster serves, replaced if it holds
@@ -295,7 +301,7 @@ def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: re
         if exc.status != 404:
             raise
         gate = kueue.Gate(True, False, "KueueNotServed", f"suspended: {where} cannot be written, {exc.detail}")
-        return _suspend(ctx, ref, job, owner, gate, finished), gate, [], placed
+        return _suspend(ctx, ref, job, owner=owner, gate=gate, finished=finished), gate, [], placed
     priority, missing = kueue.lookup_priority(ctx.api, job)
     desired = kueue.workload(job, owner, queue, link, version=version, priority=priority)
     key = children.key(desired)
@@ -321,10 +327,10 @@ def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: re
             placed = {}
             gate = kueue.Gate(True, False, "PlacementFailed", f"Kueue admitted {where}, but its admission cannot be "
                                                               f"applied to the pods: {'; '.join(problems)}")
-    return _suspend(ctx, ref, job, owner, gate, finished), gate, rendered, placed
+    return _suspend(ctx, ref, job, owner=owner, gate=gate, finished=finished), gate, rendered, placed
 
 
-def _suspend(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, owner: render.Owner, gate: kueue.Gate,
+def _suspend(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: render.Owner, gate: kueue.Gate,
              finished: bool) -> DecoupledDiLoCoJob:
     """spec.suspend as the gate says (Kueue owns it for a queued job), with an Event when it flips."""
     if finished or gate.suspend == job.spec.suspend:
@@ -354,7 +360,7 @@ def _readmit_ready(ctx: Context, ref: dict[str, Any], new: dict[str, Any],
     return new
 
 
-def _settle_gangs(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, new: dict[str, Any],
+def _settle_gangs(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, new: dict[str, Any],
                   job_pods: list[dict[str, Any]], now: float, finished: set[str]) -> dict[str, Any]:
     """Every multi-host learner: record its run, restart it as a whole if it lost a host,
     re-admit it once all its hosts are back. One that finished its steps is left alone: its
@@ -368,12 +374,14 @@ def _settle_gangs(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, ne
             if str(learner) in finished:
                 continue
             members = restarts.members(job_pods, n.gang(name, group.name, i))
-            new = {**new, **restarts.settle(ctx, ref, new, learner, group.hosts_per_learner, members, now)}
-            new = {**new, **_readmit_gang(ctx, ref, new, learner, group.hosts_per_learner, members)}
+            new = {**new, **restarts.settle(ctx, ref, status=new, learner=learner, hosts=group.hosts_per_learner,
+                                            gang_pods=members, now=now)}
+            new = {**new, **_readmit_gang(ctx, ref, status=new, learner=learner, hosts=group.hosts_per_learner,
+                                          members=members)}
     return new
 
 
-def _readmit_gang(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, hosts: int,
+def _readmit_gang(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], learner: LearnerId, hosts: int,
                   members: list[dict[str, Any]]) -> dict[str, Any]:
     if not gangs.back(members, hosts, gangs.run_of(status, str(learner))):
         return {}
@@ -422,11 +430,12 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             return  # it reached spec.training.steps and exited 0: no loss; the reconcile ends the job
         if gang:
             gone = pod if event_type == "DELETED" else None
-            patch = restarts.settle(ctx, ref, status, learner, group.hosts_per_learner, members, now, gone)
+            patch = restarts.settle(ctx, ref, status=status, learner=learner, hosts=group.hosts_per_learner,
+                                    gang_pods=members, now=now, gone=gone)
             back = gangs.back(members, group.hosts_per_learner, gangs.run_of({**status, **patch}, str(learner)))
         current = {**status, **patch}
         if lost is not None:
-            patch.update(_lose(ctx, ref, current, learner, lost, pod, now))
+            patch.update(_lose(ctx, ref, status=current, learner=learner, lost=lost, pod=pod, now=now))
         elif back:
             readmit = pods.record_ready(current, learner)
             if readmit is not None:
@@ -437,11 +446,11 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             ctx.api.patch(KIND, namespace, job_name, {"status": st.validated(patch)}, sub="status")
 
 
-def _lose(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, lost: pods.Loss,
+def _lose(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], learner: LearnerId, lost: pods.Loss,
           pod: dict[str, Any], now: float) -> dict[str, Any]:
     """The status patch counting the learner lost (empty if it already is), with its Event."""
     lost = pods.planned(lost, pod, _update_revision(ctx, pod, learner))
-    patch = pods.record_loss(status, learner, lost, pod["metadata"].get("uid", ""), now)
+    patch = pods.record_loss(status, learner, lost=lost, pod_uid=pod["metadata"].get("uid", ""), now=now)
     if patch is None:
         return {}
     meta = ref["metadata"]

@@ -85,11 +85,12 @@ def condition(conds: list[c.Condition], found: list[Refusal], stamp: str, genera
         first = found[0]
         more = f" (and {len(found) - 1} more: {', '.join(f'{r.kind} {r.name}' for r in found[1:])})" \
             if len(found) > 1 else ""
-        return c.set_condition(conds, c.CHILDREN_REFUSED, True, first.reason, first.describe() + more, stamp,
-                               generation)
+        return c.set_condition(conds, c.CHILDREN_REFUSED, True, reason=first.reason,
+                               message=first.describe() + more, now=stamp, generation=generation)
     if c.find(conds, c.CHILDREN_REFUSED) is None:
         return conds
-    return c.set_condition(conds, c.CHILDREN_REFUSED, False, CLEAR, "every child was written", stamp, generation)
+    return c.set_condition(conds, c.CHILDREN_REFUSED, False, reason=CLEAR, message="every child was written",
+                           now=stamp, generation=generation)
 
 
 def news(old: list[c.Condition], new: list[c.Condition], found: list[Refusal]) -> list[Refusal]:

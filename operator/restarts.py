@@ -23,15 +23,15 @@ def members(job_pods: list[dict[str, Any]], gang: str) -> list[dict[str, Any]]:
     return [p for p in job_pods if (p.get("metadata", {}).get("labels") or {}).get(n.GANG) == gang]
 
 
-def settle(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: LearnerId, hosts: int,
+def settle(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], learner: LearnerId, hosts: int,
            gang_pods: list[dict[str, Any]], now: float, gone: dict[str, Any] | None = None) -> dict[str, Any]:
     """Record the learner's run once all its hosts run, or restart it as a whole when one is
     lost; returns the status patch (empty when nothing changed). `gone`: a pod of it just deleted."""
     meta = ref["metadata"]
     namespace, job = meta["namespace"], meta["name"]
     slot = str(learner)
-    decision = gangs.decide(gang_pods, hosts, gangs.run_of(status, slot), n.gang(job, learner.group, learner.index),
-                            gone)
+    decision = gangs.decide(gang_pods, hosts, run=gangs.run_of(status, slot),
+                            gang=n.gang(job, learner.group, learner.index), gone=gone)
     patch: dict[str, Any] = {}
     if decision.run is not None:
         patch.update(gangs.set_run(status, slot, decision.run))
@@ -43,7 +43,8 @@ def settle(ctx: Context, ref: dict[str, Any], status: dict[str, Any], learner: L
     current = {**status, **patch}
     counted = any(x.get("slot") == slot for x in pods.open_losses(current))
     lost_pod = gangs.by_host(gang_pods, hosts).get(restart.host) or gone or {}
-    patch.update(gangs.record_restart(current, learner, restart, lost_pod.get("metadata", {}).get("uid", ""), now))
+    patch.update(gangs.record_restart(current, learner, restart=restart,
+                                      lost_uid=lost_pod.get("metadata", {}).get("uid", ""), now=now))
     if not counted:
         ctx.metrics.losses.labels(namespace, job, learner.group, restart.loss.reason).inc()
     ctx.metrics.restarts.labels(namespace, job, learner.group).inc()

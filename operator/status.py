@@ -143,7 +143,7 @@ def ending(spec: JobSpec, status: dict[str, Any], obs: Observation) -> Ending | 
     return None
 
 
-def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation: int,
+def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, *, generation: int,
             ended: Ending | None = None) -> dict[str, Any]:
     """The next status of a valid job (a fresh `ended` or a recorded ending included)."""
     now = rfc3339(obs.now)
@@ -186,11 +186,11 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, generation:
     elif spec.suspend and status.get("startTime"):
         out["startTime"] = None  # as for a Job: a resume starts the deadline's clock again
     active = own_active(spec, obs.syncer) if obs.syncer else 0
-    out["accounting"] = acc = goodput.advance(spec, status, obs, desired, active, counting=running)
+    out["accounting"] = acc = goodput.advance(spec, status, obs, desired=desired, active=active, counting=running)
     out.update(goodput.figures(spec, acc))
 
-    conds = _conditions(spec, status, list(status.get("conditions") or []), out, obs, ended, running, ready,
-                        desired, now, generation)
+    conds = _conditions(spec, status, conds=list(status.get("conditions") or []), out=out, obs=obs, ended=ended,
+                        running=running, ready=ready, desired=desired, now=now, gen=generation)
     out["conditions"] = conds
     out["phase"] = phase(conds, spec.suspend)
     return out
@@ -219,7 +219,7 @@ def region_entry(r: RegionView) -> dict[str, Any]:
             "meanStaleness": round(r.mean_staleness, 3)}
 
 
-def _running(obs: Observation, running: bool, syncer_ready: bool, ready: int, desired: int) -> tuple[bool, str, str]:
+def _running(obs: Observation, *, running: bool, syncer_ready: bool, ready: int, desired: int) -> tuple[bool, str, str]:
     """The Running condition: (status, reason, message); a blocker or an unreachable syncer says why not."""
     up = running and syncer_ready and ready > 0 and obs.blocker is None
     if running and obs.blocker is not None:
@@ -231,31 +231,36 @@ def _running(obs: Observation, running: bool, syncer_ready: bool, ready: int, de
         f"{ready} of {desired} learners ready; syncer {'' if syncer_ready else 'not '}ready"
 
 
-def _conditions(spec: JobSpec, status: dict[str, Any], conds: list[dict[str, Any]], out: dict[str, Any],
+def _conditions(spec: JobSpec, status: dict[str, Any], *, conds: list[dict[str, Any]], out: dict[str, Any],
                 obs: Observation, ended: Ending | None, running: bool, ready: int, desired: int, now: str,
                 gen: int) -> list[dict[str, Any]]:
     if not spec.suspend or started(status):
-        conds = c.set_condition(conds, c.CREATED, True, "ChildrenCreated", "children created", now, gen)
-    conds = c.set_condition(conds, c.SUSPENDED, spec.suspend, "Suspended" if spec.suspend else "NotSuspended",
-                            "spec.suspend is true: no learners run" if spec.suspend else "", now, gen)
+        conds = c.set_condition(conds, c.CREATED, True, reason="ChildrenCreated", message="children created", now=now,
+                                generation=gen)
+    conds = c.set_condition(conds, c.SUSPENDED, spec.suspend, reason="Suspended" if spec.suspend else "NotSuspended",
+                            message="spec.suspend is true: no learners run" if spec.suspend else "", now=now,
+                            generation=gen)
     if ended is not None:
         out["completionTime"] = now
         kind = c.SUCCEEDED if ended.succeeded else c.FAILED
-        conds = c.set_condition(conds, kind, True, ended.reason, ended.message, now, gen)
+        conds = c.set_condition(conds, kind, True, reason=ended.reason, message=ended.message, now=now, generation=gen)
     elif not finished(status):
-        conds = c.set_condition(conds, c.FAILED, False, "SpecValid", "", now, gen)
-    up, reason, message = _running(obs, running, out["syncer"]["ready"], ready, desired)
-    conds = c.set_condition(conds, c.RUNNING, up, reason, message, now, gen)
-    conds = failures.condition(conds, status, spec.run_policy.backoff_limit, now, gen)
-    conds = capacity.condition(conds, list(obs.unschedulable), spec.run_policy.scheduling_timeout_seconds, now, gen)
+        conds = c.set_condition(conds, c.FAILED, False, reason="SpecValid", message="", now=now, generation=gen)
+    up, reason, message = _running(obs, running=running, syncer_ready=out["syncer"]["ready"], ready=ready,
+                                   desired=desired)
+    conds = c.set_condition(conds, c.RUNNING, up, reason=reason, message=message, now=now, generation=gen)
+    conds = failures.condition(conds, status, limit=spec.run_policy.backoff_limit, now=now, generation=gen)
+    conds = capacity.condition(conds, list(obs.unschedulable), timeout=spec.run_policy.scheduling_timeout_seconds,
+                               stamp=now, generation=gen)
     degraded = up and ready < desired
     message = ""
     if degraded:
         lost = sorted(x["slot"] for x in out["lostLearners"])
         message = (f"{desired - ready} of {desired} learners not ready" + (f"; lost: {', '.join(lost)}" if lost else "")
                    + steps.pending(spec, obs.finished))
-    return c.set_condition(conds, c.DEGRADED, degraded, "LearnersUnavailable" if degraded else "AllLearnersReady",
-                           message, now, gen)
+    return c.set_condition(conds, c.DEGRADED, degraded,
+                           reason="LearnersUnavailable" if degraded else "AllLearnersReady",
+                           message=message, now=now, generation=gen)
 
 
 def phase(conds: list[dict[str, Any]], suspended: bool) -> Phase:
@@ -270,8 +275,8 @@ def phase(conds: list[dict[str, Any]], suspended: bool) -> Phase:
 
 def invalid(status: dict[str, Any], problems: list[str], generation: int, now: float) -> dict[str, Any]:
     """A spec the operator cannot run: Failed/InvalidSpec naming each field; children untouched."""
-    conds = c.set_condition(list(status.get("conditions") or []), c.FAILED, True, "InvalidSpec",
-                            "; ".join(problems), rfc3339(now), generation)
+    conds = c.set_condition(list(status.get("conditions") or []), c.FAILED, True, reason="InvalidSpec",
+                            message="; ".join(problems), now=rfc3339(now), generation=generation)
     return {"observedGeneration": generation, "phase": "Failed", "conditions": conds}
 
 

@@ -50,7 +50,7 @@ def test_a_job_waiting_for_capacity_stays_pending_with_a_condition_and_never_fai
     for later in (0, 300, 301, 86_400):  # past the old 300 s grace, and a day
         o = observe(pods, T0 + later)
         assert st.ending(s, status, o) is None
-        status = st.compute(s, status, o, 1)
+        status = st.compute(s, status, o, generation=1)
         patch, fresh = failures.fold(status, pods, T0 + later)
         assert (patch, fresh) == ({}, []) and "failures" not in status  # backoffLimit 0: nothing counted
     assert status["phase"] == "Pending"
@@ -59,7 +59,7 @@ def test_a_job_waiting_for_capacity_stays_pending_with_a_condition_and_never_fai
     assert waiting["lastTransitionTime"] == st.rfc3339(T0)  # one wait, not a flapping condition
     message = waiting["message"]
     assert f"pod demo-us-0 (learner us-0) is waiting for capacity, unschedulable since {st.rfc3339(T0)}" in message
-    assert waiting == conditions.find(st.compute(s, status, observe(pods, T0 + 86_410), 1)["conditions"],
+    assert waiting == conditions.find(st.compute(s, status, observe(pods, T0 + 86_410), generation=1)["conditions"],
                                       conditions.PODS_UNSCHEDULABLE)  # the same from pass to pass: no write
     assert SCHEDULER in message and "(and 1 more pods)" in message and "add capacity" in message
     assert "schedulingTimeoutSeconds is unset, so the job waits for capacity" in message
@@ -75,40 +75,41 @@ def test_scheduling_timeout_seconds_ends_the_job_failed_naming_the_timeout() -> 
     assert ended is not None and (ended.succeeded, ended.reason) == (False, "SchedulingTimeoutExceeded")
     assert ended.message == (f"pod demo-us-0 (learner us-0) could not be scheduled for 600 s, past "
                              f"spec.runPolicy.schedulingTimeoutSeconds=600: {SCHEDULER}")
-    done = st.compute(s, {}, observe(pods, T0 + 600), 1, ended)
+    done = st.compute(s, {}, observe(pods, T0 + 600), generation=1, ended=ended)
     assert done["phase"] == "Failed"
     assert conditions.find(done["conditions"], conditions.FAILED)["reason"] == "SchedulingTimeoutExceeded"
 
 
 def test_the_active_deadline_counts_the_wait_too() -> None:
     s = spec(activeDeadlineSeconds=900)
-    status = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0), 1)  # the clock starts Pending
+    status = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0), generation=1)  # the clock starts Pending
     ended = st.ending(s, status, observe([pod("demo-us-0", T0)], T0 + 900))
     assert ended is not None and ended.reason == "DeadlineExceeded"
 
 
 def test_the_condition_clears_once_scheduled_and_is_absent_on_jobs_that_never_waited() -> None:
     s = spec()
-    assert conditions.find(st.compute(s, {}, observe([pod("demo-us-0", None)], T0), 1)["conditions"],
+    assert conditions.find(st.compute(s, {}, observe([pod("demo-us-0", None)], T0), generation=1)["conditions"],
                            conditions.PODS_UNSCHEDULABLE) is None
-    waited = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0 + 10), 1)
-    placed = st.compute(s, waited, observe([pod("demo-us-0", None)], T0 + 20), 1)
+    waited = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0 + 10), generation=1)
+    placed = st.compute(s, waited, observe([pod("demo-us-0", None)], T0 + 20), generation=1)
     cleared = conditions.find(placed["conditions"], conditions.PODS_UNSCHEDULABLE)
     assert cleared is not None and (cleared["status"], cleared["reason"]) == ("False", "PodsScheduled")
 
 
 def test_the_event_is_due_once_per_wait() -> None:
     s = spec()
-    first = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0), 1)
+    first = st.compute(s, {}, observe([pod("demo-us-0", T0)], T0), generation=1)
     due = capacity.started_waiting([], first["conditions"])
     assert due is not None and SCHEDULER in due["message"]
-    again = st.compute(s, first, observe([pod("demo-us-0", T0)], T0 + 10), 1)
+    again = st.compute(s, first, observe([pod("demo-us-0", T0)], T0 + 10), generation=1)
     assert capacity.started_waiting(first["conditions"], again["conditions"]) is None  # still the same wait
-    longer = st.compute(s, again, observe([pod("demo-us-0", T0), pod("demo-us-1", T0 + 12)], T0 + 15), 1)
+    longer = st.compute(s, again, observe([pod("demo-us-0", T0), pod("demo-us-1", T0 + 12)], T0 + 15), generation=1)
     assert capacity.started_waiting(again["conditions"], longer["conditions"]) is None  # another pod waits too
-    first_placed = st.compute(s, longer, observe([pod("demo-us-0", None), pod("demo-us-1", T0 + 12)], T0 + 18), 1)
+    first_placed = st.compute(s, longer, observe([pod("demo-us-0", None), pod("demo-us-1", T0 + 12)], T0 + 18),
+                              generation=1)
     due = capacity.started_waiting(longer["conditions"], first_placed["conditions"])  # now us-1 is the wait
     assert due is not None and due["message"].startswith("pod demo-us-1 (learner us-1) is waiting")
-    placed = st.compute(s, again, observe([], T0 + 20), 1)
-    waits_again = st.compute(s, placed, observe([pod("demo-us-1", T0 + 30)], T0 + 30), 1)
+    placed = st.compute(s, again, observe([], T0 + 20), generation=1)
+    waits_again = st.compute(s, placed, observe([pod("demo-us-1", T0 + 30)], T0 + 30), generation=1)
     assert capacity.started_waiting(placed["conditions"], waits_again["conditions"]) is not None

@@ -140,11 +140,11 @@ def obs(now: float) -> st.Observation:
 
 def test_more_than_backoff_limit_permanent_failures_end_the_job_failed() -> None:
     s = spec(backoff=1)
-    status = st.compute(s, {}, obs(T0), 1)
+    status = st.compute(s, {}, obs(T0), generation=1)
     patch, _ = failures.fold(status, [pod(containers=[exited(Exit.CONFIG, cid="c1")])], T0 + 1)
     status = {**status, **patch}
     assert st.ending(s, status, obs(T0 + 1)) is None  # 1 is not over backoffLimit=1
-    status = st.compute(s, status, obs(T0 + 1), 1)
+    status = st.compute(s, status, obs(T0 + 1), generation=1)
     failing = conditions.find(status["conditions"], conditions.PODS_FAILING)
     assert failing["status"] == "True" and failing["reason"] == "ConfigError" and "kubectl logs" in failing["message"]
     assert status["phase"] == "Running" and status["failures"]["permanent"] == 1
@@ -153,13 +153,13 @@ def test_more_than_backoff_limit_permanent_failures_end_the_job_failed() -> None
     ended = st.ending(s, status, obs(T0 + 2))
     assert ended is not None and (ended.succeeded, ended.reason) == (False, "BackoffLimitExceeded")
     assert "2 permanent failures" in ended.message and "ConfigError" in ended.message
-    done = st.compute(s, status, obs(T0 + 2), 1, ended)
+    done = st.compute(s, status, obs(T0 + 2), generation=1, ended=ended)
     assert done["phase"] == "Failed" and conditions.find(done["conditions"], "Failed")["reason"] == "BackoffLimitExceeded"
     assert done["failures"]["last"]["reason"] == "ConfigError"
 
 
 def test_a_job_that_never_failed_has_no_failure_condition() -> None:
-    status = st.compute(spec(), {}, obs(T0), 1)
+    status = st.compute(spec(), {}, obs(T0), generation=1)
     assert conditions.find(status["conditions"], conditions.PODS_FAILING) is None and "failures" not in status
 
 
@@ -169,7 +169,7 @@ def test_many_failing_pods_are_counted_but_listed_briefly() -> None:
     state = patch["failures"]
     assert (state["permanent"], state["failingPods"], len(state["current"]), len(fresh)) == (25, 25, failures.SHOWN, 25)
     assert failures.fold(patch, many, T0 + 1) == ({}, [])  # all remembered: none counted twice
-    conds = failures.condition([], patch, 6, "t", 1)
+    conds = failures.condition([], patch, limit=6, now="t", generation=1)
     assert "(and 24 more pods)" in conds[0]["message"]
 
 
@@ -198,7 +198,7 @@ def test_a_bad_image_ends_the_job_once_its_whole_group_is_stuck_past_the_grace()
     the group rule ends the job (Failed/ImagePullFailed) instead of PodsFailing forever."""
     s = spec(backoff=6)
     group = [stuck("u0", "demo-us-0", T0), stuck("u1", "demo-us-1", T0 + 20)]
-    status = st.compute(s, {}, obs(T0), 1)
+    status = st.compute(s, {}, obs(T0), generation=1)
     patch, _ = failures.fold(status, group, T0 + 30)
     status = {**status, **patch}
     assert status["failures"]["permanent"] == 2 and failures.exceeded(status, 6) is None
@@ -209,7 +209,7 @@ def test_a_bad_image_ends_the_job_once_its_whole_group_is_stuck_past_the_grace()
     assert st.ending(s, status, obs(T0 + 320)) is None  # the operator passes what it observed
     ended = st.ending(s, status, replace(obs(T0 + 320), image_stuck=message))
     assert ended is not None and (ended.succeeded, ended.reason, ended.message) == (False, "ImagePullFailed", message)
-    done = st.compute(s, status, obs(T0 + 320), 1, ended)
+    done = st.compute(s, status, obs(T0 + 320), generation=1, ended=ended)
     assert done["phase"] == "Failed" and conditions.find(done["conditions"], "Failed")["reason"] == "ImagePullFailed"
 
 

@@ -52,7 +52,7 @@ RUN = ("u0/0", "u1/0", "u2/0", "u3/0")
 
 def decide(members: list[dict[str, Any]], run: tuple[str, ...] | None = RUN,
            gone: dict[str, Any] | None = None) -> gangs.Decision:
-    return gangs.decide(members, 4, run, "demo-tpu-1", gone)
+    return gangs.decide(members, 4, run=run, gang="demo-tpu-1", gone=gone)
 
 
 def test_a_run_forms_once_every_host_runs() -> None:
@@ -114,12 +114,13 @@ def test_the_status_says_the_learner_restarts_as_a_whole_and_counts_one_loss() -
     restart = decide([host(0), host(1), host(3)]).restart
     assert restart is not None
     status: dict[str, Any] = {"learnerGroups": [{"name": "tpu", "lost": 0, "preempted": 0, "readmitted": 0}]}
-    status.update(gangs.record_restart(status, TPU1, restart, "u2", T0))
+    status.update(gangs.record_restart(status, TPU1, restart=restart, lost_uid="u2", now=T0))
     (entry,) = status["lostLearners"]
     assert (entry["slot"], entry["reason"], entry["pod"]) == ("tpu-1", "Deleted", "u2")
     assert entry["restart"] == "host 2 of 4 lost (pod demo-tpu-1-2 deleted)"
     assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["restarts"]) == (1, 1)
-    status.update(gangs.record_restart(status, TPU1, restart, "u2", T0))  # lost already: a restart, no new loss
+    # lost already: a restart, no new loss
+    status.update(gangs.record_restart(status, TPU1, restart=restart, lost_uid="u2", now=T0))
     assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["restarts"]) == (1, 2)
     status.update(pods.record_ready(status, TPU1))
     assert status["lostLearners"] == [] and status["learnerGroups"][0]["readmitted"] == 1
@@ -134,11 +135,11 @@ def test_status_keeps_the_runs_of_wanted_learners_and_counts_restarts_per_gang_g
                       "spec": {"learnerGroups": [{"name": "tpu", "replicas": 1, "hostsPerLearner": 4},
                                                  {"name": "eu", "replicas": 1}]}}).spec
     prior = {"gangRuns": [{"learner": "tpu-0", "hosts": list(RUN)}, {"learner": "tpu-1", "hosts": list(RUN)}]}
-    out = st.compute(spec, prior, st.Observation(now=T0, ready={"tpu": 1, "eu": 1}), 1)
+    out = st.compute(spec, prior, st.Observation(now=T0, ready={"tpu": 1, "eu": 1}), generation=1)
     assert out["gangRuns"] == [{"learner": "tpu-0", "hosts": list(RUN)}]  # tpu-1 was scaled away
     tpu, eu = out["learnerGroups"]
     assert tpu["restarts"] == 0 and "restarts" not in eu
-    assert "gangRuns" not in st.compute(spec, {}, st.Observation(now=T0), 1)
+    assert "gangRuns" not in st.compute(spec, {}, st.Observation(now=T0), generation=1)
 
 
 def test_the_tpu_and_gpu_examples() -> None:

@@ -31,7 +31,7 @@ def body(**spec: Any) -> dict[str, Any]:
 def started(b: dict[str, Any]) -> dict[str, Any]:
     """`b` as the operator leaves it after its first pass: Created, with the started values."""
     job = parse_job(b)
-    status = st.compute(job.spec, {}, st.Observation(now=T0), 1)
+    status = st.compute(job.spec, {}, st.Observation(now=T0), generation=1)
     return {**b, "status": immutable.record({}, status, UID, job.spec)}
 
 
@@ -49,7 +49,7 @@ def children(b: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_the_values_are_recorded_once_the_job_starts_and_not_before() -> None:
     job = parse_job(body(suspend=True))
-    suspended = st.compute(job.spec, {}, st.Observation(now=T0), 1)
+    suspended = st.compute(job.spec, {}, st.Observation(now=T0), generation=1)
     assert immutable.FIELD not in immutable.record({}, suspended, UID, job.spec)  # queued: may still change
     b = started(body())
     fields = b["status"][immutable.FIELD]["fields"]
@@ -106,15 +106,15 @@ def test_the_condition_names_the_field_and_reverting_clears_it() -> None:
     status = b["status"]
     refused = reconcile._effective(edit(b, model={"dModel": 256}))[2]
     assert immutable.newly_refused(status, refused)
-    new = immutable.condition({"conditions": status["conditions"]}, status, refused, "t1", 2)
+    new = immutable.condition({"conditions": status["conditions"]}, status, problems=refused, now="t1", generation=2)
     rejected = conditions.find(new["conditions"], conditions.SPEC_REJECTED)
     assert (rejected["status"], rejected["reason"]) == ("True", "SpecImmutable") and "spec.model.dModel" in rejected["message"]
     status = {**status, **new}
     assert not immutable.newly_refused(status, refused)  # the Event is posted once
-    reverted = immutable.condition({"conditions": status["conditions"]}, status, [], "t2", 3)
+    reverted = immutable.condition({"conditions": status["conditions"]}, status, problems=[], now="t2", generation=3)
     rejected = conditions.find(reverted["conditions"], conditions.SPEC_REJECTED)
     assert (rejected["status"], rejected["reason"]) == ("False", "SpecAccepted")
-    assert immutable.condition({}, {}, [], "t", 1) == {}  # never refused: no condition at all
+    assert immutable.condition({}, {}, problems=[], now="t", generation=1) == {}  # never refused: no condition at all
 
 
 def test_an_invalid_restored_spec_is_reported_with_the_refusal() -> None:
@@ -145,7 +145,7 @@ def test_a_field_added_to_the_spec_after_the_record_is_no_change() -> None:
 def test_the_record_is_carried_by_every_status() -> None:
     b = started(body())
     job = parse_job(b)
-    again = st.compute(job.spec, b["status"], st.Observation(now=T0 + 5), 2)
+    again = st.compute(job.spec, b["status"], st.Observation(now=T0 + 5), generation=2)
     assert again[immutable.FIELD] == b["status"][immutable.FIELD]
     assert st.changed(b["status"], again).get(immutable.FIELD) is None  # never written twice
 

@@ -180,7 +180,8 @@ def test_finish_keeps_kueues_conditions_and_guards_the_version() -> None:
     live = {**wl(("QuotaReserved", "True"), ("Admitted", "True")),
             "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "7", "generation": 1}}
     kube = Recorder()
-    kueue.finish(kube, live, True, "the job finished", "2026-01-01T00:00:00Z")  # type: ignore[arg-type]
+    kueue.finish(kube, live, succeeded=True, message="the job finished",  # type: ignore[arg-type]
+                 now="2026-01-01T00:00:00Z")
     ((args, kwargs),) = kube.calls
     assert args[:3] == ("Workload", "ns", "w") and kwargs == {"sub": "status"}
     body = args[3]
@@ -188,9 +189,10 @@ def test_finish_keeps_kueues_conditions_and_guards_the_version() -> None:
     assert [(x["type"], x["status"]) for x in body["status"]["conditions"]] == \
         [("QuotaReserved", "True"), ("Admitted", "True"), ("Finished", "True")]
     done = {**live, "status": {"conditions": body["status"]["conditions"]}}
-    kueue.finish(kube, done, True, "again", "2026-01-01T00:00:01Z")  # type: ignore[arg-type]
+    kueue.finish(kube, done, succeeded=True, message="again", now="2026-01-01T00:00:01Z")  # type: ignore[arg-type]
     assert len(kube.calls) == 1  # already Finished: nothing written
-    kueue.finish(Recorder(409), live, False, "x", "t")  # type: ignore[arg-type]  # the next pass retries
+    # the next pass retries
+    kueue.finish(Recorder(409), live, succeeded=False, message="x", now="t")  # type: ignore[arg-type]
 
 
 def test_chart_kueue_enabled_reaches_the_operator_with_rbac_for_workloads(monkeypatch: pytest.MonkeyPatch,

@@ -93,7 +93,7 @@ def child(kind: str, name: str) -> dict[str, Any]:
 def test_sync_writes_the_other_children_and_returns_the_refusal() -> None:
     kube = Refusing(error(403, QUOTA))
     desired = [child("ConfigMap", "demo-config"), child("StatefulSet", "demo-us"), child("Deployment", "demo-syncer")]
-    live, done = children.sync(kube, "jobs", "demo", "uid", desired)  # type: ignore[arg-type]
+    live, done = children.sync(kube, "jobs", "demo", owner_uid="uid", desired=desired)  # type: ignore[arg-type]
     assert kube.applied == [("ConfigMap", "demo-config"), ("Deployment", "demo-syncer")]
     assert set(live) == {("ConfigMap", "demo-config"), ("Deployment", "demo-syncer")}
     assert [children.key(o) for o in done.apply] == kube.applied and done.summary() == [
@@ -104,8 +104,8 @@ def test_sync_writes_the_other_children_and_returns_the_refusal() -> None:
 
 def test_sync_lets_an_unreachable_server_through_for_kopf_to_retry() -> None:
     with pytest.raises(ApiError):
-        children.sync(Refusing(ApiError(503, "unavailable")), "jobs", "demo", "uid",  # type: ignore[arg-type]
-                      [child("StatefulSet", "demo-us")])
+        children.sync(Refusing(ApiError(503, "unavailable")), "jobs", "demo",  # type: ignore[arg-type]
+                      owner_uid="uid", desired=[child("StatefulSet", "demo-us")])
 
 
 class Response:

@@ -35,30 +35,31 @@ def obs(now: float = T0, ready: dict[str, int] | None = None, **kw: Any) -> st.O
 
 
 def test_condition_keeps_transition_time_until_status_flips() -> None:
-    c = conditions.set_condition([], "Running", True, "LearnersTraining", "", "t1", 1)
-    c = conditions.set_condition(c, "Running", True, "LearnersTraining", "other message", "t2", 2)
+    c = conditions.set_condition([], "Running", True, reason="LearnersTraining", message="", now="t1", generation=1)
+    c = conditions.set_condition(c, "Running", True, reason="LearnersTraining", message="other message", now="t2",
+                                 generation=2)
     assert (c[0]["lastTransitionTime"], c[0]["observedGeneration"]) == ("t1", 2)
-    c = conditions.set_condition(c, "Running", False, "NotRunning", "", "t3", 2)
+    c = conditions.set_condition(c, "Running", False, reason="NotRunning", message="", now="t3", generation=2)
     assert c[0]["lastTransitionTime"] == "t3" and c[0]["status"] == "False"
 
 
 def test_running_degraded_and_counts() -> None:
-    s = st.compute(spec(), {}, obs(syncer=view()), 1)
+    s = st.compute(spec(), {}, obs(syncer=view()), generation=1)
     assert (s["phase"], s["learners"], s["outerVersion"], s["startTime"]) == ("Running", "4/4", 12, st.rfc3339(T0))
     assert conditions.is_true(s["conditions"], "Created") and not conditions.is_true(s["conditions"], "Degraded")
     s2 = st.compute(spec(), {**s, "lostLearners": [{"slot": "us-1", "reason": "Deleted"}]},
-                    obs(T0 + 5, ready={"us": 1, "eu": 2}, syncer=view(active=3)), 1)
+                    obs(T0 + 5, ready={"us": 1, "eu": 2}, syncer=view(active=3)), generation=1)
     degraded = conditions.find(s2["conditions"], "Degraded")
     assert s2["phase"] == "Running" and degraded["status"] == "True" and "lost: us-1" in degraded["message"]
     assert s2["syncer"]["readmissions"] == 1
 
 
 def test_availability_is_active_over_desired_learner_time() -> None:
-    s = st.compute(spec(), {}, obs(syncer=view(active=4)), 1)
-    s = st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), 1)
-    s = st.compute(spec(), s, obs(T0 + 20, syncer=view(active=2)), 1)
+    s = st.compute(spec(), {}, obs(syncer=view(active=4)), generation=1)
+    s = st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), generation=1)
+    s = st.compute(spec(), s, obs(T0 + 20, syncer=view(active=2)), generation=1)
     assert s["availability"] == pytest.approx(0.75)  # 10 s at 4/4, 10 s at 2/4
-    gap = st.compute(spec(), s, obs(T0 + 20 + 3600, syncer=view(active=0)), 1)
+    gap = st.compute(spec(), s, obs(T0 + 20 + 3600, syncer=view(active=0)), generation=1)
     assert gap["availability"] == s["availability"]  # the operator was down: nothing is guessed
     assert "goodput" not in s  # no step time measured yet: no capacity to divide by
 
@@ -83,43 +84,44 @@ def test_a_connected_learner_whose_pushes_are_all_refused_is_available_and_not_p
     all refused (one a step each): availability 1, goodput the us pair's half, badput refused."""
     job = two_regions()
     per_learner = 1000 * job.tokens_per_step
-    s = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), 1)
-    s = st.compute(job, s, obs(T0 + 100, ready={"us": 2, "eu": 2}, syncer=regional(2 * per_learner, 0, 2000)), 1)
+    s = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), generation=1)
+    s = st.compute(job, s, obs(T0 + 100, ready={"us": 2, "eu": 2}, syncer=regional(2 * per_learner, 0, 2000)),
+                   generation=1)
     assert s["availability"] == 1.0
     assert s["goodput"] == pytest.approx(0.5)
     assert s["badput"] == {"down": 0.0, "refused": 0.5, "other": 0.0}
-    honest = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), 1)
+    honest = st.compute(job, {}, obs(ready={"us": 2, "eu": 2}, syncer=regional(0, 0, 0)), generation=1)
     honest = st.compute(job, honest, obs(T0 + 100, ready={"us": 2, "eu": 2},
-                                         syncer=regional(2 * per_learner, 2 * per_learner, 0)), 1)
+                                         syncer=regional(2 * per_learner, 2 * per_learner, 0)), generation=1)
     assert honest["goodput"] == 1.0 and honest["availability"] == 1.0
 
 
 def test_goodput_counts_down_learners_against_the_capacity_and_only_this_clusters_regions() -> None:
     job = two_regions()
     per_learner = 1000 * job.tokens_per_step
-    s = st.compute(job, {}, obs(syncer=regional(0, 0, 0, active=2)), 1)
+    s = st.compute(job, {}, obs(syncer=regional(0, 0, 0, active=2)), generation=1)
     # Half the learners down for 100 s; the up half trained at full speed; another cluster's
     # region merged tokens too, which this cluster's goodput does not claim.
     other = st.RegionView(region="asia", learners=2, active_learners=2, tokens_merged=10**9, bytes_received=0,
                           contributions=0, mean_staleness=0.0, step_seconds=0.1)
     view = regional(2 * per_learner, 0, 0, active=2)
     view = dataclasses.replace(view, regions=(*view.regions, other))
-    s = st.compute(job, s, obs(T0 + 100, syncer=view), 1)
+    s = st.compute(job, s, obs(T0 + 100, syncer=view), generation=1)
     assert s["availability"] == pytest.approx(0.5) and s["goodput"] == pytest.approx(0.5)
     assert s["badput"]["down"] == pytest.approx(0.5) and s["badput"]["refused"] == 0.0
 
 
 def test_suspended_pending_and_invalid() -> None:
-    assert st.compute(spec(suspend=True), {}, obs(ready={}), 1)["phase"] == "Suspended"
-    running = st.compute(spec(), {}, obs(), 1)
-    paused = st.compute(spec(suspend=True), running, obs(T0 + 50, ready={}), 2)
+    assert st.compute(spec(suspend=True), {}, obs(ready={}), generation=1)["phase"] == "Suspended"
+    running = st.compute(spec(), {}, obs(), generation=1)
+    paused = st.compute(spec(suspend=True), running, obs(T0 + 50, ready={}), generation=2)
     assert paused["startTime"] is None  # removed by the merge patch: the deadline restarts on resume
-    assert st.compute(spec(), {**running, **paused}, obs(T0 + 90), 3)["startTime"] == st.rfc3339(T0 + 90)
-    assert st.compute(spec(), {}, obs(ready={}), 1)["phase"] == "Pending"
+    assert st.compute(spec(), {**running, **paused}, obs(T0 + 90), generation=3)["startTime"] == st.rfc3339(T0 + 90)
+    assert st.compute(spec(), {}, obs(ready={}), generation=1)["phase"] == "Pending"
     bad = st.invalid({}, ["spec.syncer.quorum: 9 exceeds the 4 learners"], 3, T0)
     failed = conditions.find(bad["conditions"], "Failed")
     assert (bad["phase"], failed["reason"], bad["observedGeneration"]) == ("Failed", "InvalidSpec", 3)
-    fixed = st.compute(spec(), bad, obs(syncer=view()), 4)
+    fixed = st.compute(spec(), bad, obs(syncer=view()), generation=4)
     assert fixed["phase"] == "Running" and conditions.find(fixed["conditions"], "Failed")["status"] == "False"
 
 
@@ -135,7 +137,7 @@ def test_endings(extra: dict[str, Any], after: float, observed: dict[str, Any], 
     end = st.ending(spec(**extra), status, obs(T0 + after, **observed))
     assert (end.succeeded, end.reason) == expected if expected else end is None
     if end:
-        done = st.compute(spec(**extra), status, obs(T0 + after, **observed), 1, end)
+        done = st.compute(spec(**extra), status, obs(T0 + after, **observed), generation=1, ended=end)
         assert done["phase"] == ("Succeeded" if end.succeeded else "Failed") and st.finished(done)
 
 
@@ -182,7 +184,7 @@ def test_chaos_kills_and_rollouts_are_planned_restarts_not_losses() -> None:
     preempted = pods.Loss("Preempted", "x")
     assert pods.planned(preempted, rolled, "j-us-bbb") == preempted  # the cluster's doing, whatever the revision
     status: dict[str, Any] = {"learnerGroups": [{"name": "us", "lost": 0, "preempted": 0, "readmitted": 0}]}
-    status.update(pods.record_loss(status, US1, pods.planned(deleted, killed, None), "u1", T0))
+    status.update(pods.record_loss(status, US1, lost=pods.planned(deleted, killed, None), pod_uid="u1", now=T0))
     assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["planned"]) == (0, 1)
     assert [x["slot"] for x in status["lostLearners"]] == [str(US1)]  # down until it is back
 
@@ -190,15 +192,15 @@ def test_chaos_kills_and_rollouts_are_planned_restarts_not_losses() -> None:
 def test_a_slot_is_lost_once_until_readmitted() -> None:
     status: dict[str, Any] = {"learnerGroups": [{"name": "us", "lost": 0, "preempted": 0, "readmitted": 0}]}
     loss = pods.Loss("Deleted", "pod j-us-1 deleted")
-    patch = pods.record_loss(status, US1, loss, "u1", T0)
+    patch = pods.record_loss(status, US1, lost=loss, pod_uid="u1", now=T0)
     status.update(patch)
     assert status["learnerGroups"][0]["lost"] == 1
-    assert pods.record_loss(status, US1, loss, "u1", T0) is None  # the DELETED after Terminating
-    assert pods.record_loss(status, US1, loss, "u2", T0) is None  # a replacement crashing before ready
+    assert pods.record_loss(status, US1, lost=loss, pod_uid="u1", now=T0) is None  # the DELETED after Terminating
+    assert pods.record_loss(status, US1, lost=loss, pod_uid="u2", now=T0) is None  # a replacement crashing before ready
     status.update(pods.record_ready(status, US1))
     assert (status["learnerGroups"][0]["readmitted"], status["lostLearners"]) == (1, [])
     assert pods.record_ready(status, US1) is None
-    status.update(pods.record_loss(status, US1, pods.Loss("Preempted", ""), "u3", T0))
+    status.update(pods.record_loss(status, US1, lost=pods.Loss("Preempted", ""), pod_uid="u3", now=T0))
     assert (status["learnerGroups"][0]["lost"], status["learnerGroups"][0]["preempted"]) == (1, 1)
 
 
@@ -234,7 +236,7 @@ def test_regions_come_from_the_syncer_and_outlive_its_silence() -> None:
                st.RegionView("us-central1", 4, 3, 9000, 2 << 20, 80, 0.1234))
     v = st.SyncerView(incarnation="i1", outer_version=12, tokens_merged=14000, active_learners=5, readmissions=0,
                       regions=regions)
-    s = st.compute(remote(), {}, obs(syncer=v), 1)
+    s = st.compute(remote(), {}, obs(syncer=v), generation=1)
     assert s["regions"][1] == {"region": "us-central1", "learners": 4, "activeLearners": 3, "tokensMerged": 9000,
                                "bytesReceived": 2 << 20, "contributions": 80, "meanStaleness": 0.123}
     assert s["syncer"]["external"] is True and s["phase"] == "Running"
@@ -242,7 +244,7 @@ def test_regions_come_from_the_syncer_and_outlive_its_silence() -> None:
     assert st.own_active(eu, v) == 2 and st.own_active(eu, dataclasses.replace(v, regions=())) == 5
     quiet = st.compute(remote(), s, st.Observation(now=T0 + 5, ready={"us": 2, "eu": 2},
                                                    syncer_endpoint="syncer.example.com:50051",
-                                                   syncer_error="UNAVAILABLE"), 1)
+                                                   syncer_error="UNAVAILABLE"), generation=1)
     assert quiet["regions"] == s["regions"] and quiet["tokensMerged"] == 14000  # the last known picture
     running = conditions.find(quiet["conditions"], "Running")
     assert (running["status"], running["reason"], quiet["phase"]) == ("False", "SyncerUnreachable", "Pending")
@@ -251,11 +253,11 @@ def test_regions_come_from_the_syncer_and_outlive_its_silence() -> None:
 
 def test_a_blocker_is_the_running_condition() -> None:
     blocker = access.Blocker("SecretMissing", "Secret home (spec.syncer.external.tokenSecret) does not exist")
-    s = st.compute(remote(), {}, obs(ready={}, blocker=blocker), 1)
+    s = st.compute(remote(), {}, obs(ready={}, blocker=blocker), generation=1)
     running = conditions.find(s["conditions"], "Running")
     assert (s["phase"], running["status"], running["reason"]) == ("Pending", "False", "SecretMissing")
     assert running["message"] == blocker.message and not conditions.is_true(s["conditions"], "Failed")
-    assert st.compute(remote(), s, obs(T0 + 5, syncer=view()), 1)["phase"] == "Running"  # recovers
+    assert st.compute(remote(), s, obs(T0 + 5, syncer=view()), generation=1)["phase"] == "Running"  # recovers
 
 
 def test_referenced_secrets_are_checked_by_name_and_key() -> None:

@@ -74,46 +74,47 @@ def check(status: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_running_lost_readmitted_and_finished() -> None:
-    s = check(st.compute(spec(), {}, obs(syncer=view()), 1))
+    s = check(st.compute(spec(), {}, obs(syncer=view()), generation=1))
     assert s["phase"] == "Running" and s["regions"] and s["syncer"]["incarnation"]
-    s = check(st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), 1))
+    s = check(st.compute(spec(), s, obs(T0 + 10, syncer=view(active=4)), generation=1))
     assert {"goodput", "availability", "badput"} <= set(s) and s["accounting"]["desiredLearnerSeconds"] > 0
     us1 = LearnerId("us", 1)
     for lost in (pods.Loss("Deleted", "pod j-us-1 deleted"), pods.Loss("Preempted", "pod j-eu-0: preempted")):
         learner = us1 if lost.reason == "Deleted" else LearnerId("eu", 0)
-        s = {**s, **check(pods.record_loss(s, learner, lost, "u1", T0 + 15) or {})}
-    s = check(st.compute(spec(), s, obs(T0 + 20, ready={"us": 1, "eu": 1}, syncer=view(active=2)), 1))
+        s = {**s, **check(pods.record_loss(s, learner, lost=lost, pod_uid="u1", now=T0 + 15) or {})}
+    s = check(st.compute(spec(), s, obs(T0 + 20, ready={"us": 1, "eu": 1}, syncer=view(active=2)), generation=1))
     assert c.is_true(s["conditions"], c.DEGRADED) and len(s["lostLearners"]) == 2
     s = {**s, **check(pods.record_ready(s, us1) or {})}
     budget = spec(training={"tokenBudget": 5000})
     end = st.ending(budget, s, obs(T0 + 30, syncer=view()))
     assert end is not None and end.reason == "TokenBudgetReached"
-    done = check(st.compute(budget, s, obs(T0 + 30, syncer=view()), 1, end))
+    done = check(st.compute(budget, s, obs(T0 + 30, syncer=view()), generation=1, ended=end))
     assert done["phase"] == "Succeeded" and done["completionTime"] and st.finished(done)
-    check(st.compute(budget, done, obs(T0 + 40, ready={}), 1))  # a finished job's later passes
+    check(st.compute(budget, done, obs(T0 + 40, ready={}), generation=1))  # a finished job's later passes
 
 
 def test_invalid_suspended_blocked_and_external() -> None:
     bad = check(st.invalid({}, ["spec.syncer.quorum: 9 exceeds the 4 learners"], 3, T0))
     assert bad["phase"] == "Failed"
-    running = check(st.compute(spec(), bad, obs(syncer=view()), 4))
-    paused = check(st.compute(spec(suspend=True), running, obs(T0 + 50, ready={}), 5))
+    running = check(st.compute(spec(), bad, obs(syncer=view()), generation=4))
+    paused = check(st.compute(spec(suspend=True), running, obs(T0 + 50, ready={}), generation=5))
     assert paused["phase"] == "Suspended" and paused["startTime"] is None  # null: the merge patch clears it
     external = spec(syncer={"external": {"endpoint": "syncer.example.com:50051", "tokenSecret": "home"}},
                     data={"shards": 8}, learnerGroups=[{"name": "us", "replicas": 2, "shardOffset": 4}])
     blocker = access.Blocker("SecretMissing", "Secret home (spec.syncer.external.tokenSecret) does not exist")
-    blocked = check(st.compute(external, {}, obs(ready={}, blocker=blocker), 1))
+    blocked = check(st.compute(external, {}, obs(ready={}, blocker=blocker), generation=1))
     assert c.find(blocked["conditions"], c.RUNNING)["reason"] == "SecretMissing"  # type: ignore[index]
     silent = check(st.compute(external, blocked, st.Observation(now=T0 + 5, syncer_endpoint="syncer.example.com:50051",
-                                                                syncer_error="UNAVAILABLE"), 1))
+                                                                syncer_error="UNAVAILABLE"), generation=1))
     assert silent["syncer"]["external"] is True
-    exposed = check(st.compute(spec(), {}, obs(syncer=view(), exposed_address="syncer.example.com:50051"), 1))
+    exposed = check(st.compute(spec(), {}, obs(syncer=view(), exposed_address="syncer.example.com:50051"),
+                               generation=1))
     assert exposed["syncer"]["exposedAddress"]
 
 
 def test_permanent_failures_count_and_end_the_job() -> None:
     limited = spec(runPolicy={"backoffLimit": 0})
-    s = check(st.compute(limited, {}, obs(syncer=view()), 1))
+    s = check(st.compute(limited, {}, obs(syncer=view()), generation=1))
     waiting = {"name": "learner", "image": "registry.invalid/x:0", "restartCount": 0,
                "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
     crashed = {"name": "learner", "restartCount": 1, "state": {"running": {}},
@@ -124,42 +125,42 @@ def test_permanent_failures_count_and_end_the_job() -> None:
     s = {**s, **check(patch)}
     end = st.ending(limited, s, obs(T0 + 5, syncer=view()))
     assert end is not None and not end.succeeded
-    failed = check(st.compute(limited, s, obs(T0 + 5, syncer=view()), 1, end))
+    failed = check(st.compute(limited, s, obs(T0 + 5, syncer=view()), generation=1, ended=end))
     assert failed["phase"] == "Failed" and c.is_true(failed["conditions"], c.PODS_FAILING)
     cleared, _ = failures.fold(failed, [], T0 + 10)
-    check(st.compute(limited, {**failed, **check(cleared)}, obs(T0 + 10, ready={}), 1))
+    check(st.compute(limited, {**failed, **check(cleared)}, obs(T0 + 10, ready={}), generation=1))
 
 
 def test_started_spec_and_a_refused_edit() -> None:
     job = spec(syncer={"external": {"endpoint": "syncer.example.com:50051", "tokenSecret": "home"}},
                data={"shards": 8}, learnerGroups=[{"name": "us", "replicas": 2, "shardOffset": 4}])
-    s = st.compute(job, {}, obs(syncer=view()), 1)
+    s = st.compute(job, {}, obs(syncer=view()), generation=1)
     s = check(immutable.record({}, s, UID, job))
     assert set(s[immutable.FIELD]["fields"]) >= {"model", "data", "syncer.external"}
     edited = job.model_copy(update={"model": job.model.model_copy(update={"d_model": 256})})
     problems = immutable.refused(s[immutable.FIELD]["fields"], edited)
     assert problems
-    refused = check(immutable.condition(st.compute(job, s, obs(T0 + 5, syncer=view()), 2), s, problems,
-                                        st.rfc3339(T0 + 5), 2))
+    refused = check(immutable.condition(st.compute(job, s, obs(T0 + 5, syncer=view()), generation=2), s,
+                                        problems=problems, now=st.rfc3339(T0 + 5), generation=2))
     assert c.is_true(refused["conditions"], c.SPEC_REJECTED)
-    check(immutable.condition(st.compute(job, refused, obs(T0 + 9, syncer=view()), 3), refused, [],
-                              st.rfc3339(T0 + 9), 3))
+    check(immutable.condition(st.compute(job, refused, obs(T0 + 9, syncer=view()), generation=3), refused, problems=[],
+                              now=st.rfc3339(T0 + 9), generation=3))
 
 
 def test_multi_host_learners_runs_and_restarts() -> None:
     job = spec(learnerGroups=[{"name": "tpu", "replicas": 2, "hostsPerLearner": 4}])
-    s = check(st.compute(job, {}, obs(ready={"tpu": 2}, syncer=view(active=2)), 1))
+    s = check(st.compute(job, {}, obs(ready={"tpu": 2}, syncer=view(active=2)), generation=1))
     assert s["learnerGroups"][0]["restarts"] == 0
     learner = LearnerId("tpu", 0)
     s = {**s, **check(gangs.set_run(s, str(learner), tuple(f"uid{h}/0" for h in range(4))))}
     restart = gangs.Restart(1, 4, pods.Loss("Failed", "pod j-tpu-0-1: container restarted"), ())
-    s = {**s, **check(gangs.record_restart(s, learner, restart, "uid1", T0 + 5))}
-    s = check(st.compute(job, s, obs(T0 + 6, ready={"tpu": 1}, syncer=view(active=1)), 1))
+    s = {**s, **check(gangs.record_restart(s, learner, restart=restart, lost_uid="uid1", now=T0 + 5))}
+    s = check(st.compute(job, s, obs(T0 + 6, ready={"tpu": 1}, syncer=view(active=1)), generation=1))
     assert s["lostLearners"][0]["restart"] and s["learnerGroups"][0]["restarts"] == 1 and s["gangRuns"]
 
 
 def test_empty_strings_are_written_and_accepted() -> None:
-    s = st.compute(spec(), {}, st.Observation(now=T0), 1)  # no endpoint yet; conditions without a message
+    s = st.compute(spec(), {}, st.Observation(now=T0), generation=1)  # no endpoint yet; conditions without a message
     assert s["syncer"]["endpoint"] == "" and any(x["message"] == "" for x in s["conditions"])
     check(s)
     assert empty_strings({"syncer": {"endpoint": ""}}, {"properties": {"syncer": {"properties": {"endpoint": {}}}}})
@@ -185,9 +186,10 @@ def test_a_status_field_without_a_schema_fails(typo: dict[str, Any]) -> None:
     if "observed_generation" not in typo:  # the schema does not know Python's names either way
         assert list(SCHEMA.iter_errors(typo))
     with pytest.raises(pydantic.ValidationError):
-        st.changed({}, {**st.compute(spec(), {}, obs(syncer=view()), 1), **typo})  # before any patch
+        st.changed({}, {**st.compute(spec(), {}, obs(syncer=view()), generation=1), **typo})  # before any patch
 
 
 def test_condition_messages_are_cut_to_the_api_limit() -> None:
-    conds = c.set_condition([], c.FAILED, True, "InvalidSpec", "x" * 40000, st.rfc3339(T0), 1)
+    conds = c.set_condition([], c.FAILED, True, reason="InvalidSpec", message="x" * 40000, now=st.rfc3339(T0),
+                            generation=1)
     check({"conditions": conds})

@@ -70,12 +70,12 @@ def test_finished_learners_are_those_of_the_manifest_in_a_steps_bounded_job() ->
 
 def test_the_job_ends_succeeded_once_every_learner_finished() -> None:
     j = job()
-    status = st.compute(j.spec, {}, observe([learner_pod(0), learner_pod(1)], j), 1)
+    status = st.compute(j.spec, {}, observe([learner_pod(0), learner_pod(1)], j), generation=1)
     status["startTime"] = st.rfc3339(T0)
     # One learner done: the job trains on, and Degraded says which one finished.
     half = observe([learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, exited(0)), learner_pod(1)], j)
     assert st.ending(j.spec, status, half) is None
-    running = st.compute(j.spec, status, replace(half, ready={"us": 1}), 1)
+    running = st.compute(j.spec, status, replace(half, ready={"us": 1}), generation=1)
     degraded = conditions.find(running["conditions"], conditions.DEGRADED)
     assert degraded is not None and degraded["status"] == "True"
     assert degraded["message"].endswith("; finished spec.training.steps=100: us-0")
@@ -83,7 +83,7 @@ def test_the_job_ends_succeeded_once_every_learner_finished() -> None:
     both = observe([learner_pod(0, last=exited(0)), learner_pod(1, exited(0))], j, now=T0 + 60)
     ended = st.ending(j.spec, running, both)
     assert ended == st.Ending(True, steps.REASON, "all 2 learners reached spec.training.steps=100 and exited 0")
-    final = st.compute(j.spec, running, both, 1, ended)
+    final = st.compute(j.spec, running, both, generation=1, ended=ended)
     assert final["phase"] == "Succeeded" and final["desiredLearners"] == 0
     assert final["completionTime"] == st.rfc3339(T0 + 60)
     done = conditions.find(final["conditions"], conditions.SUCCEEDED)

@@ -271,8 +271,8 @@ class OperatorExporter:
                                     mean_staleness=0.0, step_seconds=s.step_seconds)
                 view = SyncerView(incarnation=s.incarnation, outer_version=sum(s.versions), tokens_merged=s.tokens_merged,
                                   active_learners=active, readmissions=0, regions=(region,), refused=s.refused)
-            acc = goodput.advance(spec, status, Observation(now=time.time(), syncer=view), self.desired, active,
-                                  counting=True)
+            acc = goodput.advance(spec, status, Observation(now=time.time(), syncer=view), desired=self.desired,
+                                  active=active, counting=True)
             status = {"accounting": acc, **goodput.figures(spec, acc), "desiredLearners": self.desired,
                       "readyLearners": active, "phase": "Running" if active else "Pending"}
             self.metrics.job_status(NAMESPACE, JOB, status, goodput.capacity_tokens(spec, acc))
