@@ -94,8 +94,7 @@ def start(spec: SyncerSpec | None = None, checkpoint_dir: str | None = None, mod
     store = CheckpointStore(checkpoint_dir) if checkpoint_dir else None
     clock = FakeClock()
     core = SyncerCore(spec=spec, model=model or GlobalModel.fresh(spec, params()), store=store, metrics=SyncerMetrics(),
-                      clock=clock, shard=shard,
-                      tokens_per_step=TOKENS_PER_STEP)
+                      clock=clock, shard=shard, tokens_per_step=TOKENS_PER_STEP)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, TOKEN), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -103,8 +103,7 @@ def local_syncer(token: str, regions: set[str]) -> Iterator[str]:
     the operators' Status RPCs and for fake learners joining with `SyncerClient.join(sh.SHAPES)`."""
     spec = SyncerSpec(fragments=2)
     core = SyncerCore(spec=spec, model=GlobalModel.fresh(spec, sh.params()), store=None, metrics=SyncerMetrics(),
-                      regions=frozenset(regions),
-                      tokens_per_step=sh.TOKENS_PER_STEP)
+                      regions=frozenset(regions), tokens_per_step=sh.TOKENS_PER_STEP)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=server_options())
     add_syncer(SyncerServicer(core, token), server)
     port = server.add_insecure_port("127.0.0.1:0")
