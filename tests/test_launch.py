@@ -151,3 +151,19 @@ def test_a_bad_host_cpus_flag_names_the_flag_and_the_cpus_there_are(spec: str) -
     with pytest.raises(SystemExit, match=r"--host-cpus '.+': .*it may use"):
         split_host_threads(spec)
     assert os.sched_getaffinity(0) == before
+
+
+def test_the_loop_overlaps_its_host_work_with_the_step_only_where_that_work_has_a_core_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A learner adopts news and encodes its pushes behind the step on an accelerator or with
+    `--host-cpus`; on a CPU learner sharing the step's core, at the boundary before it, where
+    the overlap saves nothing and costs a step of lateness (docs/ALGORITHM.md, "The learner loop")."""
+    import jax
+
+    from diloco.trainer.learner import _overlaps
+
+    assert jax.default_backend() == "cpu"
+    assert not _overlaps(None)
+    assert _overlaps("1")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert _overlaps(None)

@@ -1,9 +1,11 @@
 """The learner's fragments between its devices and the syncer (docs/ALGORITHM.md, "The learner loop").
 
 `Fragments` holds θ on the devices and each fragment's books (core/ledger.py). At a step boundary
-it adopts the global fragments that arrived (a rebase: a shift of θ_p, added behind the step in
-flight), then sends the outer gradient of each fragment the shared schedule made due a step
-earlier; at the end it flushes every fragment's unmerged progress. `Progress` is the loop's
+it adopts the global fragments that arrived (a rebase: a shift of θ_p queued on the devices)
+and sends the outer gradient of each fragment the shared schedule made due a step earlier:
+behind the next step where the loop's host work has a core of its own, before it where it would
+share the step's (trainer/learner.py, `_overlaps`). At the end it flushes every fragment's
+unmerged progress. `Progress` is the loop's
 running counters, which every outer gradient carries to the syncer.
 
 Imported by the learner once JAX is configured (trainer/learner.py): it imports numpy and JAX.
@@ -61,11 +63,10 @@ class Progress:
 class Fragments:
     """θ on the devices, each fragment's books and schedule, and the pushes of due fragments.
 
-    An adoption's rebase is a shift of θ_p (core/ledger.py) that needs no read of θ_p: it is
-    added right after the next step is dispatched, queued behind that step on the devices, so
-    adopting costs the devices no wait; the step it misses keeps its progress. Likewise a due
-    fragment's θ_p is read and encoded only after the next step is dispatched (`pending`), so on
-    an accelerator that host work overlaps the devices' step instead of leaving them idle.
+    An adoption's rebase is a shift of θ_p (core/ledger.py) that needs no read of θ_p, so it can
+    be queued behind a step in flight. A due fragment's θ_p is kept as its step left it
+    (`pending`) until the next boundary, `at_boundary`, which the loop calls after dispatching
+    the next step where that host work then overlaps the devices' step, before it otherwise.
     """
 
     def __init__(self, *, joined: JoinState, plan: tuple[tuple[str, ...], ...], recipe: Recipe, hosts: Hosts,
@@ -92,7 +93,7 @@ class Fragments:
         return {n: self.theta[n] for n in self.plan[p]}
 
     def shifted(self) -> None:
-        """Add the adoptions' shifts to θ (queued behind the step in flight)."""
+        """Add the adoptions' shifts to θ (queued on the devices, behind whatever runs there)."""
         for by in self.shifts:
             self.theta.update(self.recipe.shift(self.theta, by))
         self.shifts.clear()
@@ -117,7 +118,7 @@ class Fragments:
             self.job.observe(arrival.job_tokens)
 
     def at_boundary(self, u: Updates) -> list[Waiting]:
-        """Adopt `u`: θ_p += Θ_p − A_p − (progress Θ_p already holds), added behind the step. A
+        """Adopt `u`: θ_p += Θ_p − A_p − (progress Θ_p already holds), queued on the devices. A
         waiting push whose fragment this news concerns goes out first (the books take it before
         the news), one against a restarted syncer is dropped; the rest are returned, for `send`."""
         kept = []
@@ -148,7 +149,7 @@ class Fragments:
 
     def take_due(self, *, poison: bool) -> int:
         """Our slot in the shared schedule: its due fragments' outer gradients (one per syncer
-        shard) go out after the next dispatch, each unless its previous push is still in flight
+        shard) go out at the next boundary, each unless its previous push is still in flight
         (then its progress goes out with the next one). `poison`: fault injection, a learner
         whose state went bad (its due fragments become NaN, and go out regardless)."""
         slot, due = self.schedule.take()

@@ -103,6 +103,17 @@ class Model:
     recipe: Recipe  # AdamW and the eval loss, one SPMD program over our devices
 
 
+def _overlaps(host_cpus: str | None) -> bool:
+    """Whether the loop's host work (adopting news, encoding pushes) can run beside the step:
+    on an accelerator, or a CPU learner whose own threads have cores of their own (--host-cpus).
+    Only then is it done while the step runs, each adoption and push a step later, to spare the
+    devices the wait. On one core it would save nothing and the step's lateness costs quality:
+    +2.3% held-out loss at seed 0 in bench/quality.py (docs/BENCHMARKS.md §1)."""
+    import jax
+
+    return host_cpus is not None or jax.default_backend() != "cpu"
+
+
 def _configure(args: argparse.Namespace) -> Learner:
     """The spec, our group and hosts, and our shard of the data."""
     from diloco.launch import learner_runtime, load_config, pin_cpus, read_pem, read_token
@@ -321,22 +332,26 @@ def run(args: argparse.Namespace) -> int:
                    batch=next_batch)  # the join's event; the sender and subscriber start; SIGTERM stops us
 
     pr, job, finished, last_report = fragments.progress, fragments.job, False, time.monotonic()
+    overlap = _overlaps(args.host_cpus)
     while True:
-        # 1. One inner step on our shard, dispatched first: what follows until its loss is read
-        #    runs while the devices compute it.
+        # 1. Adopt what the syncer published (θ_p += Θ_p − A_p − the progress Θ_p already holds)
+        #    and send the last step's due pushes: before the step where it would only wait for
+        #    them on its core, behind it where the devices would idle through that host work.
+        updates = link.take_updates()
+        if not overlap:
+            fragments.send(fragments.at_boundary(updates))
+
+        # 2. One inner step on our shard. What follows until its loss is read runs while the
+        #    devices compute it; so does sharing our optimizer state with a re-joining peer.
         batch = batches.batch(next_batch)
         next_batch += 1
         t0 = time.monotonic()
         pr.dispatched(t0)
         fragments.theta, opt_state, loss = recipe.step(fragments.theta, opt_state, batch, job.position())
         job.stepped()
-
-        # 2. Adopt what the syncer published (added behind the step); share our optimizer state if
-        #    a re-joining peer waits for it, or take a peer's. Then the last step's due pushes.
-        updates = link.take_updates()
-        kept = fragments.at_boundary(updates)
+        if overlap:
+            fragments.send(fragments.at_boundary(updates))
         opt_state = peers.at_boundary(opt_state, updates.share_state)
-        fragments.send(kept)
         stopping = link.stop_requested or link.stopping.is_set()
 
         # 3. The step's loss (stretched by the group's slowdown factor).
@@ -354,8 +369,8 @@ def run(args: argparse.Namespace) -> int:
             pr.step += 1
             break
 
-        # 4. Our slot in the shared schedule: its due fragments' outer gradients go out after the
-        #    next dispatch (poisoned at --inject-nan-at-step: fault injection).
+        # 4. Our slot in the shared schedule: its due fragments' outer gradients go out at the
+        #    next boundary (poisoned at --inject-nan-at-step: fault injection).
         slot = fragments.take_due(poison=pr.step == args.inject_nan_at_step)
         pr.step += 1
         if pr.step % tr.eval_interval_steps == 0:
