@@ -108,7 +108,7 @@ def _overlaps(host_cpus: str | None) -> bool:
     on an accelerator, or a CPU learner whose own threads have cores of their own (--host-cpus).
     Only then is it done while the step runs, each adoption and push a step later, to spare the
     devices the wait. On one core it would save nothing and the step's lateness costs quality:
-    +2.3% held-out loss at seed 0 in bench/quality.py (docs/BENCHMARKS.md §1)."""
+    +1.1% held-out loss at seed 0 in bench/quality.py (docs/BENCHMARKS.md §1)."""
     import jax
 
     return host_cpus is not None or jax.default_backend() != "cpu"
