@@ -36,10 +36,52 @@ COORDINATOR_PORT = 8476  # jax.distributed's customary port on host 0
 class Exit(enum.IntEnum):
     """Exit codes of `diloco learner` and `diloco syncer`."""
 
-    OK = 0  # finished (a learner reached spec.training.steps) or stopped by SIGTERM
+    OK = 0  # finished (a learner reached spec.training.steps) or stopped by SIGTERM: see Finished
     FAILED = 1  # a crash: restart it
     CONFIG = 2  # the manifest or a flag is wrong: restarting cannot help
     REFUSED = 3  # the syncer refused this learner for good (token, admission): restarting cannot help
+
+
+# Exit 0 is also SIGTERM's (a liveness probe's kill, a drain), so a learner that reached
+# spec.training.steps says so where no kill can: it writes `Finished` to the file named by
+# $DILOCO_TERMINATION_LOG (unset: nowhere, as in local runs) just before it exits. The operator
+# renders the learner container's terminationMessagePath as TERMINATION_LOG and sets the variable
+# to it; the kubelet copies the file's last 4096 bytes into the container's
+# `state.terminated.message` (then `lastState`), which operator/steps.py reads.
+TERMINATION_LOG_ENV = "DILOCO_TERMINATION_LOG"
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
+FINISHED_MARKER = "diloco.dev/finished"
+FINISHED_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A learner's word that it reached spec.training.steps: one JSON line, versioned."""
+
+    learner: str  # its LearnerId
+    steps: int  # the spec.training.steps it reached
+    slot: int  # the schedule slot it stopped at (>= steps)
+
+    def line(self) -> str:
+        return json.dumps({"marker": FINISHED_MARKER, "version": FINISHED_VERSION, "reason": "finished",
+                           "learner": self.learner, "steps": self.steps, "slot": self.slot}) + "\n"
+
+    @classmethod
+    def read(cls, message: object) -> Finished | None:
+        """The marker in a container's termination message; None for anything else (no message,
+        another program's text, another version)."""
+        if not isinstance(message, str) or FINISHED_MARKER not in message:
+            return None
+        try:
+            got = json.loads(message.strip().rsplit("\n", 1)[-1])
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(got, dict) or (got.get("marker"), got.get("version")) != (FINISHED_MARKER, FINISHED_VERSION):
+            return None
+        learner, steps, slot = got.get("learner"), got.get("steps"), got.get("slot")
+        if isinstance(learner, str) and type(steps) is int and type(slot) is int:  # not bool
+            return cls(learner, steps, slot)
+        return None
 
 
 def permanent_failure(code: int | None) -> bool:

@@ -25,6 +25,8 @@ from diloco.contract import (
     LEARNER_METRICS_PORT,
     NUM_PROCESSES_ENV,
     PROCESS_ID_ENV,
+    TERMINATION_LOG,
+    TERMINATION_LOG_ENV,
     LearnerArgs,
     container_command,
 )
@@ -173,7 +175,8 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, 
     args = LearnerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", group.name, "$(POD_NAME)" if index is None else index,
                        link.address, metrics_port=LEARNER_METRICS_PORT, token_file=n.TOKEN_FILE, tls_ca=tls_ca,
                        tls_server_name=tls_server_name)
-    common = [{"name": "HOME", "value": "/tmp"}]
+    # Where the learner writes that it reached spec.training.steps (contract.Finished; steps.py reads it).
+    common = [{"name": "HOME", "value": "/tmp"}, {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}]
     ports: list[dict[str, Any]] = [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT, "protocol": "TCP"}]
     labels = n.labels(owner.name, n.LEARNER, group.name)
     gang = None
@@ -197,6 +200,8 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, 
         "resources": parts.resources(group.resources),
         "securityContext": container_security,
         "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",  # never the logs: only the learner's own word ends the job
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],

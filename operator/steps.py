@@ -1,15 +1,24 @@
 """Pure: when a job bounded by `spec.training.steps` has finished them.
 
 A learner reaches the shared schedule's slot `steps`, pushes what it holds, waits until the
-syncer has accepted it, and exits 0 (`Exit.OK`, trainer/learner.py). Locally the runner then
-leaves it down; inside a StatefulSet (restartPolicy Always) the kubelet starts it again, and
-the new process joins past the last slot, steps once and exits 0 again. So the container's
-exit code is the signal: a learner container that terminated with code 0 (its `state`, or its
-`lastState` once restarted) has finished. Learner pods have no liveness probe, so no kubelet
-SIGTERM ends one early; the SIGTERM exit of a pod being deleted (Terminating), evicted or shut
-down with its node (phase Failed) is ignored. Once every learner of this manifest has
-finished, the job ends `Succeeded/StepsReached` and spec.runPolicy.cleanPodPolicy removes the
-learners, as for a token budget (render.children), so none is restarted again.
+syncer has accepted it, writes `contract.Finished` (a versioned JSON line: marker, learner id,
+steps, slot) to its container's termination message file, and exits 0 (trainer/learner.py).
+Locally the runner then leaves it down; inside a StatefulSet (restartPolicy Always) the kubelet
+starts it again, and the new process joins past the last slot, steps once and finishes again.
+
+The signal is that marker in the learner container's `state.terminated.message` (or
+`lastState`'s, once restarted) beside exit code 0, not the exit code alone: the learner also
+exits 0 on SIGTERM, which a liveness probe's kill, an eviction, a drain or a pod's deletion
+sends, and it writes the marker only at its last slot. What this relies on: the operator renders
+the learner container's terminationMessagePath (contract.TERMINATION_LOG) with policy `File`
+(never the logs) and tells the learner the path (learners.py); the kubelet gives each container
+start a fresh, empty file there and copies its last 4096 bytes into the terminated state, so a
+marker belongs to the start that wrote it (the learner also empties the file when it starts). A
+marker must name the pod's own learner and at least the spec's steps (a raised
+spec.training.steps is not reached by an older marker); a sidecar's message is not read. Once
+every learner of this manifest has finished, the job ends `Succeeded/StepsReached` and
+spec.runPolicy.cleanPodPolicy removes the learners, as for a token budget (render.children), so
+none is restarted again.
 
 Nothing is recorded: the evidence lives as long as the pod, and a finished learner whose pod
 is replaced finishes again within one start-up. On the syncer's cluster the job also waits
@@ -22,23 +31,27 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from diloco.contract import Finished
 from diloco.operator import naming as n
 from diloco.spec import JobSpec
 
 REASON = "StepsReached"  # the Succeeded condition's reason
 
 
-def exited_done(pod: dict[str, Any]) -> bool:
-    """Whether this learner pod's container has exited 0: its learner reached spec.training.steps."""
-    meta, s = pod.get("metadata", {}), pod.get("status") or {}
-    if meta.get("deletionTimestamp") or s.get("phase") == "Failed":
-        return False  # a SIGTERM exit of a pod being deleted, evicted or shut down with its node
-    for cs in s.get("containerStatuses") or []:
+def exited_done(pod: dict[str, Any], steps: int) -> bool:
+    """Whether this learner pod's learner container exited 0 with the marker of its own learner
+    having reached `steps` (spec.training.steps) in its termination message."""
+    found = n.learner_of(pod)
+    if found is None:
+        return False
+    me = str(found[1])
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") != n.LEARNER:
-            continue  # a sidecar's exit says nothing about training
+            continue  # a sidecar's exit or message says nothing about training
         for state in ("state", "lastState"):
             ended = (cs.get(state) or {}).get("terminated") or {}
-            if ended.get("exitCode") == 0:
+            said = Finished.read(ended.get("message"))
+            if ended.get("exitCode") == 0 and said is not None and said.learner == me and said.steps >= steps:
                 return True
     return False
 
@@ -48,8 +61,9 @@ def finished(spec: JobSpec, pods: Iterable[dict[str, Any]]) -> tuple[str, ...]:
     () for a job without spec.training.steps (an exit 0 there is no ending)."""
     if spec.training.steps is None:
         return ()
+    steps = spec.training.steps
     wanted = {str(x) for x in spec.learner_ids()}
-    done = {str(found[1]) for pod in pods if (found := n.learner_of(pod)) is not None and exited_done(pod)}
+    done = {str(found[1]) for pod in pods if (found := n.learner_of(pod)) is not None and exited_done(pod, steps)}
     return tuple(sorted(done & wanted))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from diloco.contract import Finished
 from diloco.operator import immutable, render
 from diloco.operator import naming as n
 from diloco.operator.children import MANAGED_KINDS, stamped
@@ -313,14 +314,19 @@ def test_operator_process_serves_liveness_and_metrics(api: Kube, tmp_path: Path)
         assert proc.wait(30) == 0, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
 
 
-def crash(api: Kube, name: str, restarts: int, code: int) -> None:
-    """What the kubelet reports after a learner container exited with `code` (and restarts)."""
+def crash(api: Kube, name: str, restarts: int, code: int, finished: int | None = None) -> None:
+    """What the kubelet reports after a learner container exited with `code` (and restarts);
+    `finished`: the learner's termination message said it reached that many steps."""
     pod = api.get("Pod", NAMESPACE, name)
     container = pod["spec"]["containers"][0]["name"]
+    ended: dict[str, Any] = {"exitCode": code, "reason": "Error", "containerID": f"containerd://{restarts}"}
+    if finished is not None:
+        found = n.learner_of(pod)
+        assert found is not None, name
+        ended["message"] = Finished(str(found[1]), finished, finished).line()
     api.patch("Pod", NAMESPACE, name, {"status": {"containerStatuses": [{
         "name": container, "ready": False, "restartCount": restarts, "image": "learner:1",
-        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-        "lastState": {"terminated": {"exitCode": code, "reason": "Error", "containerID": f"containerd://{restarts}"}}}],
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": ended}}],
         "conditions": [{"type": "Ready", "status": "False"}]}}, sub="status")
 
 
@@ -344,19 +350,20 @@ def test_permanent_learner_failures_end_the_job_after_backoff_limit(api: Kube, c
 
 def test_learners_that_finish_their_steps_are_no_loss_and_end_the_job_succeeded(api: Kube, controllers: Controllers,
                                                                                operator: OperatorThread) -> None:
-    """A learner exits 0 at spec.training.steps and the kubelet restarts it (the StatefulSet's
-    restartPolicy): no loss, no LearnerLost; once all three have, Succeeded and no learners."""
+    """A learner exits 0 at spec.training.steps, saying so in its termination message, and the
+    kubelet restarts it (the StatefulSet's restartPolicy): no loss, no LearnerLost; once all three
+    have, Succeeded and no learners."""
     api.create(manifest(training={"steps": 100}))
     wait_for(lambda: status(api).get("learners") == "3/3", what="3 learners")
     controllers.runtime.auto_ready = False  # a finished learner's restarts keep its pod unready
-    crash(api, "demo-us-0", 1, 0)  # finished, and restarted in place
+    crash(api, "demo-us-0", 1, 0, finished=100)  # finished (its termination message says so), restarted in place
     wait_for(lambda: "finished spec.training.steps=100: us-0" in condition(api, "Degraded").get("message", ""),
              what="Degraded naming the finished learner")
     operator.ticks(2)
     s = status(api)
     assert s["phase"] == "Running" and s["lostLearners"] == [] and s["learnerGroups"][0]["lost"] == 0
-    crash(api, "demo-us-1", 1, 0)
-    crash(api, "demo-eu-0", 2, 0)
+    crash(api, "demo-us-1", 1, 0, finished=100)
+    crash(api, "demo-eu-0", 2, 0, finished=100)
     done = wait_for(lambda: (x := condition(api, "Succeeded")).get("status") == "True" and x, what="Succeeded")
     assert done["reason"] == "StepsReached" and done["message"] == \
         "all 3 learners reached spec.training.steps=100 and exited 0"

@@ -1,11 +1,15 @@
-"""spec.training.steps as an ending, pure: a learner container's exit 0 is the signal, every
-learner of the manifest having finished ends the job Succeeded, and its learners go with it."""
+"""spec.training.steps as an ending, pure: a learner container's exit 0 with the finished marker in
+its termination message is the signal (exit 0 alone is also SIGTERM's), every learner of the
+manifest having finished ends the job Succeeded, and its learners go with it."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
+from diloco.contract import Finished
 from diloco.operator import conditions, render, steps
 from diloco.operator import naming as n
 from diloco.operator import status as st
@@ -35,8 +39,17 @@ def learner_pod(index: int, state: dict[str, Any] | None = None, last: dict[str,
             "status": {"phase": "Running", "containerStatuses": [cs]}}
 
 
-def exited(code: int) -> dict[str, Any]:
-    return {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+def exited(code: int, message: str | None = None) -> dict[str, Any]:
+    """A terminated state; `message`: the container's termination message."""
+    ended: dict[str, Any] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    if message is not None:
+        ended["message"] = message
+    return {"terminated": ended}
+
+
+def done(index: int = 0, steps_: int = 100, group: str = "us") -> dict[str, Any]:
+    """The state of learner `group-index` that exited 0 having reached `steps_` (the learner's marker)."""
+    return exited(0, Finished(f"{group}-{index}", steps_, steps_).line())
 
 
 def observe(pods: list[dict[str, Any]], spec_job: DecoupledDiLoCoJob, syncer: SyncerView | None = None,
@@ -45,26 +58,53 @@ def observe(pods: list[dict[str, Any]], spec_job: DecoupledDiLoCoJob, syncer: Sy
                           syncer=syncer, finished=steps.finished(spec_job.spec, pods))
 
 
-def test_a_learner_container_that_exited_0_has_finished_and_nothing_else_has() -> None:
-    assert steps.exited_done(learner_pod(0, exited(0)))  # just exited
-    assert steps.exited_done(learner_pod(0, last=exited(0)))  # restarted by the kubelet since
-    assert steps.exited_done(learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, exited(0)))
-    assert not steps.exited_done(learner_pod(0))  # training
-    assert not steps.exited_done(learner_pod(0, exited(1)))  # a crash
-    assert not steps.exited_done(learner_pod(0, last=exited(2)))  # a config error (failures.py)
-    assert not steps.exited_done(learner_pod(0, exited(0), deletionTimestamp=st.rfc3339(T0)))  # SIGTERM on delete
-    evicted = learner_pod(0, exited(0))
-    evicted["status"].update(phase="Failed", reason="Evicted")  # SIGTERM from the kubelet: exit 0, no finish
-    assert not steps.exited_done(evicted)
-    assert not steps.exited_done(learner_pod(0, exited(0), container="log-shipper"))  # a sidecar
+def evicted(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["status"].update(phase="Failed", reason="Evicted")
+    return pod
+
+
+@pytest.mark.parametrize(("pod", "finished"), [
+    (learner_pod(0, done()), True),  # just exited, saying so
+    (learner_pod(0, last=done()), True),  # restarted by the kubelet since
+    (learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, done()), True),
+    (learner_pod(0, exited(0), deletionTimestamp=st.rfc3339(T0)), False),  # SIGTERM on delete: exit 0, no marker
+    (learner_pod(0, done(), deletionTimestamp=st.rfc3339(T0)), True),  # finished, then deleted: it did finish
+    (evicted(learner_pod(0, exited(0))), False),  # SIGTERM from the kubelet: exit 0, no marker
+    (learner_pod(0), False),  # training
+    (learner_pod(0, exited(1)), False),  # a crash
+    (learner_pod(0, last=exited(2)), False),  # a config error (failures.py)
+    (learner_pod(0, exited(0)), False),  # exit 0 without the marker: a SIGTERM (a liveness probe's kill)
+    (learner_pod(0, last=exited(0, "")), False),  # ... with the empty file the kubelet gave the start
+    (learner_pod(0, exited(0), last=exited(0)), False),  # killed twice: still no finish
+    (learner_pod(0, exited(0, "stopped\n")), False),  # another program's message
+    (learner_pod(0, done(), container="log-shipper"), False),  # a sidecar's message says nothing about training
+    (learner_pod(0, exited(1, done()["terminated"]["message"])), False),  # the marker, then a crash: not exit 0
+    (learner_pod(0, done(index=1)), False),  # another learner's marker
+    (learner_pod(0, done(steps_=50)), False),  # an older spec.training.steps (since raised to 100)
+    (learner_pod(0, done(steps_=120)), True),  # since lowered: 120 reached covers 100
+    (learner_pod(0, exited(0, done()["terminated"]["message"].replace('"version": 1', '"version": 2'))), False),
+    (learner_pod(0, exited(0, ("x" * 5000 + "\n" + done()["terminated"]["message"])[-4096:])), True),  # a tail
+])
+def test_only_a_learner_container_that_exited_0_saying_it_finished_has_finished(pod: dict[str, Any],
+                                                                                 finished: bool) -> None:
+    assert steps.exited_done(pod, 100) is finished
+
+
+def test_the_marker_is_one_versioned_line_the_kubelets_cap_keeps() -> None:
+    line = Finished("us-0", 100, 101).line()
+    assert line.endswith("\n") and line.count("\n") == 1 and len(line.encode()) < 4096
+    assert Finished.read(line) == Finished("us-0", 100, 101)
+    assert '"reason": "finished"' in line and '"version": 1' in line
+    for junk in (None, "", "{}", "not json diloco.dev/finished", 7, line.replace('"steps": 100', '"steps": true')):
+        assert Finished.read(junk) is None, junk
 
 
 def test_finished_learners_are_those_of_the_manifest_in_a_steps_bounded_job() -> None:
-    pods = [learner_pod(0, last=exited(0)), learner_pod(1), learner_pod(5, exited(0))]  # 5: scaled up by hand
+    pods = [learner_pod(0, last=done(0)), learner_pod(1), learner_pod(5, done(5))]  # 5: scaled up by hand
     assert steps.finished(job().spec, pods) == ("us-0",)
     assert steps.finished(job(steps_=None).spec, pods) == ()  # no steps: an exit 0 ends nothing
     syncer = {"metadata": {"name": "demo-syncer-x", "labels": n.selector("demo", n.SYNCER)},
-              "status": {"containerStatuses": [{"name": n.LEARNER, "state": exited(0)}]}}
+              "status": {"containerStatuses": [{"name": n.LEARNER, "state": done(0)}]}}
     assert steps.finished(job().spec, [syncer]) == ()
 
 
@@ -73,21 +113,21 @@ def test_the_job_ends_succeeded_once_every_learner_finished() -> None:
     status = st.compute(j.spec, {}, observe([learner_pod(0), learner_pod(1)], j), generation=1)
     status["startTime"] = st.rfc3339(T0)
     # One learner done: the job trains on, and Degraded says which one finished.
-    half = observe([learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, exited(0)), learner_pod(1)], j)
+    half = observe([learner_pod(0, {"waiting": {"reason": "CrashLoopBackOff"}}, done(0)), learner_pod(1)], j)
     assert st.ending(j.spec, status, half) is None
     running = st.compute(j.spec, status, replace(half, ready={"us": 1}), generation=1)
     degraded = conditions.find(running["conditions"], conditions.DEGRADED)
     assert degraded is not None and degraded["status"] == "True"
     assert degraded["message"].endswith("; finished spec.training.steps=100: us-0")
     # Both done: Succeeded/StepsReached, no learner desired any more.
-    both = observe([learner_pod(0, last=exited(0)), learner_pod(1, exited(0))], j, now=T0 + 60)
+    both = observe([learner_pod(0, last=done(0)), learner_pod(1, done(1))], j, now=T0 + 60)
     ended = st.ending(j.spec, running, both)
     assert ended == st.Ending(True, steps.REASON, "all 2 learners reached spec.training.steps=100 and exited 0")
     final = st.compute(j.spec, running, both, generation=1, ended=ended)
     assert final["phase"] == "Succeeded" and final["desiredLearners"] == 0
     assert final["completionTime"] == st.rfc3339(T0 + 60)
-    done = conditions.find(final["conditions"], conditions.SUCCEEDED)
-    assert done is not None and (done["status"], done["reason"]) == ("True", "StepsReached")
+    succeeded = conditions.find(final["conditions"], conditions.SUCCEEDED)
+    assert succeeded is not None and (succeeded["status"], succeeded["reason"]) == ("True", "StepsReached")
     st.validated(final)
     # Later passes see it finished: no new ending.
     assert st.finished(final)
@@ -95,13 +135,13 @@ def test_the_job_ends_succeeded_once_every_learner_finished() -> None:
 
 def test_without_steps_exits_end_nothing() -> None:
     j = job(steps_=None)
-    obs = observe([learner_pod(0, exited(0)), learner_pod(1, exited(0))], j)
+    obs = observe([learner_pod(0, done(0)), learner_pod(1, done(1))], j)
     assert st.ending(j.spec, {}, obs) is None
 
 
 def test_the_syncers_cluster_waits_for_other_clusters_learners_to_disconnect() -> None:
     j = job()
-    pods = [learner_pod(0, exited(0)), learner_pod(1, exited(0))]
+    pods = [learner_pod(0, done(0)), learner_pod(1, done(1))]
 
     def view(active_elsewhere: int) -> SyncerView:
         regions = (RegionView("default", 2, 0, 1000, 0, 10, 0.0), RegionView("eu", 2, active_elsewhere, 900, 0, 9, 0.0))

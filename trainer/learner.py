@@ -14,6 +14,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -21,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from diloco.contract import Event, Exit, LearnerId
+from diloco.contract import TERMINATION_LOG_ENV, Event, Exit, Finished, LearnerId
 
 if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and learner_runtime (see _configure)
     import numpy as np
@@ -305,9 +306,25 @@ def _exited(fragments: Fragments, *, flushed: bool, reason: str) -> None:
          bytes_received=link.bytes_received, flushed=flushed, reason=reason)
 
 
+def _termination_message(text: str) -> None:
+    """Write `text` to $DILOCO_TERMINATION_LOG (the container's terminationMessagePath), if set.
+    Only the exit at spec.training.steps writes something (contract.Finished); the start writes
+    "", which clears a marker a runtime that kept the file across starts would show after a kill
+    (the kubelet gives each container start a fresh, empty file)."""
+    path = os.environ.get(TERMINATION_LOG_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        print(f"${TERMINATION_LOG_ENV}={path}: cannot write the termination message: {exc}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """`diloco learner`: set up, join, train until the end, flush; the exit code (contract.Exit)."""
     t_process = time.monotonic()
+    _termination_message("")
     try:
         me = _configure(args)  # the spec, our group and hosts, our shard of the data
         m = _compile(me)  # Θ₀, the mesh, the fragment plan; the steps compiled before joining
@@ -388,4 +405,8 @@ def run(args: argparse.Namespace) -> int:
     fatal = link.stopping.is_set() and not link.stop_requested  # the syncer refused us for good
     _exited(fragments, flushed=flushed, reason="fatal" if fatal else ("finished" if finished else "stopped"))
     link.close()
-    return Exit.REFUSED if fatal else Exit.OK
+    if fatal:
+        return Exit.REFUSED
+    if finished and tr.steps and fragments.schedule.slot >= tr.steps:  # not --max-steps, never SIGTERM
+        _termination_message(Finished(me.learner_id, tr.steps, fragments.schedule.slot).line())
+    return Exit.OK
