@@ -26,6 +26,7 @@ from diloco.operator import (
     immutable,
     kueue,
     learners,
+    pod_refusals,
     pods,
     policies,
     refusals,
@@ -173,6 +174,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         log.info("%s/%s: %s", namespace, name, ", ".join(done.summary()))
         post(ref, "ChildrenUpdated", ", ".join(done.summary()))
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
+    # Pods the controllers may not create, or the kubelet not start (pod_refusals.py).
+    refused_pods = [] if was_finished else pod_refusals.found(pod_refusals.read(ctx.api, namespace, live, job_pods))
     # The pods whose state is the job's: waiting for capacity (capacity.py) or failing (failures.py).
     mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot))
     obs = replace(_observe(ctx, job, owner=owner, live=live, job_pods=job_pods, target=target, probe=probe,
@@ -201,7 +204,8 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
                                    kinds=ctx.config.managed_kinds)
         done.refused.extend(cleaned.refused)
         post(ref, ended.reason, ended.message, warning=not ended.succeeded)
-    new = _show_refusals(ctx, ref, status=status, new=new, found=done.refused, stamp=st.rfc3339(now),
+    new = _show_refusals(ctx, ref, status=status, new=new, found=[*done.refused, *refused_pods],
+                         stamp=st.rfc3339(now),
                          generation=generation)
     if (waiting := capacity.started_waiting(status.get("conditions") or [], new["conditions"])) is not None:
         post(ref, capacity.WAITING, waiting["message"], warning=True)
@@ -275,8 +279,9 @@ def _publish(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, stat
 
 def _show_refusals(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any], new: dict[str, Any],
                    found: list[refusals.Refusal], stamp: str, generation: int) -> dict[str, Any]:
-    """Refused child writes as the job shows them: condition ChildrenRefused, a Warning Event
-    when they change, and the metric, counted per refused write (refusals.py)."""
+    """Refused child writes and pods as the job shows them: condition ChildrenRefused, a Warning
+    Event when they change, and the metric, counted per refused write and per pass a pod is
+    refused (refusals.py, pod_refusals.py)."""
     meta = ref["metadata"]
     for r in found:
         ctx.metrics.refused_writes.labels(r.kind, r.reason).inc()
