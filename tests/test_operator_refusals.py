@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
 import pytest
 
 from diloco.operator import children, conditions, pod_refusals, refusals
+from diloco.operator.context import Config
 from diloco.operator.kube import ApiError, Kube
+from tests.helpers import wait_for
+from tests.kube.running import OperatorThread
+
+pytest_plugins = ["tests.kube.fixtures"]
 
 QUOTA = ('statefulsets.apps "demo-us" is forbidden: exceeded quota: no-sts, requested: count/statefulsets.apps=1, '
          'used: count/statefulsets.apps=0, limited: count/statefulsets.apps=0')
@@ -348,3 +354,80 @@ def test_a_pod_refusal_posts_once_though_its_message_moves() -> None:
     write = refusals.Refusal("StatefulSet", "demo-us", "create", refusals.QUOTA, QUOTA,
                              by="ResourceQuota learner-pods")  # its head is inside the pod's
     assert refusals.news(both, refusals.condition(both, [*learner, write], "t3", 1), [*learner, write]) == [write]
+
+
+# -- through the operator (kopf) on the emulated API server, playing the controllers' signals --------------------
+
+NS = "research"
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def job_condition(api: Kube) -> dict[str, Any]:
+    body = api.get("DecoupledDiLoCoJob", NS, "demo") or {}
+    return next((x for x in (body.get("status") or {}).get("conditions") or [] if x["type"] == "ChildrenRefused"), {})
+
+
+def job_events(api: Kube, reason: str) -> list[dict[str, Any]]:
+    items = api.request("GET", f"api/v1/namespaces/{NS}/events").get("items") or []
+    return [e for e in items if e.get("reason") == reason and e["involvedObject"].get("kind") == "DecoupledDiLoCoJob"]
+
+
+@pytest.mark.slow
+def test_the_operator_shows_pods_the_controllers_and_kubelet_refuse(api: Kube) -> None:
+    """No controllers run: the test posts what the StatefulSet controller, the Deployment
+    controller and the kubelet report (a FailedCreate Event, a ReplicaFailure condition, a
+    container waiting on a missing Secret), and creates the pod as the controller would once
+    the quota is raised; the job's condition, Events and metric follow."""
+    api.create({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+                "metadata": {"name": "demo", "namespace": NS},
+                "spec": {"learnerGroups": [{"name": "us", "region": "us-central1", "replicas": 2}]}})
+    with OperatorThread(Config(status_interval=0.3, chaos_interval=0.25, stuck_timeout=1.0)) as op:
+        learners = wait_for(lambda: api.get("StatefulSet", NS, "demo-us"), what="the learner StatefulSet")
+        api.request("POST", f"api/v1/namespaces/{NS}/events", {
+            "apiVersion": "v1", "kind": "Event", "metadata": {"name": "demo-us.1", "namespace": NS},
+            "involvedObject": {"apiVersion": "apps/v1", "kind": "StatefulSet", "namespace": NS, "name": "demo-us",
+                               "uid": learners["metadata"]["uid"]},
+            "reason": "FailedCreate", "type": "Warning", "source": {"component": "statefulset-controller"},
+            "message": f"create Pod demo-us-1 in StatefulSet demo-us failed error: {POD_QUOTA}",
+            "firstTimestamp": now(), "lastTimestamp": now(), "count": 1})
+        shown = wait_for(lambda: (x := job_condition(api)).get("status") == "True" and x, what="ChildrenRefused")
+        assert shown["reason"] == "QuotaExceeded" and shown["message"].startswith(
+            "Pod demo-us-1 of StatefulSet demo-us: create refused (QuotaExceeded, ResourceQuota learner-pods): "
+            f"{POD_QUOTA}; fix: raise the namespace's ResourceQuota learner-pods")
+        [posted] = wait_for(lambda: job_events(api, "QuotaExceeded"), what="the QuotaExceeded Event")
+        assert posted["type"] == "Warning" and "ResourceQuota learner-pods" in posted["message"]
+        metric = op.ctx.metrics.registry.get_sample_value
+        assert (metric("diloco_operator_child_writes_refused_total", {"kind": "Pod", "reason": "QuotaExceeded"})
+                or 0) >= 1
+        # The Deployment controller copies its ReplicaSet's failure: one more Event, for it alone.
+        api.patch("Deployment", NS, "demo-syncer", {"status": {"conditions": [
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": RS_QUOTA}]}},
+            sub="status")
+        wait_for(lambda: len(job_events(api, "QuotaExceeded")) == 2, what="an Event for the syncer's pod")
+        assert sorted(e["message"].split(":")[0] for e in job_events(api, "QuotaExceeded")) == [
+            "Pod demo-us-1 of StatefulSet demo-us", "Pod of Deployment demo-syncer"]
+        assert job_condition(api)["message"].endswith(
+            "(and 1 more: Pod of Deployment demo-syncer: create refused (QuotaExceeded, ResourceQuota learner-pods))")
+        # The quota raised: the controllers create the pods; one waits on a Secret no one made.
+        labels = learners["spec"]["template"]["metadata"]["labels"]
+        for name in ("demo-us-0", "demo-us-1"):
+            api.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS,
+                                                                       "labels": labels},
+                        "spec": learners["spec"]["template"]["spec"]})
+        api.patch("Pod", NS, "demo-us-0", {"status": {"phase": "Pending", "containerStatuses": [
+            {"name": "learner", "ready": False, "restartCount": 0, "state": {"waiting": {
+                "reason": "CreateContainerConfigError", "message": 'secret "hf-token" not found'}}}]}}, sub="status")
+        api.patch("Deployment", NS, "demo-syncer", {"status": {"conditions": []}}, sub="status")
+        config = wait_for(lambda: (x := job_condition(api)).get("reason") == "ContainerConfigError" and x,
+                          what="the container waiting on its Secret")
+        assert config["status"] == "True" and config["message"].startswith(
+            'Pod demo-us-0: start refused (ContainerConfigError, Secret "hf-token"): container learner: secret '
+            '"hf-token" not found; fix: create Secret hf-token')
+        wait_for(lambda: job_events(api, "ContainerConfigError"), what="the ContainerConfigError Event")
+        api.patch("Pod", NS, "demo-us-0", {"status": {"containerStatuses": [
+            {"name": "learner", "ready": False, "restartCount": 0, "state": {"running": {}}}]}}, sub="status")
+        cleared = wait_for(lambda: (x := job_condition(api)).get("status") == "False" and x, what="the condition cleared")
+        assert cleared["reason"] == "ChildrenWritten" and len(job_events(api, "QuotaExceeded")) == 2
