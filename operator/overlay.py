@@ -6,25 +6,23 @@ The overlay merges, not replaces: labels and annotations are added under ours (t
 labels are the operator's), env, volumes, mounts and pull secrets are appended, the service
 account and priority class are set.
 
-The template is merged the way `kubectl patch --type strategic` merges a PodTemplateSpec (the
-patch strategies of the Kubernetes API), with the operator's own fields protected:
-- lists of named things merge by name: containers (the operator's container, `learner` or
-  `syncer`, by its name; any other name is a sidecar, appended), initContainers, volumes, a
-  container's env; volumeMounts by mountPath; imagePullSecrets, schedulingGates and
-  resourceClaims by name; tolerations, topologySpreadConstraints, readinessGates, hostAliases
-  and envFrom are appended;
-- maps merge key by key (labels, annotations, nodeSelector, securityContext, ...), and so does
-  affinity, except that the pod (anti-)affinity terms the operator sets (a group's learners
-  spread over nodes; a multi-host learner's hosts in one TPU slice) are kept and the template's
-  are appended; every other field is set (runtimeClassName, schedulerName, hostNetwork,
-  dnsPolicy, terminationGracePeriodSeconds, a container's lifecycle or securityContext, ...).
-What the operator owns is refused, each with its field path and why (`template_problems`, run at
-admission and by `diloco validate`): the operator's container's image, command, args, ports,
-readiness probe and resources (the spec's own fields set those), the env it sets, its volumes
-and mount paths, the labels and annotations it selects and tracks pods by, the fields a
-StatefulSet or Deployment fixes (restartPolicy, hostname, subdomain, nodeName), and a node
-label the group's nodeSelector sets otherwise. A clash with what the operator mounts is refused
-before anything is rendered (`job_problems`, reported like a spec error with the field path).
+The template is merged as `kubectl patch --type strategic` merges a PodTemplateSpec, with the
+operator's own fields protected (operator/merge.py says how, field by field). What the operator
+owns is refused, each with its field path and why (`template_problems`, run at admission and by
+`diloco validate`): the operator's container's image, command, args, ports, readiness probe and
+resources (the spec's own fields set those), the learner's terminationMessagePath and policy
+(its finished marker: operator/steps.py), the env it sets, its volumes and mount paths, a
+volume named like one of the overlay's (set it in one place), the labels and annotations it
+selects and tracks pods by, Kueue's queue and priority labels (they belong on the job), the
+fields a StatefulSet or Deployment fixes (restartPolicy, hostname, subdomain, nodeName), the
+pod's schedulingGates (the operator and Kueue gate pods), and a node label the group's
+nodeSelector sets otherwise. A learner may have a liveness or startup probe (a kill restarts it;
+only its termination message ends it: operator/steps.py), but not one on /readyz (ready means
+joined to the syncer, which a healthy learner is not while the syncer restarts: every learner
+would be killed), and not a liveness probe with neither a startupProbe nor initialDelaySeconds
+(the learner opens its metrics port only after compiling its steps: it would be killed in its
+compile, over and over). A clash with what the operator mounts is refused before anything is
+rendered (`job_problems`, reported like a spec error with the field path).
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from diloco.operator import naming as n
+from diloco.operator.merge import merge_template
 from diloco.spec import RESERVED_NAMES, RESERVED_PREFIXES, DecoupledDiLoCoJob, PodOverlay, PodTemplate
 
 
@@ -144,6 +143,8 @@ POD_OWNED = {
     "activeDeadlineSeconds": "it would end pods the StatefulSet restarts; use spec.runPolicy.activeDeadlineSeconds",
     "priority": "the API server sets it from priorityClassName",
     "serviceAccount": "deprecated: use serviceAccountName",
+    "schedulingGates": "the operator and Kueue gate pods until they may be placed; hold a job back with "
+                       "spec.suspend or a Kueue queue",
 }
 # Fields of the operator's own container a template may not set, and where they come from.
 CONTAINER_OWNED = {
@@ -153,10 +154,19 @@ CONTAINER_OWNED = {
     "resources": "{where}.resources (Kueue reserves what it says)",
     "restartPolicy": "only init containers take one",
 }
+# ... and of the learner's alone.
+LEARNER_OWNED = {
+    "terminationMessagePath": "the learner-syncer contract (the learner writes there that it reached "
+                              "spec.training.steps)",
+    "terminationMessagePolicy": "the learner-syncer contract (File: only the learner's own word ends the job)",
+}
+PROBED = ("livenessProbe", "startupProbe")
 # The labels and annotations the operator selects, tracks and restarts pods by (and Kueue's).
 OWNED_KEYS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by",
               "app.kubernetes.io/component", n.INDEX, "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload")
 OWNED_PREFIX = "diloco.dev/"
+# Kueue's labels that select a queue and a priority: read from the job, never from its pods.
+JOB_LABELS = ("kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class")
 
 
 def _owned_key(key: str) -> bool:
@@ -199,6 +209,24 @@ def _reserved_env(name: str) -> bool:
     return name.startswith(RESERVED_PREFIXES) or name in RESERVED_NAMES
 
 
+def _learner_problems(path: str, c: Mapping[str, Any]) -> list[str]:
+    """The learner container's own fields, and probes that would kill healthy learners."""
+    out = [f"{path}.{key}: the operator's learner container's; set by {why}"
+           for key, why in LEARNER_OWNED.items() if key in c]
+    for probe in PROBED:
+        get = (c.get(probe) or {}).get("httpGet") or {}
+        if str(get.get("path", "")).split("?", 1)[0] == "/readyz":  # as trainer/metrics.py routes it
+            out.append(f"{path}.{probe}.httpGet.path: /readyz is readiness (joined to the syncer): a learner "
+                       "waiting out a syncer restart fails it and would be killed; probe another path of port "
+                       "metrics (any other path answers once the learner runs) or drop the probe")
+    live = c.get("livenessProbe")
+    if isinstance(live, dict) and "startupProbe" not in c and not live.get("initialDelaySeconds"):
+        out.append(f"{path}.livenessProbe: the learner opens port metrics only after compiling its steps, so it "
+                   "would be killed in its compile; add a startupProbe on port metrics whose failureThreshold x "
+                   "periodSeconds covers the compile, or set livenessProbe.initialDelaySeconds")
+    return out
+
+
 def template_problems(where: str, template: PodTemplate | None, *, container: str, pod: PodOverlay | None,
                       owner_path: str, node_selector: Mapping[str, str]) -> list[str]:
     """Why the template at `where` cannot be merged onto the pods of `owner_path` (a learner
@@ -209,13 +237,16 @@ def template_problems(where: str, template: PodTemplate | None, *, container: st
     out = []
     for part in ("labels", "annotations"):
         for key in sorted(getattr(template.metadata, part)):
-            if _owned_key(key):
+            if key in JOB_LABELS:
+                out.append(f"{where}.metadata.{part}[{key}]: Kueue reads it from the job, not its pods; set it in "
+                           "the job's metadata.labels")
+            elif _owned_key(key):
                 out.append(f"{where}.metadata.{part}[{key}]: the operator's (it selects and tracks pods by it); "
                            "choose another key")
     spec, at = template.spec, f"{where}.spec"
-    out += _shape_problems(at, spec, POD_FIELDS, "PodSpec")
-    if out:
-        return out
+    shape = _shape_problems(at, spec, POD_FIELDS, "PodSpec")
+    if shape:  # the checks below need a well-formed PodSpec
+        return out + shape
     for key, why in POD_OWNED.items():
         if key in spec:
             out.append(f"{at}.{key}: the operator's: {why}")
@@ -225,11 +256,14 @@ def template_problems(where: str, template: PodTemplate | None, *, container: st
         if key in node_selector and node_selector[key] != value:
             out.append(f"{at}.nodeSelector[{key}]: {value!r} clashes with {owner_path}.nodeSelector's "
                        f"{node_selector[key]!r}; set it in one place")
-    volumes = {v["name"] for v in spec.get("volumes") or []} | {v.get("name") for v in (pod.volumes if pod else [])}
-    volumes |= OUR_VOLUMES
+    overlaid = {v.get("name"): i for i, v in enumerate(pod.volumes if pod else [])}
+    volumes = {v["name"] for v in spec.get("volumes") or []} | set(overlaid) | OUR_VOLUMES
     for i, volume in enumerate(spec.get("volumes") or []):
         if volume["name"] in OUR_VOLUMES:
             out.append(f"{at}.volumes[{i}].name: {volume['name']!r} is the operator's; choose another name")
+        elif volume["name"] in overlaid:
+            out.append(f"{at}.volumes[{i}].name: {volume['name']!r} is also {owner_path}.pod.volumes"
+                       f"[{overlaid[volume['name']]}]; a volume has one source: set it in one place")
     for list_name in ("containers", "initContainers"):
         for i, c in enumerate(spec.get(list_name) or []):
             path = f"{at}.{list_name}[{i}]"
@@ -246,6 +280,8 @@ def template_problems(where: str, template: PodTemplate | None, *, container: st
                 for j, env in enumerate(c.get("env") or []):
                     if _reserved_env(str(env["name"])):
                         out.append(f"{path}.env[{j}].name: {env['name']} is set by the operator; choose another name")
+                if container == n.LEARNER:
+                    out += _learner_problems(path, c)
             elif not isinstance(c.get("image"), str) or not c["image"]:
                 out.append(f"{path}.image: required ({c['name']!r} is not the operator's {container} container, so "
                            "it is a container of its own)")
@@ -259,93 +295,6 @@ def template_problems(where: str, template: PodTemplate | None, *, container: st
                 elif ours and any(mount_path == p or mount_path.startswith(p + "/") for p in OUR_PATHS):
                     out.append(f"{path}.volumeMounts[{j}].mountPath: {mount_path!r} is (inside) the operator's "
                                "mount; choose another path")
-    return out
-
-
-def _by(key: str, ours: list[Any], theirs: list[Any]) -> list[Any]:
-    """A list merged by `key`: ours in order, each updated by the template's item of the same key
-    (a map merged onto it), then the template's new items."""
-    mine = {x.get(key): i for i, x in enumerate(ours) if isinstance(x, dict)}
-    out = [copy.deepcopy(x) for x in ours]
-    for item in theirs:
-        k = item.get(key) if isinstance(item, dict) else None
-        if k is not None and k in mine:
-            out[mine[k]] = {**out[mine[k]], **copy.deepcopy(item)}
-        else:
-            out.append(copy.deepcopy(item))
-    return out
-
-
-def _appended(ours: list[Any], theirs: list[Any]) -> list[Any]:
-    return [*copy.deepcopy(ours), *(copy.deepcopy(x) for x in theirs if x not in ours)]
-
-
-def _affinity(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    """The template's affinity over ours: nodeAffinity as given, pod (anti-)affinity terms appended."""
-    out = copy.deepcopy(ours)
-    for kind, value in theirs.items():
-        if kind in ("podAffinity", "podAntiAffinity") and isinstance(value, dict):
-            mine = dict(out.get(kind) or {})
-            for rule, terms in value.items():
-                mine[rule] = _appended(mine.get(rule) or [], terms or []) if isinstance(terms, list) else terms
-            out[kind] = mine
-        else:
-            out[kind] = copy.deepcopy(value)
-    return out
-
-
-def _container(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    """The operator's container with the template's container of the same name merged onto it."""
-    out = copy.deepcopy(ours)
-    for key, value in theirs.items():
-        if key == "env":
-            out["env"] = _by("name", out.get("env") or [], value)
-        elif key == "volumeMounts":
-            out["volumeMounts"] = _by("mountPath", out.get("volumeMounts") or [], value)
-        elif key == "envFrom":
-            out["envFrom"] = _appended(out.get("envFrom") or [], value)
-        elif key == "securityContext" and isinstance(value, dict):
-            out[key] = {**(out.get(key) or {}), **copy.deepcopy(value)}
-        elif key != "name":
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-APPENDED = ("tolerations", "topologySpreadConstraints", "readinessGates", "hostAliases")
-BY_NAME = ("initContainers", "volumes", "imagePullSecrets", "schedulingGates", "resourceClaims")
-MERGED_MAPS = ("nodeSelector", "securityContext", "overhead", "dnsConfig", "os", "resources")
-
-
-def merge_template(rendered: dict[str, Any], template: PodTemplate | None) -> dict[str, Any]:
-    """`rendered` (a pod template the operator made, its overlay merged in) with `template`
-    merged onto it (the module docstring says how); checked first by `template_problems`."""
-    if template is None or template == PodTemplate():
-        return rendered
-    out = copy.deepcopy(rendered)
-    meta, spec = out.setdefault("metadata", {}), out["spec"]
-    for part in ("labels", "annotations"):
-        extra = getattr(template.metadata, part)
-        if extra:
-            meta[part] = {**(meta.get(part) or {}), **extra}
-    for key, value in template.spec.items():
-        if key == "containers":
-            ours = {c["name"]: i for i, c in enumerate(spec["containers"])}
-            for c in value:
-                if c.get("name") in ours:
-                    i = ours[c["name"]]
-                    spec["containers"][i] = _container(spec["containers"][i], c)
-                else:
-                    spec["containers"].append(copy.deepcopy(c))
-        elif key in BY_NAME:
-            spec[key] = _by("name", spec.get(key) or [], value)
-        elif key in APPENDED:
-            spec[key] = _appended(spec.get(key) or [], value)
-        elif key == "affinity":
-            spec[key] = _affinity(spec.get(key) or {}, value)
-        elif key in MERGED_MAPS and isinstance(value, dict):
-            spec[key] = {**(spec.get(key) or {}), **copy.deepcopy(value)}
-        else:
-            spec[key] = copy.deepcopy(value)
     return out
 
 

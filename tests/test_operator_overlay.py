@@ -7,9 +7,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from diloco.operator import crd, render
+from diloco.operator import crd, merge, render
 from diloco.operator import naming as n
-from diloco.spec import SpecError, parse_job
+from diloco.spec import PodTemplate, SpecError, parse_job
 
 OWNER = render.Owner("demo", "research", "0f5a1f4e-0000-4000-8000-000000000000")
 POD = {"labels": {"team": "pretrain", n.JOB: "not-this"}, "annotations": {"cost-center": "42"},
@@ -214,6 +214,29 @@ def test_templated_children_are_valid_kubernetes() -> None:
                                                                                           "mountPath": "/x"}]}]}},
      "spec.learnerGroups[0].template.spec.initContainers[0].volumeMounts[0].name: 'nope' names no volume"),
     ("group", {"spec": {"hostNetwork": "yes"}}, "spec.learnerGroups[0].template.spec.hostNetwork: must be a boolean"),
+    # Issue 50: what a strategic merge alone would let through.
+    ("group", {"spec": {"schedulingGates": [{"name": "example.com/hold"}]}},
+     "spec.learnerGroups[0].template.spec.schedulingGates: the operator's: the operator and Kueue gate pods"),
+    ("syncer", {"spec": {"schedulingGates": [{"name": "example.com/hold"}]}},
+     "spec.syncer.template.spec.schedulingGates: the operator's"),
+    ("group", {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "team-a"}}},
+     "spec.learnerGroups[0].template.metadata.labels[kueue.x-k8s.io/queue-name]: Kueue reads it from the job, not "
+     "its pods; set it in the job's metadata.labels"),
+    ("group", {"spec": {"containers": [{"name": "learner", "terminationMessagePath": "/tmp/x"}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].terminationMessagePath: the operator's learner container's; "
+     "set by the learner-syncer contract (the learner writes there that it reached spec.training.steps)"),
+    ("group", {"spec": {"containers": [{"name": "learner", "terminationMessagePolicy": "FallbackToLogsOnError"}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].terminationMessagePolicy: the operator's learner container's"),
+    ("group", {"spec": {"containers": [{"name": "learner", "startupProbe": {"httpGet": {"path": "/readyz",
+                                                                                          "port": "metrics"}}}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].startupProbe.httpGet.path: /readyz is readiness"),
+    ("group", {"spec": {"containers": [{"name": "learner", "livenessProbe": {
+        "httpGet": {"path": "/readyz", "port": "metrics"}, "initialDelaySeconds": 600}}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].livenessProbe.httpGet.path: /readyz is readiness"),
+    ("group", {"spec": {"containers": [{"name": "learner", "livenessProbe": {
+        "httpGet": {"path": "/metrics", "port": "metrics"}}}]}},
+     "spec.learnerGroups[0].template.spec.containers[0].livenessProbe: the learner opens port metrics only after "
+     "compiling its steps, so it would be killed in its compile; add a startupProbe"),
 ])
 def test_a_template_that_overrides_what_the_operator_owns_is_refused_with_the_field(
         where: str, template: dict[str, Any], problem: str) -> None:
@@ -245,3 +268,109 @@ def test_the_crd_keeps_a_template_spec_as_given() -> None:
     assert set(group["metadata"]["properties"]) == {"labels", "annotations"}
     syncer = crd.spec_schema()["properties"]["syncer"]["properties"]["template"]["properties"]
     assert syncer["spec"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+# -- issue 50: the merge is a strategic merge, field by field ------------------------------------
+
+def learner_of(j: Any) -> dict[str, Any]:
+    return next(c for c in templates(j)["StatefulSet"]["spec"]["containers"] if c["name"] == "learner")
+
+
+def valid(j: Any) -> None:
+    for obj in render.children(j, OWNER, "t" * 43, started=True, finished=False):
+        if obj["kind"] in ("StatefulSet", "Deployment"):
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+
+
+def test_a_containers_security_context_merges_recursively() -> None:
+    """securityContext.capabilities.add keeps the operator's capabilities.drop: [ALL] (a strategic merge
+    recurses into maps); a list the template gives is replaced, a null removes the key."""
+    plain = learner_of(templated())["securityContext"]
+    assert plain["capabilities"] == {"drop": ["ALL"]}
+    j = templated({"spec": {"containers": [{"name": "learner", "securityContext": {
+        "capabilities": {"add": ["IPC_LOCK"]}}}], "securityContext": {"seccompProfile": {"type": "Localhost",
+                                                                                             "localhostProfile": "p"}}}})
+    assert render.name_problems(j) == []
+    got = learner_of(j)["securityContext"]
+    assert got == {**plain, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+    pod = templates(j)["StatefulSet"]["spec"]["securityContext"]
+    assert pod["seccompProfile"] == {"type": "Localhost", "localhostProfile": "p"} and pod["runAsNonRoot"] is True
+    valid(j)
+    dropped = learner_of(templated({"spec": {"containers": [{"name": "learner", "securityContext": {
+        "capabilities": {"drop": ["NET_RAW"]}, "readOnlyRootFilesystem": None}}]}}))["securityContext"]
+    assert dropped["capabilities"] == {"drop": ["NET_RAW"]} and "readOnlyRootFilesystem" not in dropped
+
+
+def test_volumes_of_one_name_are_one_volume_never_two_sources() -> None:
+    """spec.template.spec.volumes: a name the overlay (pod.volumes) has too is refused with both paths;
+    one the operator has is refused (the parametrized table); merged, a same-named volume replaces
+    ours as a whole, as the API's retainKeys strategy does, never key by key into two sources."""
+    j = templated({"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}},
+                  pod={"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus"}}]})
+    (problem,) = render.name_problems(j)
+    assert problem == ("spec.learnerGroups[0].template.spec.volumes[0].name: 'data' is also "
+                       "spec.learnerGroups[0].pod.volumes[0]; a volume has one source: set it in one place")
+    rendered = {"spec": {"containers": [{"name": "learner", "env": [{"name": "A", "value": "1"}]}],
+                         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus"}}]}}
+    merged = merge.merge_template(rendered, PodTemplate.model_validate({"spec": {
+        "volumes": [{"name": "data", "emptyDir": {"sizeLimit": "1Gi"}}],
+        "containers": [{"name": "learner", "env": [{"name": "A", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.name"}}}]}]}}))
+    assert merged["spec"]["volumes"] == [{"name": "data", "emptyDir": {"sizeLimit": "1Gi"}}]
+    # An env var holds one source too (value or valueFrom): the template's replaces the overlay's.
+    assert merged["spec"]["containers"][0]["env"] == [{"name": "A", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.name"}}}]
+
+
+def test_a_learner_may_have_a_liveness_probe_that_spares_its_compile() -> None:
+    """livenessProbe and startupProbe on the learner are accepted (a kill only restarts it: the job
+    ends on the learners' termination messages, operator/steps.py) when the compile is covered."""
+    probes = {"startupProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 10,
+                               "failureThreshold": 90},
+              "livenessProbe": {"httpGet": {"path": "/metrics", "port": "metrics"}, "periodSeconds": 30}}
+    j = templated({"spec": {"containers": [{"name": "learner", **probes}]}})
+    assert render.name_problems(j) == []
+    learner = learner_of(j)
+    assert (learner["startupProbe"], learner["livenessProbe"]) == (probes["startupProbe"], probes["livenessProbe"])
+    assert learner["terminationMessagePath"] == "/dev/termination-log" and learner["terminationMessagePolicy"] == "File"
+    valid(j)
+    delayed = templated({"spec": {"containers": [{"name": "learner", "livenessProbe": {
+        "exec": {"command": ["true"]}, "initialDelaySeconds": 900}}]}})
+    assert render.name_problems(delayed) == []
+
+
+def test_a_probe_of_the_syncer_merges_onto_the_operators() -> None:
+    """syncer.template's livenessProbe: its timings merge onto the operator's probe and keep its handler;
+    a handler of its own replaces the operator's (a probe has exactly one)."""
+    def probe(template: dict[str, Any]) -> dict[str, Any]:
+        j = templated(syncer_template={"spec": {"containers": [{"name": "syncer", "livenessProbe": template}]}})
+        assert render.name_problems(j) == []
+        valid(j)
+        (c,) = templates(j)["Deployment"]["spec"]["containers"]
+        return dict(c["livenessProbe"])
+
+    (ours,) = templates(templated())["Deployment"]["spec"]["containers"]
+    assert probe({"failureThreshold": 30}) == {**ours["livenessProbe"], "failureThreshold": 30}
+    replaced = probe({"exec": {"command": ["true"]}})
+    assert replaced["exec"] == {"command": ["true"]} and "tcpSocket" not in replaced
+
+
+def test_diloco_validate_shows_issue_50s_refusals(tmp_path: Any) -> None:
+    """`diloco validate` runs the same checks: schedulingGates, the Kueue queue label, a learner probe."""
+    import yaml
+
+    from tests.test_validate import diloco
+
+    template = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}},
+                "spec": {"schedulingGates": [{"name": "hold"}], "containers": [{"name": "learner", "livenessProbe": {
+                    "httpGet": {"path": "/readyz", "port": "metrics"}, "initialDelaySeconds": 60}}]}}
+    manifest = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "demo"},
+                "spec": {"learnerGroups": [{"name": "us", "template": template}]}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    done = diloco("validate", str(path))
+    assert done.returncode == 2, done.stdout + done.stderr
+    for field in ("spec.learnerGroups[0].template.metadata.labels[kueue.x-k8s.io/queue-name]",
+                  "spec.learnerGroups[0].template.spec.schedulingGates",
+                  "spec.learnerGroups[0].template.spec.containers[0].livenessProbe.httpGet.path"):
+        assert field in done.stdout + done.stderr, (field, done.stdout + done.stderr)
