@@ -69,6 +69,13 @@ class Runtime:
         """The container's exit code once it has exited by itself; None while it runs."""
         return None
 
+    def message(self, pod: dict[str, Any]) -> str:
+        """The termination message the container's latest start left (its terminationMessagePath)."""
+        return ""
+
+    def kill(self, pod: dict[str, Any], sig: int) -> None:
+        """Send the running container `sig` (a kubelet killing it for a failed liveness probe)."""
+
     def close(self) -> None:
         pass
 

@@ -6,6 +6,9 @@ directory, persistent volumes as directories that outlive pods, Service names re
 127.0.0.1 with each Service port mapped to a free local port (stable, so a re-created syncer
 pod keeps its address; every Service in front of the same port shares it), and readiness
 when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
+Each container start gets a fresh, empty termination-message file at its terminationMessagePath
+(the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does);
+a path under a mount, in args or env values, is the mount's local one (as a bind mount makes it).
 Learners are pinned to alternating CPUs (docs/DEVELOPMENT.md).
 """
 
@@ -28,6 +31,8 @@ from tests.kube.controllers import Runtime
 
 READY_MARKS = {"syncer": READY_PREFIX, "learner": f'"event": "{Event.JOINED}"'}
 STOP_GRACE = 15.0  # seconds from SIGTERM to SIGKILL
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # what the API server defaults a container's to
+MAX_TERMINATION_MESSAGE = 4096  # bytes: the kubelet's MaxContainerTerminationMessageLength (the file's tail)
 
 
 def free_port() -> int:
@@ -45,6 +50,7 @@ class ProcessRuntime(Runtime):
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> process
         self.logs: dict[str, Path] = {}
         self.stopping: dict[str, float] = {}
+        self.messages: dict[str, Path] = {}  # pod uid -> its container's current start's termination-message file
         self._learners_started = first_cpu
 
     # -- addresses --------------------------------------------------------------------------
@@ -73,13 +79,22 @@ class ProcessRuntime(Runtime):
 
     # -- environment --------------------------------------------------------------------------
 
-    def _env(self, pod: dict[str, Any], container: dict[str, Any], home: Path) -> dict[str, str]:
+    @staticmethod
+    def _local_path(value: str, mounts: dict[str, Path]) -> str:
+        """A container path as the process sees it: under the mount that holds it, if any."""
+        for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
+            if value.startswith(mount_path + "/") or value == mount_path:
+                return str(local) + value[len(mount_path):]
+        return value
+
+    def _env(self, pod: dict[str, Any], container: dict[str, Any], home: Path,
+             mounts: dict[str, Path]) -> dict[str, str]:
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "value" in item:
-                env[item["name"]] = item["value"]
+                env[item["name"]] = self._local_path(item["value"], mounts)
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 key = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
@@ -128,16 +143,17 @@ class ProcessRuntime(Runtime):
         pod_dir = self.root / "pods" / f"{pod['metadata']['name']}-{uid[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
         mounts = self._mounts(pod, container, pod_dir)
-        env = self._env(pod, container, mounts.get("/tmp", pod_dir))
+        # The kubelet makes a new file for every container start and mounts it at terminationMessagePath.
+        message = pod_dir / f"termination-log-{len(list(pod_dir.glob('termination-log-*')))}"
+        message.write_bytes(b"")
+        self.messages[uid] = mounts[container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH] = message
+        self.stopping.pop(uid, None)  # a restarted container is not being stopped
+        env = self._env(pod, container, mounts.get("/tmp", pod_dir), mounts)
         ports = {str(p["containerPort"]): str(self._container_port(pod, container, p))
                  for p in container.get("ports") or []}
         argv: list[str] = []
         for arg in [*container["command"], *container.get("args", [])]:
-            arg = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg)
-            for mount_path, local in sorted(mounts.items(), key=lambda m: -len(m[0])):
-                if arg.startswith(mount_path + "/") or arg == mount_path:
-                    arg = str(local) + arg[len(mount_path):]
-                    break
+            arg = self._local_path(re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg), mounts)
             if re.fullmatch(r"[\w.-]+\.svc:\d+", arg):
                 arg = self.local(arg)
             argv.append(ports.get(arg, arg) if argv and argv[-1].endswith("port") else arg)
@@ -159,6 +175,20 @@ class ProcessRuntime(Runtime):
     def exited(self, pod: dict[str, Any]) -> int | None:
         proc = self.procs.get(pod["metadata"]["uid"])
         return None if proc is None else proc.poll()
+
+    def message(self, pod: dict[str, Any]) -> str:
+        """The termination message of the container's latest start: its file's last 4096 bytes."""
+        path = self.messages.get(pod["metadata"]["uid"])
+        if path is None or not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - MAX_TERMINATION_MESSAGE))
+            return f.read().decode("utf-8", "replace")
+
+    def kill(self, pod: dict[str, Any], sig: int) -> None:
+        proc = self.procs.get(pod["metadata"]["uid"])
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
 
     def stop(self, pod: dict[str, Any]) -> bool:
         uid = pod["metadata"]["uid"]
