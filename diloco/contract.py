@@ -30,6 +30,12 @@ MIN_TOKEN_CHARS = 16  # 64 bits of hex: guessing it over the network is hopeless
 COORDINATOR_ENV = "DILOCO_COORDINATOR"
 PROCESS_ID_ENV = "DILOCO_PROCESS_ID"
 NUM_PROCESSES_ENV = "DILOCO_NUM_PROCESSES"
+# Where a learner keeps Θ₀ and its lowered train step (trainer/step_cache.py) across restarts: a
+# local folder. Unset, beside JAX's compilation cache when that is a local folder (`diloco run`).
+STEP_CACHE_ENV = "DILOCO_STEP_CACHE_DIR"
+# JAX's persistent cache keeps only programs that took a second to compile by default; a learner
+# caches every one, so a restart compiles nothing (the operator's pods and `diloco run` alike).
+CACHE_EVERY_PROGRAM = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 COORDINATOR_PORT = 8476  # jax.distributed's customary port on host 0
 
 

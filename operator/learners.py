@@ -30,7 +30,7 @@ from diloco.contract import (
     LearnerArgs,
     container_command,
 )
-from diloco.operator import access, overlay, parts, pods
+from diloco.operator import access, compile_cache, overlay, parts, pods
 from diloco.operator import naming as n
 from diloco.operator.parts import Owner
 from diloco.spec import DecoupledDiLoCoJob, LearnerGroup
@@ -166,6 +166,9 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, 
     else learner `index`'s gang (the host from the pod)."""
     pod_security, container_security = parts.security()
     volumes, mounts = parts.common_volumes(owner, link.token_secret)
+    cache_volume, cache_mount, cache_env = compile_cache.parts(job.spec)  # a restart compiles nothing
+    volumes.append(cache_volume)
+    mounts.append(cache_mount)
     tls_ca, tls_server_name = None, None
     if link.ca_secret is not None:
         volume, mount = parts.tls_volume(link.ca_secret, (n.CA_KEY,))
@@ -176,7 +179,7 @@ def pod_template(job: DecoupledDiLoCoJob, owner: Owner, group: LearnerGroup, *, 
                        link.address, metrics_port=LEARNER_METRICS_PORT, token_file=n.TOKEN_FILE, tls_ca=tls_ca,
                        tls_server_name=tls_server_name)
     # Where the learner writes that it reached spec.training.steps (contract.Finished; steps.py reads it).
-    common = [{"name": "HOME", "value": "/tmp"}, {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}]
+    common = [{"name": "HOME", "value": "/tmp"}, {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG}, *cache_env]
     ports: list[dict[str, Any]] = [{"name": "metrics", "containerPort": LEARNER_METRICS_PORT, "protocol": "TCP"}]
     labels = n.labels(owner.name, n.LEARNER, group.name)
     gang = None

@@ -167,7 +167,7 @@ def _compile(me: Learner) -> Model:
     import jax
 
     from diloco.core.fragments import plan_fragments, specs_from_shapes
-    from diloco.trainer import model, sharding
+    from diloco.trainer import compile_cache, model, sharding
     from diloco.trainer.recipe import Recipe
     from diloco.trainer.theta0 import initial_params
 
@@ -175,7 +175,8 @@ def _compile(me: Learner) -> Model:
     # so a (re)joining learner resumes the job's schedule; one SPMD program over every device
     # this learner has (spec.training.mesh; trainer/sharding.py).
     spec, cfg, tr = me.spec, me.spec.model, me.spec.training
-    cache_dir = getattr(jax.config, "jax_compilation_cache_dir", None)
+    compile_cache.watch()  # the joined line reports whether this start compiled or read the cache
+    cache_dir = compile_cache.files_dir()
     # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/theta0.py).
     try:
         theta0 = initial_params(cfg, spec.data.seed, cache_dir)
@@ -251,6 +252,7 @@ def _begin(me: Learner, fragments: Fragments, metrics: LearnerMetrics, *, real: 
            stop: threading.Event, started: float, join_began: float, batch: int) -> PeerStates:
     """Announce the join, start the link's sender and subscriber, and take SIGTERM from now on.
     The join's eval loss is the global model's as pulled: a late joiner starts from it."""
+    from diloco.trainer import compile_cache
     from diloco.trainer.peer_state import PeerStates
 
     pull_seconds = time.monotonic() - join_began
@@ -262,7 +264,8 @@ def _begin(me: Learner, fragments: Fragments, metrics: LearnerMetrics, *, real: 
          versions=fragments.ledger.versions, slot=fragments.schedule.slot, eval_loss=first_eval,
          startup_seconds=round(join_began - started, 3),
          startup_cpu_seconds=round(time.process_time(), 3),  # this process's CPU until now, all threads
-         pull_seconds=round(pull_seconds, 3), incarnation=fragments.incarnation, batch=batch)
+         pull_seconds=round(pull_seconds, 3), incarnation=fragments.incarnation, batch=batch,
+         compile_cache=compile_cache.tally())  # JAX's cache: hits on a warm restart, misses on a cold one
     fragments.link.start()
     # A mid-run (re)joiner asks for a peer's AdamW moments and trains on fresh ones until they
     # arrive (trainer/peer_state.py); every one-host learner shares its own when asked.

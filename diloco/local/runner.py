@@ -19,7 +19,15 @@ from typing import Any
 import grpc
 import yaml
 
-from diloco.contract import TOKEN_ENV, Exit, LearnerArgs, SyncerArgs, diloco_argv, permanent_failure
+from diloco.contract import (
+    CACHE_EVERY_PROGRAM,
+    TOKEN_ENV,
+    Exit,
+    LearnerArgs,
+    SyncerArgs,
+    diloco_argv,
+    permanent_failure,
+)
 from diloco.core.chaos import SYNCER, ChaosSchedule, Kill
 from diloco.launch import load_config
 from diloco.local.procs import Child, Supervisor, free_port
@@ -47,9 +55,7 @@ class LocalRun:
         env = dict(os.environ, **{
             TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1",
             # A restarted learner reuses the compiled step: re-admission in ~1 s instead of ~5 s.
-            "JAX_COMPILATION_CACHE_DIR": str(out / "jax-cache"),
-            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+            "JAX_COMPILATION_CACHE_DIR": str(out / "jax-cache"), **CACHE_EVERY_PROGRAM,
         })
         self.sup = Supervisor(env, zygote_log=out / "logs" / "zygote.log")
         self.syncers = [syncer_name(s, shards) for s in range(shards)]

@@ -18,7 +18,7 @@ from diloco.contract import LearnerId
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
-from diloco.spec.learner import PRESETS, Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
+from diloco.spec.learner import PRESETS, CompilationCache, Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
 from diloco.spec.pod import RESERVED_NAMES, RESERVED_PREFIXES, PodOverlay, PodTemplate, Resources, Toleration  # noqa: F401
 from diloco.spec.status import (  # noqa: F401
     MAX_MESSAGE,

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
-from diloco.spec.base import Model
+from diloco.spec.base import DNS_SUBDOMAIN, Model
 
 Family = Literal["gpt", "llama"]
 DType = Literal["float32", "bfloat16"]
@@ -192,6 +192,31 @@ class Mesh(Model):
 DEFAULT_DECAY_STEPS = 2000  # a job with neither a token budget nor a step count: a short local run
 
 
+# Object stores JAX's persistent cache writes to through etils/fsspec (the learner image's `cloud`
+# extra carries gcsfs and s3fs).
+CACHE_URL_SCHEMES: Final[tuple[str, ...]] = ("gs://", "s3://")
+
+
+class CompilationCache(Model):
+    """Where a learner keeps its compiled programs (JAX's persistent compilation cache, and Θ₀
+    and the lowered train step beside it) so a restart compiles nothing. Left out, each pod
+    gets an `emptyDir`: it survives a container restart but not the pod's replacement. A
+    `persistentVolumeClaim` (ReadWriteMany, shared by every learner of the job) or an object-store
+    `url` (gs://, s3://, as MaxText fleets share compiles) survive both."""
+
+    persistent_volume_claim: str | None = Field(None, max_length=253, pattern=DNS_SUBDOMAIN)
+    url: str | None = None
+
+    @model_validator(mode="after")
+    def _one_place(self) -> CompilationCache:
+        if self.persistent_volume_claim and self.url:
+            raise ValueError("compilationCache: set persistentVolumeClaim or url, not both")
+        if self.url is not None and not self.url.startswith(CACHE_URL_SCHEMES):
+            raise ValueError(f"compilationCache.url: {self.url!r} is not an object-store URL; give "
+                             f"{' or '.join(s + 'bucket/path' for s in CACHE_URL_SCHEMES)}, or a persistentVolumeClaim")
+        return self
+
+
 class Training(Model):
     batch_size: int = Field(8, ge=1, le=65536)  # sequences per step (per learner): small enough for one CPU core
     learning_rate: float = Field(3e-3, gt=0.0, le=1.0)  # AdamW peak; small models like it high
@@ -217,3 +242,5 @@ class Training(Model):
     # syncer instead of starting them at zero: 10% -> 3% loss cost of frequent kills, measured
     # (docs/BENCHMARKS.md, "Re-admission"). One-host learners only.
     peer_optimizer_state: bool = True
+    # Where compiled programs are kept across restarts (CompilationCache): None, a per-pod emptyDir.
+    compilation_cache: CompilationCache | None = None
