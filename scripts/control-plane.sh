@@ -33,6 +33,18 @@ node_built() {
 
 say() { echo "control-plane: $*" >&2; }
 
+# One build at a time per cache: two test processes (or `make test` beside a test run by hand)
+# asking for a missing binary would otherwise fetch into the same work folder, each removing the
+# other's tree. The second waits here, then finds the binaries built.
+lock() {
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/.build.lock"
+  if ! flock -n 9; then
+    say "another build is running (lock $CACHE/.build.lock); waiting for it"
+    flock 9
+  fi
+}
+
 # Downloads and unpacks the patched tree, Go and etcd into $1 (a fresh folder).
 fetch() {
   local work="$1"
@@ -68,6 +80,8 @@ fetch() {
 }
 
 build() {
+  built && { say "cached in $BIN"; return 0; }
+  lock
   if built; then
     say "cached in $BIN"
     return 0
@@ -98,6 +112,8 @@ build() {
 # work folder and cache: the control plane's binaries are neither needed nor rebuilt. About the
 # same time as the control plane; KUBE_NODE_GOFLAGS (default -p=1) leaves a core to others.
 build_node() {
+  node_built && { say "node cached in $NODE_BIN"; return 0; }
+  lock
   if node_built; then
     say "node cached in $NODE_BIN"
     return 0
@@ -125,8 +141,10 @@ build_node() {
 
 case "${1:-build}" in
   build) build ;;
-  path) build && echo "$BIN" ;;
+  # Not `build && echo`: bash turns errexit off inside a function called left of &&, so a failed
+  # download went on to build nothing.
+  path) build; echo "$BIN" ;;
   build-node) build_node ;;
-  node-path) build_node && echo "$NODE_BIN" ;;
+  node-path) build_node; echo "$NODE_BIN" ;;
   *) echo "usage: $0 build|path|build-node|node-path" >&2; exit 2 ;;
 esac
