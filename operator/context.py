@@ -23,6 +23,7 @@ from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
 from diloco.operator.policies import OPERATOR_LABELS, Peers
 from diloco.operator.syncer_client import SyncerClients
+from diloco.operator.webhook_certs import WebhookOptions
 
 
 def _env_float(name: str, default: float) -> float:
@@ -71,6 +72,9 @@ class Config:
     # The chart's kueue.enabled: the operator is the Kueue integration of queue-labelled jobs
     # (their Workloads: kueue.py); the Workload CRD and RBAC for it must be there.
     kueue: bool = False
+    # The validating admission webhook (webhook.py): where kopf serves it and whence its
+    # certificate; None (no DILOCO_WEBHOOK_PORT): not served, as in tests that do not ask for it.
+    webhook: WebhookOptions | None = None
 
     @classmethod
     def from_env(cls) -> Config:
@@ -80,7 +84,7 @@ class Config:
                    gateway_api=os.environ.get("DILOCO_GATEWAY_API", "false").lower() == "true",
                    expose_annotations=_env_annotations("DILOCO_EXPOSE_ANNOTATIONS"),
                    kueue=os.environ.get("DILOCO_KUEUE", "false").lower() == "true",
-                   peers=_env_peers())
+                   peers=_env_peers(), webhook=WebhookOptions.from_env())
 
     @property
     def managed_kinds(self) -> tuple[str, ...]:

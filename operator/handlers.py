@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from diloco.operator import immutable, reconcile
+from diloco.operator import immutable, reconcile, webhook
 from diloco.operator import naming as n
 from diloco.operator.context import Config, Context
 from diloco.operator.crd import GROUP, PLURAL, VERSION
@@ -120,6 +120,8 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
     kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
                when=chaos_enabled)(chaos)
     kopf.on.event("", "v1", "pods", registry=registry, id="learner-pods", labels=LEARNER_PODS)(learner_pod)
+    if config.webhook is not None:  # `kubectl apply` refuses what reconcile would fail (webhook.py)
+        webhook.register(registry, RESOURCE, when=ours)
 
 
 def build_registry(config: Config) -> kopf.OperatorRegistry:

@@ -27,6 +27,7 @@ CHART = ROOT / "charts" / "decoupled-diloco"
 ALL_ON = ROOT / "tests" / "kube" / "values-all-on.yaml"
 VERSIONS = ["1.30.0", "1.33.0"]  # April 2024 and April 2025
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor"}  # CRDs: no schema in kubernetes-validate
+FULLNAME = "diloco-decoupled-diloco"  # the operator's (Cluster)Role; <fullname>-webhook is its webhook's
 
 
 def helm(*args: str) -> str:
@@ -64,7 +65,7 @@ def test_rendered_chart_validates(values: Path | None) -> None:
             validate(doc, version)
     if values is not None:  # the monitors point at what exists
         by_kind = {d["kind"]: d for d in docs}
-        service = by_kind["Service"]
+        (service,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-metrics")]
         selected = by_kind["ServiceMonitor"]["spec"]["selector"]["matchLabels"]
         assert selected.items() <= service["metadata"]["labels"].items()
         assert by_kind["ServiceMonitor"]["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
@@ -93,7 +94,7 @@ def test_operator_children_validate(example: Path) -> None:
 
 
 def test_rbac_grants_what_the_operator_uses_and_no_wildcards() -> None:
-    (role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole"]
+    (role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == FULLNAME]
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert not [x for x in granted if "*" in x]
@@ -134,12 +135,15 @@ def test_watched_namespaces_get_a_role_each_and_no_cluster_role(sets: list[str],
     nothing cluster-wide, and the operator told the same namespaces."""
     from diloco.operator.main import namespaces
 
-    (cluster_role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole"]
+    (cluster_role,) = [d for d in rendered(None) if d["kind"] == "ClusterRole" and d["metadata"]["name"] == FULLNAME]
     cluster_wide = cluster_role["rules"]
     docs = with_sets(*sets, "metrics.podMonitor.enabled=true")
-    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
-    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
-    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    # Cluster-wide only the admission webhook's configuration, by name (tests/test_operator_webhook.py).
+    assert [d["metadata"]["name"] for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")] == \
+        [f"{FULLNAME}-webhook"] * 2
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == FULLNAME}
+    bindings = {d["metadata"]["namespace"]: d for d in docs
+                if d["kind"] == "RoleBinding" and d["metadata"]["name"] == FULLNAME}
     assert set(roles) == set(bindings) == set(watched)
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     sa = deploy["spec"]["template"]["spec"]["serviceAccountName"]
@@ -286,7 +290,7 @@ def test_syncer_exposure_values_reach_the_operator(monkeypatch: pytest.MonkeyPat
         assert config.expose_annotations == yaml.safe_load(ALL_ON.read_text())["syncerExposure"]["annotations"] \
             if gateway else config.expose_annotations == {}
         (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(
-            "-kueue")]
+            ("-kueue", "-webhook"))]
         assert any("grpcroutes" in rule["resources"] for rule in role["rules"]) is gateway
 
 
@@ -337,6 +341,7 @@ def test_kueue_gets_a_cluster_role_that_reads_flavors_and_priority_classes_whate
         (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding" and d["roleRef"]["name"] ==
                       reader["metadata"]["name"]]
         assert binding["subjects"][0]["namespace"] == "diloco-system"
-        others = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and d is not reader]
+        others = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and d is not reader
+                  and not d["metadata"]["name"].endswith("-webhook")]
         assert [d["kind"] for d in others] == (["ClusterRole"] if not sets else ["Role", "Role"])
     assert not [d for d in with_sets() if d["metadata"]["name"].endswith("-kueue")]

@@ -196,9 +196,10 @@ def test_crd_upgrade_hook_holds_only_its_own_rights(watch: str) -> None:
     operator_roles = [d for d in docs if d["kind"].endswith("Role") and "crd-upgrade" not in d["metadata"]["name"]]
     assert operator_roles and "customresourcedefinitions" not in json.dumps(operator_roles)
     assert operator_sa != sa["metadata"]["name"]
-    assert [b["roleRef"]["name"] for b in docs if b["kind"].endswith("Binding")
-            and any(s["name"] == operator_sa for s in b["subjects"])] == [operator_roles[0]["metadata"]["name"]]
-    selector = one(docs, "Service")["spec"]["selector"]
+    assert sorted(b["roleRef"]["name"] for b in docs if b["kind"].endswith("Binding")
+                  and any(s["name"] == operator_sa for s in b["subjects"])) == \
+        sorted(r["metadata"]["name"] for r in operator_roles)  # its own rules and its webhook's
+    selector = one(docs, "Service", "-metrics")["spec"]["selector"]
     assert not selector.items() <= job["spec"]["template"]["metadata"]["labels"].items()
 
 
@@ -271,7 +272,7 @@ def test_connection_pod_is_a_locked_down_test_hook() -> None:
     assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}}
     assert c["image"] == one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
-    service = one(docs, "Service")
+    service = one(docs, "Service", "-metrics")
     url = c["args"][1]
     port = service["spec"]["ports"][0]["port"]
     assert url == f"http://{service['metadata']['name']}.diloco-system.svc:{port}/metrics"

@@ -36,3 +36,23 @@ single watchNamespace, without repeats; [] watches the whole cluster. */}}
 {{- $all := concat (.Values.watchNamespaces | default list) (ternary (list .Values.watchNamespace) list (ne .Values.watchNamespace "")) -}}
 {{- $all | uniq | toJson -}}
 {{- end -}}
+
+{{/* The admission webhook's objects (templates/webhook.yaml): its Service, the Secret holding its
+certificate (the operator's or cert-manager's), and the ValidatingWebhookConfiguration. */}}
+{{- define "diloco.webhookService" -}}
+{{- printf "%s-webhook" (include "diloco.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "diloco.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "diloco.fullname" .) -}}
+{{- end -}}
+
+{{- define "diloco.webhookConfiguration" -}}
+{{- include "diloco.fullname" . -}}
+{{- end -}}
+
+{{/* Whether the operator makes the webhook's certificate (no cert-manager): then it needs its
+Secret and the webhook configuration's caBundle. */}}
+{{- define "diloco.webhookMakesCertificate" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end -}}
+{{- end -}}
