@@ -90,6 +90,16 @@ def test_only_a_learner_container_that_exited_0_saying_it_finished_has_finished(
     assert steps.exited_done(pod, 100) is finished
 
 
+def test_a_multi_host_learners_hosts_say_it_by_their_learners_id() -> None:
+    """A gang pod (learner 1's host 2) is learner us-1's: its marker names us-1, not the host."""
+    host = learner_pod(2, done(index=1))
+    host["metadata"]["name"] = "demo-us-1-2"
+    host["metadata"]["labels"][n.LEARNER_INDEX] = "1"
+    assert steps.exited_done(host, 100)
+    host["status"]["containerStatuses"][0]["state"] = done(index=2)
+    assert not steps.exited_done(host, 100)
+
+
 def test_the_marker_is_one_versioned_line_the_kubelets_cap_keeps() -> None:
     line = Finished("us-0", 100, 101).line()
     assert line.endswith("\n") and line.count("\n") == 1 and len(line.encode()) < 4096
