@@ -111,6 +111,9 @@ class Event(enum.StrEnum):
     RESYNCED = "resynced"
     FATAL = "fatal"
     EXIT = "exit"  # the last line: flushed or not, and why it stopped
+    # once, at the first push the syncer accepted: the start's phases in seconds since the
+    # process started (trainer/startup.py), the re-admission's cost
+    TRAINING = "training"
 
 
 def read_events(stream: IO[bytes], clock: Callable[[], float]) -> Iterator[dict[str, Any]]:

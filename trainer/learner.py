@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from diloco.contract import TERMINATION_LOG_ENV, Event, Exit, Finished, LearnerId
+from diloco.trainer.startup import Timeline
 
 if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and learner_runtime (see _configure)
     import numpy as np
@@ -327,15 +328,19 @@ def _termination_message(text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """`diloco learner`: set up, join, train until the end, flush; the exit code (contract.Exit)."""
     t_process = time.monotonic()
+    timeline = Timeline()  # the start's phases, reported at the first accepted push (trainer/startup.py)
     _termination_message("")
     try:
         me = _configure(args)  # the spec, our group and hosts, our shard of the data
+        timeline.mark("configured")
         m = _compile(me)  # Θ₀, the mesh, the fragment plan; the steps compiled before joining
+        timeline.mark("compiled")
         from diloco.trainer.metrics import LearnerMetrics
         metrics = LearnerMetrics(me.learner_id, me.group.region, args.metrics_port)
         link, real, stop = _connect(me, m)
         t_join = time.monotonic()
         joined = _join(link, m)
+        timeline.mark("joined")
     except EndsEarly as end:
         return end.report()
     from diloco.trainer.fragment_sync import Fragments
@@ -379,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         if me.group.slowdown > 1:
             time.sleep((time.monotonic() - t0) * (me.group.slowdown - 1))
         metrics.step(fragments.stepped(t0, tokens_per_step), tokens_per_step, pr.loss)
+        timeline.mark("first_step")
+        timeline.acked(link.acked_train_seconds, emit)
 
         # A diverged learner pushes nothing and starts over from the global model; so does one
         # whose outer gradient the syncer refused as malformed or non-finite.
