@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from diloco.operator import immutable, reconcile, webhook
+from diloco.operator import immutable, peering, reconcile, webhook
 from diloco.operator import naming as n
 from diloco.operator.context import Config, Context
 from diloco.operator.crd import GROUP, PLURAL, VERSION
@@ -39,11 +39,7 @@ def _namespaced(namespace: str | None) -> str:
 def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
     """kopf logs in with our client's own credentials, so both always talk to the same cluster
     (one process may run operators for several clusters: the multi-cluster tests do)."""
-    kube = _ctx(memo).connect()
-    token = kube.token()
-    return kopf.ConnectionInfo(server=kube.host, ca_path=kube.ca_file, insecure=not kube.verify,
-                               scheme="Bearer" if token else None, token=token,
-                               certificate_path=kube.cert_file, private_key_path=kube.key_file)
+    return peering.connection_info(_ctx(memo).connect())  # with a User-Agent naming the replica
 
 
 def startup(memo: Any, **_: Any) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -68,6 +68,12 @@ def load_configuration() -> Any:
     return cfg
 
 
+def replica_agent(env: Mapping[str, str] = os.environ) -> str:
+    """`diloco-operator (<pod>)` in a pod (the chart sets $POD_NAME), the manager's name alone elsewhere."""
+    pod = env.get("POD_NAME")
+    return f"{MANAGER} ({pod})" if pod else MANAGER
+
+
 def bearer_token(cfg: Any) -> str | None:
     """The current token; calling the config's hook picks up rotated service-account tokens."""
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
@@ -100,10 +106,12 @@ class Kube:
             timeout=urllib3.Timeout(connect=5.0, read=timeout), retries=False)
 
     @classmethod
-    def connect(cls) -> Kube:
+    def connect(cls, user_agent: str | None = None) -> Kube:
+        """Logged in as the pod (or $KUBECONFIG); the User-Agent names the replica ($POD_NAME,
+        from the downward API) so the audit log tells two operator replicas apart."""
         cfg = load_configuration()
         return cls(cfg.host, token=lambda: bearer_token(cfg), ca_file=cfg.ssl_ca_cert, cert_file=cfg.cert_file,
-                   key_file=cfg.key_file, verify=cfg.verify_ssl)
+                   key_file=cfg.key_file, verify=cfg.verify_ssl, user_agent=user_agent or replica_agent())
 
     def token(self) -> str | None:
         """The current bearer token (re-read each time: service-account tokens rotate)."""

@@ -1,7 +1,12 @@
 """`diloco operator`: run the kopf operator with its liveness endpoint and Prometheus metrics.
 
-One replica (the chart's Deployment uses the Recreate strategy), so `--standalone` skips
-kopf's peering objects; without it kopf uses peering when the cluster has its CRDs.
+The chart runs two replicas, one active: kopf's peering (operator/peering.py) pauses every
+replica but the oldest, and a standby takes over within the peering lifetime (10 s) of the
+active one's last keep-alive when its node dies, so jobs are not left unattended until a
+replacement pod is scheduled. The peering object is mandatory: the operator refuses to start
+without it rather than run unpeered beside another replica. `--standalone` skips peering, for
+exactly one replica (a developer's run, a cluster without kopf's peering CRDs): two standalone
+replicas would both reconcile every job.
 Ports come from the environment so the chart sets them next to the probes that use them.
 `--namespace`, repeated, limits it to those namespaces (the chart's watchNamespaces, with a
 Role in each): kopf's namespace scanning is off (handlers.configure), so they are exact names,
@@ -22,6 +27,7 @@ from prometheus_client import start_http_server
 from diloco.contract import Exit
 from diloco.operator.context import Config, Context
 from diloco.operator.handlers import build_memo, build_registry, configure
+from diloco.operator.peering import Peering, require
 
 NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # an RFC 1123 label
 
@@ -42,6 +48,7 @@ def namespaces(given: list[str] | None) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     try:
         watched = namespaces(getattr(args, "namespace", None))
+        peers = None if getattr(args, "standalone", False) else Peering.from_env()
     except ValueError as exc:
         print(f"diloco operator: {exc}", file=sys.stderr)
         return int(Exit.CONFIG)
@@ -54,11 +61,18 @@ def main(args: argparse.Namespace) -> int:
     start_http_server(metrics_port, registry=ctx.metrics.registry)
     settings = kopf.OperatorSettings()
     configure(settings)
+    if peers is not None:
+        try:
+            require(ctx.connect(), peers, watched)
+        except ValueError as exc:
+            print(f"diloco operator: {exc}", file=sys.stderr)
+            return int(Exit.CONFIG)
+        peers.apply(settings)
     kopf.run(
         registry=build_registry(config),
         settings=settings,
         memo=build_memo(ctx),
-        standalone=bool(getattr(args, "standalone", False)),
+        **(peers.run_kwargs() if peers is not None else {"standalone": True}),
         clusterwide=not watched,
         namespaces=watched,
         liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz",

@@ -28,6 +28,7 @@ ALL_ON = ROOT / "tests" / "kube" / "values-all-on.yaml"
 VERSIONS = ["1.30.0", "1.33.0"]  # April 2024 and April 2025
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor"}  # CRDs: no schema in kubernetes-validate
 FULLNAME = "diloco-decoupled-diloco"  # the operator's (Cluster)Role; <fullname>-webhook is its webhook's
+PEERING_KINDS = {"ClusterKopfPeering", "KopfPeering"}  # kopf's, from the chart's crds/: no schema either
 
 
 def helm(*args: str) -> str:
@@ -46,7 +47,7 @@ def validate(doc: dict[str, Any], version: str) -> None:
     try:
         kubernetes_validate.validate(doc, version, strict=True)
     except kubernetes_validate.SchemaNotFoundError:
-        assert doc["kind"] in PROMETHEUS_OPERATOR_KINDS, doc["kind"]
+        assert doc["kind"] in PROMETHEUS_OPERATOR_KINDS | PEERING_KINDS, doc["kind"]
 
 
 @pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
@@ -75,12 +76,63 @@ def test_rendered_chart_validates(values: Path | None) -> None:
 def test_operator_deployment_is_locked_down() -> None:
     (deploy,) = [d for d in rendered(None) if d["kind"] == "Deployment"]
     spec = deploy["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] and c["securityContext"]["readOnlyRootFilesystem"]
-    assert c["command"] == ["diloco", "operator", "--standalone"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["resources"]["requests"]
+
+
+def test_operator_runs_two_peered_replicas_spread_over_nodes_with_a_disruption_budget() -> None:
+    """Two replicas, one active through kopf's peering (no --standalone): the peering CRDs and
+    object, RBAC for exactly kopf's use of it, the pod's name for its identity, anti-affinity,
+    and a PodDisruptionBudget that keeps one through a drain; all valid for both versions."""
+    docs = rendered(None)
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    spec, pod = deploy["spec"], deploy["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    assert c["command"] == ["diloco", "operator"] and "--standalone" not in c.get("args", [])
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["DILOCO_PEERING_LIFETIME_SECONDS"]["value"] == "10"
+    (peering,) = [d for d in docs if d["kind"] == "ClusterKopfPeering"]
+    assert peering["apiVersion"] == "kopf.dev/v1" and env["DILOCO_PEERING_NAME"]["value"] == peering["metadata"]["name"]
+    crds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
+    for name, scope in (("clusterkopfpeerings.kopf.dev", "Cluster"), ("kopfpeerings.kopf.dev", "Namespaced")):
+        (version,) = crds[name]["spec"]["versions"]
+        assert crds[name]["spec"]["scope"] == scope and version["name"] == "v1" and "subresources" not in version
+        assert version["schema"]["openAPIV3Schema"]["properties"]["status"]["x-kubernetes-preserve-unknown-fields"]
+    labels = pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+    (pdb,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    for version in VERSIONS:
+        for doc in (deploy, pdb):
+            kubernetes_validate.validate(doc, version, strict=True)
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "diloco-decoupled-diloco"]
+    kopf_rules = [r for r in role["rules"] if r["apiGroups"] == ["kopf.dev"]]
+    assert sorted((r["resources"], r["verbs"], r.get("resourceNames")) for r in kopf_rules) == [
+        (["clusterkopfpeerings"], ["list", "watch"], None),
+        (["clusterkopfpeerings"], ["patch"], [peering["metadata"]["name"]])]
+
+
+def test_watched_namespaces_peer_in_each_and_one_replica_has_no_disruption_budget() -> None:
+    out = helm("template", "diloco", str(CHART), "--namespace", "diloco-system", "--set", "watchNamespaces={ml,eu}",
+               "--set", "replicas=1")
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    assert not [d for d in docs if d["kind"] in {"PodDisruptionBudget", "ClusterKopfPeering"}]
+    assert sorted(d["metadata"]["namespace"] for d in docs if d["kind"] == "KopfPeering") == ["eu", "ml"]
+    roles = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "diloco-decoupled-diloco"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["eu", "ml"]
+    for role in roles:
+        assert {r for rule in role["rules"] if rule["apiGroups"] == ["kopf.dev"] for r in rule["resources"]} == \
+            {"kopfpeerings"}
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert deploy["spec"]["replicas"] == 1
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -148,7 +200,12 @@ def test_watched_namespaces_get_a_role_each_and_no_cluster_role(sets: list[str],
     (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
     sa = deploy["spec"]["template"]["spec"]["serviceAccountName"]
     for ns in watched:
-        assert roles[ns]["rules"] == cluster_wide  # the same rules, held in that namespace only
+        # The same rules, held in that namespace only; kopf's peering object is the namespace's
+        # KopfPeering there instead of the ClusterKopfPeering.
+        peering = [r for r in roles[ns]["rules"] if r["apiGroups"] == ["kopf.dev"]]
+        assert [r for r in roles[ns]["rules"] if r not in peering] == [r for r in cluster_wide
+                                                                         if r["apiGroups"] != ["kopf.dev"]]
+        assert [r["resources"] for r in peering] == [["kopfpeerings"]] * 2
         assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                            "name": roles[ns]["metadata"]["name"]}
         assert bindings[ns]["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": "diloco-system"}]
@@ -284,7 +341,8 @@ def test_syncer_exposure_values_reach_the_operator(monkeypatch: pytest.MonkeyPat
         docs = rendered(values)
         (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
         for item in deploy["spec"]["template"]["spec"]["containers"][0]["env"]:
-            monkeypatch.setenv(item["name"], item["value"])
+            if "value" in item:  # not POD_NAME's valueFrom (the downward API)
+                monkeypatch.setenv(item["name"], item["value"])
         config = Config.from_env()
         assert config.gateway_api is gateway and ("GRPCRoute" in config.managed_kinds) is gateway
         assert config.expose_annotations == yaml.safe_load(ALL_ON.read_text())["syncerExposure"]["annotations"] \
@@ -303,7 +361,8 @@ def test_the_operators_whereabouts_reach_each_jobs_network_policy(monkeypatch: p
         docs = rendered(values)
         (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
         for item in deploy["spec"]["template"]["spec"]["containers"][0]["env"]:
-            monkeypatch.setenv(item["name"], item["value"])
+            if "value" in item:  # not POD_NAME's valueFrom (the downward API)
+                monkeypatch.setenv(item["name"], item["value"])
         peers = Config.from_env().peers
         peer = operator_peer(peers)
         assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "diloco-system"}}

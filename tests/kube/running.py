@@ -15,9 +15,10 @@ from typing import Any
 import kopf
 import yaml
 
-from diloco.operator import handlers
+from diloco.operator import handlers, peering
 from diloco.operator.context import Config, Context
 from diloco.operator.kube import Kube
+from diloco.operator.peering import Peering
 from tests.helpers import wait_for
 
 
@@ -34,9 +35,13 @@ def write_kubeconfig(path: Path, url: str) -> Path:
 class OperatorThread:
     """`with OperatorThread(config): ...` runs the operator until the block ends."""
 
-    def __init__(self, config: Config, kube: Kube | None = None, namespaces: tuple[str, ...] = ()):
+    def __init__(self, config: Config, kube: Kube | None = None, namespaces: tuple[str, ...] = (),
+                 peering: Peering | None = None, liveness_port: int | None = None):
         self.ctx = Context(config, kube=kube)
         self.namespaces = list(namespaces)  # () watches the whole cluster, as `diloco operator` without --namespace
+        # None: standalone (kopf's --standalone); else peered as the chart's replicas run (main.py).
+        self.peering = peering
+        self.liveness_port = liveness_port  # kopf's /healthz, as the chart's probe reads it
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: list[BaseException] = []
@@ -76,9 +81,15 @@ class OperatorThread:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
+            peers: dict[str, Any] = {"standalone": True}
+            if self.peering is not None:  # what main.py does for a peered replica
+                peering.require(self.ctx.connect(), self.peering, self.namespaces)
+                self.peering.apply(settings)
+                peers = self.peering.run_kwargs()
+            liveness = f"http://127.0.0.1:{self.liveness_port}/healthz" if self.liveness_port else None
             kopf.run(loop=loop, registry=handlers.build_registry(self.ctx.config), settings=settings,
-                     memo=handlers.build_memo(self.ctx), standalone=True, clusterwide=not self.namespaces,
-                     namespaces=self.namespaces,
+                     memo=handlers.build_memo(self.ctx), clusterwide=not self.namespaces,
+                     namespaces=self.namespaces, liveness_endpoint=liveness, **peers,
                      stop_flag=self._stop, ready_flag=self._ready)
         except BaseException as exc:
             self._error.append(exc)

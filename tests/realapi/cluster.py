@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ import yaml
 from diloco.operator import naming as n
 from diloco.operator.context import Config
 from diloco.operator.kube import Kube
+from diloco.operator.peering import Peering
 from tests.helpers import wait_for
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread
@@ -38,6 +39,7 @@ KUEUE_CRDS = {"v1beta1": Path(__file__).parent / "kueue-workload-crd.yaml",
 # Kueue's default flavor (no node labels, no tolerations): the stand-in Kueues assign it.
 DEFAULT_FLAVOR = "default-flavor"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:{RELEASE}-decoupled-diloco"
+PEERING = f"{RELEASE}-decoupled-diloco"  # the chart's peering object (templates/peering.yaml)
 
 
 @dataclass
@@ -102,12 +104,16 @@ def install_crd(admin: Kube, path: Path) -> None:
 
 @contextmanager
 def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...] = (),
-                 namespaces: tuple[str, ...] = (), **config: Any) -> Iterator[Cluster]:
+                 namespaces: tuple[str, ...] = (), operator_kube: Callable[[ControlPlane, str], Kube] | None = None,
+                 identity: str = "operator-0", **config: Any) -> Iterator[Cluster]:
     """`kueue`: with stand-ins for Kueue's CRDs serving that version only (True: v1beta1) and its
     default flavor, the chart's kueue.enabled and Config.kueue;
     `watch`: the chart's watchNamespaces (a Role in each, no ClusterRole) and the operator's
     --namespace list; `namespaces`: more namespaces to create besides JOBS (before the install:
-    a Role needs its namespace); `config`: other operator settings (Config's fields)."""
+    a Role needs its namespace); `operator_kube`: the operator's client from the plane and the
+    ServiceAccount's token (default: $KUBECONFIG, as in a pod), `identity` its peering identity
+    (a pod's name); `config`: other operator settings (Config's fields). The operator peers
+    through the chart's peering object, as the chart's replicas do."""
     with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         plane = stack.enter_context(ControlPlane(folder / "control-plane"))
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
@@ -136,7 +142,9 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
                         syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=bool(kueue),
                         **config)
-        operator = stack.enter_context(OperatorThread(config, namespaces=watch))
+        kube = operator_kube(plane, token) if operator_kube is not None else None
+        operator = stack.enter_context(OperatorThread(config, kube=kube, namespaces=watch,
+                                                      peering=Peering.start(PEERING, identity)))
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
         dead = plane.alive()
         assert not dead, f"control-plane components exited during the tests: {dead}"
