@@ -68,11 +68,12 @@ print(json.dumps({"event": "training", **timeline.marks}), flush=True)
 """
 
 
-def cache_env(cache: Path) -> dict[str, str]:
-    """The learner container's cache variables (operator/compile_cache.py), under `cache`."""
-    from diloco.contract import CACHE_EVERY_PROGRAM, STEP_CACHE_ENV
+def cache_env(config: str, cache: Path) -> dict[str, str]:
+    """The learner container's cache variables as the operator renders them, the volume at `cache`."""
+    from diloco.operator.compile_cache import variables
+    from diloco.spec import load_job
 
-    return {"JAX_COMPILATION_CACHE_DIR": str(cache / "jax"), STEP_CACHE_ENV: str(cache / "steps"), **CACHE_EVERY_PROGRAM}
+    return variables(load_job(config).spec, mount=str(cache))
 
 
 def base_env() -> dict[str, str]:
@@ -101,7 +102,8 @@ def learner_start(config: str, port: int, token_file: Path, cache: Path) -> dict
     from diloco.contract import LearnerArgs
 
     args = LearnerArgs(config, "local", 0, f"127.0.0.1:{port}", metrics_port=free_port(), token_file=str(token_file))
-    proc = subprocess.Popen(["taskset", "-c", "0", DILOCO, "learner", *args.argv()], env={**base_env(), **cache_env(cache)},
+    env = {**base_env(), **cache_env(config, cache)}
+    proc = subprocess.Popen(["taskset", "-c", "0", DILOCO, "learner", *args.argv()], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         return training_event(proc, 300, "the learner")
@@ -111,7 +113,7 @@ def learner_start(config: str, port: int, token_file: Path, cache: Path) -> dict
 
 
 def plain_start(config: str, cache: Path) -> dict[str, Any]:
-    proc = subprocess.Popen([sys.executable, "-P", "-c", PLAIN, config], env={**base_env(), **cache_env(cache)},
+    proc = subprocess.Popen([sys.executable, "-P", "-c", PLAIN, config], env={**base_env(), **cache_env(config, cache)},
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         return training_event(proc, 300, "the plain loop")

@@ -54,6 +54,7 @@ def test_every_learner_pod_has_a_cache_volume_and_the_variables_and_the_syncer_n
         assert mount == {"name": "compilation-cache", "mountPath": "/var/cache/diloco"}, name
         assert env["JAX_COMPILATION_CACHE_DIR"] == "/var/cache/diloco/jax", name
         assert env[STEP_CACHE_ENV] == "/var/cache/diloco/steps", name
+        assert env["NUMBA_CACHE_DIR"] == "/var/cache/diloco/numba", name  # the image's install is read-only
         assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0", name
     for name, pod in pods.items():
         if "syncer" in name:  # the syncer runs no JAX
