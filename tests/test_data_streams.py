@@ -10,6 +10,8 @@ import gzip
 import io
 import json
 import random
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 import zstandard
 from fsspec.implementations.memory import MemoryFileSystem
 
@@ -26,6 +29,7 @@ from diloco.contract import Exit
 from diloco.spec import Data, SpecError, parse_job
 from diloco.trainer import data, records, streams
 from diloco.trainer.records import DataError, Reader
+from tests.helpers import TINY_MODEL
 
 WINDOW = 17  # context 16 + 1
 
@@ -385,3 +389,29 @@ def test_shard_assignment_is_balanced_and_needs_a_unit_per_shard() -> None:
     with pytest.raises(DataError, match=r"spec\.data\.shards: 9 shards, but the training data has only 8 units"):
         records.assign(units, 0, 9)
 
+
+
+@pytest.mark.e2e
+def test_a_job_trains_on_parquet_row_groups(tmp_path: Path) -> None:
+    """`diloco run`: two learners train the tiny model on the built-in plays as a Parquet file of
+    one row group per play (the held-out split its trailing row groups), to spec.training.steps."""
+    plays = [p.decode("utf-8", errors="replace") for p in data.corpus_plays()]
+    write_parquet(str(tmp_path / "data" / "plays-0.parquet"), [[p] for p in plays[:20]])
+    write_parquet(str(tmp_path / "data" / "plays-1.parquet"), [[p] for p in plays[20:]])
+    job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "parquet"},
+           "spec": {"learnerGroups": [{"name": "local", "replicas": 2}], "syncer": {"fragments": 2},
+                    "model": dict(TINY_MODEL),
+                    "data": {"source": {"kind": "parquet", "path": str(tmp_path / "data" / "*.parquet")}},
+                    "training": {"batchSize": 8, "learningRate": 0.006, "warmupSteps": 5, "steps": 40,
+                                 "evalIntervalSteps": 20, "durationSeconds": 120}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(tmp_path / "job.yaml"), "--out",
+                          str(out), "--no-live"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    exits = [e for e in events if e["event"] == "exit"]
+    assert sorted(e["source"] for e in exits) == ["local-0", "local-1"]
+    assert all(e["reason"] == "finished" for e in exits), exits
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 0.5, summary
