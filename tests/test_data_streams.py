@@ -216,12 +216,14 @@ def test_a_restarted_learner_goes_on_exactly_where_it_stopped(tmp_path: Path, ki
     assert not np.array_equal(straight[0], straight[epoch_batches + 1]), "each epoch has its own order"
     for k in (1, 7, epoch_batches - 1, epoch_batches, epoch_batches + 3, last):
         again = learner()  # a new process: the index in the cache folder, nothing else
+        assert isinstance(again, streams.StreamBatches) and again.epoch_windows() == whole.epoch_windows()
         again.batch(0)  # the learner compiles its step on batch 0 before it resumes
         assert np.array_equal(again.batch(k), straight[k]), k
         assert np.array_equal(again.batch(k + 1), straight[k + 1]), k
     monkeypatch.delenv("DILOCO_STEP_CACHE_DIR")  # no index: the units before the cursor are counted
     cold = learner()
-    assert cold.stream.index_path is None  # type: ignore[attr-defined]
+    assert isinstance(cold, streams.StreamBatches) and cold.stream.index_path is None
+    assert cold.epoch_windows() is None  # no index: only the first block's units are counted yet
     assert np.array_equal(cold.batch(epoch_batches + 3), straight[epoch_batches + 3])
     assert np.array_equal(cold.batch(5), straight[5])
 

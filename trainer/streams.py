@@ -51,6 +51,7 @@ class Stream:
                  *, index_dir: str | None = None) -> None:
         self.units, self.kind, self.text_field, self.tok, self.vocab_size = list(units), kind, text_field, tok, vocab_size
         self.sep = sources.separator(tok)
+        self.weights = np.array([u.weight for u in self.units], np.float64)
         self.counts = np.full(len(self.units), -1, np.int64)
         self.index_path = self._index_path(index_dir) if index_dir else None
         self._saved = time.monotonic()
@@ -82,8 +83,9 @@ class Stream:
         if self.counts[i] not in (-1, n):  # the file changed under the same name: positions shift
             log.warning("%s (part %d) now holds %d ids, the index said %d: it changed since it was first read",
                         self.units[i].url, self.units[i].part, n, self.counts[i])
+        complete = self.counts[i] < 0 and int((self.counts < 0).sum()) == 1  # the last unknown count
         self.counts[i] = n
-        if time.monotonic() - self._saved >= INDEX_SAVE_SECONDS:
+        if complete or time.monotonic() - self._saved >= INDEX_SAVE_SECONDS:
             self.save()
 
     def count(self, i: int, reader: Reader) -> int:
@@ -200,7 +202,7 @@ class StreamBatches(Batches):
         known = self.stream.counts >= 0
         if not known.any():
             return 0.0
-        weights = np.array([u.weight for u in self.stream.units], np.float64)
+        weights = self.stream.weights
         ids = self.stream.counts[known].sum() * max(weights.sum(), 1.0) / max(weights[known].sum(), 1.0)
         return k * self.batch_size / max(self.windows_in(int(ids)), 1)
 
