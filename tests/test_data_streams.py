@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -417,3 +418,20 @@ def test_a_job_trains_on_parquet_row_groups(tmp_path: Path) -> None:
     assert all(e["reason"] == "finished" for e in exits), exits
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 0.5, summary
+
+
+def test_the_learner_exits_2_with_the_line_before_it_connects(tmp_path: Path) -> None:
+    """`diloco learner` on a Parquet file without the text column: the one line on stderr and
+    Exit.CONFIG, before it compiles or reaches for the syncer (none listens at the address)."""
+    pq.write_table(pa.table({"body": ["a b c"] * 10, "id": list(range(10))}), tmp_path / "x.parquet")
+    job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "bad"},
+           "spec": {"learnerGroups": [{"name": "local", "replicas": 1}], "model": dict(TINY_MODEL),
+                    "data": {"source": {"kind": "parquet", "path": str(tmp_path / "x.parquet"),
+                                        "heldOutPath": str(tmp_path / "x.parquet")}}}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", str(tmp_path / "job.yaml"),
+                          "--group", "local", "--index", "0", "--syncer", "127.0.0.1:9"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "DILOCO_TOKEN": "0123456789abcdef0123"})
+    assert res.returncode == Exit.CONFIG, res.stderr[-2000:]
+    assert res.stderr.strip() == (f"spec.data.source.textField: {tmp_path / 'x.parquet'} has no column 'text' "
+                                  "(its columns: body, id); set textField to the column that holds the text")
