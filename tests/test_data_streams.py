@@ -435,3 +435,24 @@ def test_the_learner_exits_2_with_the_line_before_it_connects(tmp_path: Path) ->
     assert res.returncode == Exit.CONFIG, res.stderr[-2000:]
     assert res.stderr.strip() == (f"spec.data.source.textField: {tmp_path / 'x.parquet'} has no column 'text' "
                                   "(its columns: body, id); set textField to the column that holds the text")
+
+
+def test_a_large_row_group_is_read_a_piece_at_a_time(tmp_path: Path) -> None:
+    """The memory a row group's read takes (Python's and Arrow's) does not grow with the row group (the column
+    chunk is read 8 MiB at a time and decoded 1,024 rows at a time): 20 and 80 MB row groups, each
+    read in a process of its own so the peak is the read's."""
+    script = ("import sys, tracemalloc, pyarrow as pa\nfrom diloco.trainer.records import Reader, list_units\n"
+              "(unit,) = list_units('parquet', [sys.argv[1]], 'text', 'path')\ntracemalloc.start()\n"
+              "n = sum(len(b) for b in Reader('parquet', 'text').documents(unit))\n"  # Python's bytes, Arrow's buffers
+              "print(n, tracemalloc.get_traced_memory()[1] + pa.default_memory_pool().max_memory())\n")
+    peaks = []
+    for rows in (2000, 8000):
+        path = tmp_path / f"big-{rows}.parquet"
+        pq.write_table(pa.table({"text": [f"{i} " + "word " * 2000 for i in range(rows)]}), path,
+                       row_group_size=rows, compression="none")
+        res = subprocess.run([sys.executable, "-P", "-c", script, str(path)], capture_output=True, text=True,
+                             timeout=120, check=True)
+        n, peak = map(int, res.stdout.split())
+        assert n == rows
+        peaks.append(peak)
+    assert peaks[1] < 1.2 * peaks[0], peaks  # read whole: 72 and 133 MB; so, 70 and 71 MB
