@@ -406,7 +406,7 @@ def test_a_job_trains_on_parquet_row_groups(tmp_path: Path) -> None:
                     "model": dict(TINY_MODEL),
                     "data": {"source": {"kind": "parquet", "path": str(tmp_path / "data" / "*.parquet")}},
                     "training": {"batchSize": 8, "learningRate": 0.006, "warmupSteps": 5, "steps": 40,
-                                 "evalIntervalSteps": 20, "durationSeconds": 120}}}
+                                 "evalIntervalSteps": 20, "durationSeconds": 200}}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(tmp_path / "job.yaml"), "--out",
