@@ -50,6 +50,7 @@ EXAMPLE = ROOT / "examples" / "k8s-cpu-kind.yaml"
 # Two learners of the tiny model; one learner step of the whole job is 2 x 8 x 64 tokens.
 # 4M tokens: about two minutes of training here, so the deleted learner is back well before the end.
 TOKEN_BUDGET = int(os.environ.get("DILOCO_CLUSTER_TOKEN_BUDGET", 4_000_000))
+CACHE = "jax-cache"  # the compilation cache's claim: the learners share it and it outlives their pods
 
 
 def log(message: str) -> None:
@@ -116,7 +117,9 @@ def sized_down(name: str) -> dict[str, Any]:
     spec["syncer"].update(image=SYNCER_IMAGE, checkpointIntervalSeconds=5,
                           resources={"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}})
     spec["model"] = dict(TINY_MODEL)
-    spec["training"].update(tokenBudget=TOKEN_BUDGET, warmupSteps=20)
+    # A compilation cache shared by the learners and kept across pod replacements (a claim the
+    # test binds to a local volume), so the deleted learner's replacement compiles nothing.
+    spec["training"].update(tokenBudget=TOKEN_BUDGET, warmupSteps=20, compilationCache={"persistentVolumeClaim": CACHE})
     spec["chaos"] = {"enabled": False}
     return job
 
@@ -163,14 +166,16 @@ def test_the_chart_and_a_job_on_a_real_node(lane: Lane) -> None:
     name = "kind-demo"
     # The checkpoint volume: a local PersistentVolume on the node, bound by the real PV controller
     # to the claim the operator creates (no provisioner here); the kubelet applies fsGroup to it.
-    volume = lane.node.volumes / f"checkpoints-{secrets.token_hex(3)}"
-    volume.mkdir(parents=True)
-    lane.admin.request("POST", "api/v1/persistentvolumes", {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": volume.name},
-        "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                 "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(volume)},
-                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [lane.node_name]}]}]}}}})
+    # The compilation cache: another, bound to the claim the job names (users create theirs).
+    volume, cache = (lane.node.volumes / f"{kind}-{secrets.token_hex(3)}" for kind in ("checkpoints", "cache"))
+    for folder, capacity in ((volume, "10Gi"), (cache, "1Gi")):
+        folder.mkdir(parents=True)
+        lane.admin.request("POST", "api/v1/persistentvolumes", {
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": folder.name},
+            "spec": {"capacity": {"storage": capacity}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                     "persistentVolumeReclaimPolicy": "Retain", "local": {"path": str(folder)},
+                     "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                         {"key": "kubernetes.io/hostname", "operator": "In", "values": [lane.node_name]}]}]}}}})
 
     # The chart, as a user installs it, from our syncer image.
     repository, tag = SYNCER_IMAGE.rsplit(":", 1)
@@ -192,6 +197,10 @@ def test_the_chart_and_a_job_on_a_real_node(lane: Lane) -> None:
 
     # The example, sized down, applied as a user would.
     lane.kubectl("create", "namespace", JOBS)
+    lane.admin.request("POST", f"api/v1/namespaces/{JOBS}/persistentvolumeclaims", {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CACHE},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": cache.name,
+                 "resources": {"requests": {"storage": "1Gi"}}}})
     manifest = lane.folder / "k8s-cpu-kind.yaml"
     manifest.write_text(yaml.safe_dump(sized_down(name)))
     lane.kubectl("apply", "-f", str(manifest))
@@ -219,6 +228,7 @@ def test_the_chart_and_a_job_on_a_real_node(lane: Lane) -> None:
     # A learner pod deleted by hand: the StatefulSet replaces it, the operator re-admits it.
     victim = f"{name}-local-0"
     old_uid = next(p["metadata"]["uid"] for p in pods if p["metadata"]["name"] == victim)
+    killed = time.time()
     lane.kubectl("delete", "pod", "-n", JOBS, victim, "--wait=false")
     readmitted = wait_for(lambda: (s := lane.status(name))["learnerGroups"][0].get("readmitted", 0) >= 1 and s,
                           timeout=240, period=1, what="the replacement learner re-admitted")
@@ -227,6 +237,21 @@ def test_the_chart_and_a_job_on_a_real_node(lane: Lane) -> None:
     wait_for(lambda: lane.events(JOBS, "LearnerReadmitted"), timeout=30, what="the LearnerReadmitted Event")
     log(f"{victim} replaced and re-admitted after {time.monotonic() - t0:.0f} s "
         f"({readmitted.get('tokensMerged')} tokens merged)")
+
+    # The replacement read what its predecessor compiled (the shared cache): its joined line
+    # counts JAX's cache hits and no compile, and its training line times the start.
+    def started() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        lines = [json.loads(ln) for ln in lane.kubectl("logs", "-n", JOBS, victim, check=False).splitlines()
+                 if ln.startswith("{")]
+        found = {e.get("event"): e for e in lines if isinstance(e, dict)}
+        return (found["joined"], found["training"]) if "joined" in found and "training" in found else None
+
+    joined_line, training = wait_for(started, timeout=120, period=1, what="the replacement's training line")
+    hits = joined_line["compile_cache"]
+    assert hits["hits"] > 0 and hits["misses"] == 0, joined_line
+    log(f"{victim}'s replacement: compilation cache {hits}; kill -> first accepted push "
+        f"{training['t'] - killed:.1f} s (process start -> joined {training['joined']:.1f} s, -> first accepted push "
+        f"{training['first_push_accepted']:.1f} s)")
 
     # The learner that kept running: its JSON event lines (the pod goes when the job finishes,
     # so its log is read while it runs).
@@ -264,3 +289,4 @@ def test_the_chart_and_a_job_on_a_real_node(lane: Lane) -> None:
     assert owners == {10001}, owners  # written by the syncer's container, as the pod's user
     log(f"exported {out / 'model.safetensors'}; lane took {time.monotonic() - t0:.0f} s after the node was ready")
     shutil.rmtree(volume)
+    shutil.rmtree(cache)
