@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import datetime
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,16 +47,17 @@ class WebhookOptions:
     configuration: str = ""  # the ValidatingWebhookConfiguration whose caBundle the operator writes; "": not
 
     @classmethod
-    def from_env(cls) -> WebhookOptions | None:
-        port = os.environ.get("DILOCO_WEBHOOK_PORT")
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WebhookOptions | None:
+        """From the process's environment, or `env` (a container's, as the chart renders it)."""
+        env = os.environ if env is None else env
+        port = env.get("DILOCO_WEBHOOK_PORT")
         if not port:
             return None
-        options = cls(port=int(port), addr=os.environ.get("DILOCO_WEBHOOK_ADDR") or cls.addr,
-                      cert_dir=os.environ.get("DILOCO_WEBHOOK_CERT_DIR") or cls.cert_dir,
-                      namespace=os.environ.get("DILOCO_OPERATOR_NAMESPACE", ""),
-                      service=os.environ.get("DILOCO_WEBHOOK_SERVICE", ""),
-                      secret=os.environ.get("DILOCO_WEBHOOK_SECRET", ""),
-                      configuration=os.environ.get("DILOCO_WEBHOOK_CONFIGURATION", ""))
+        options = cls(port=int(port), addr=env.get("DILOCO_WEBHOOK_ADDR") or cls.addr,
+                      cert_dir=env.get("DILOCO_WEBHOOK_CERT_DIR") or cls.cert_dir,
+                      namespace=env.get("DILOCO_OPERATOR_NAMESPACE", ""), service=env.get("DILOCO_WEBHOOK_SERVICE", ""),
+                      secret=env.get("DILOCO_WEBHOOK_SECRET", ""),
+                      configuration=env.get("DILOCO_WEBHOOK_CONFIGURATION", ""))
         if options.secret and not (options.namespace and options.service):
             raise ValueError("$DILOCO_WEBHOOK_SECRET: the operator makes the webhook's certificate for its Service, "
                              "so $DILOCO_OPERATOR_NAMESPACE and $DILOCO_WEBHOOK_SERVICE must be set too")

@@ -196,12 +196,75 @@ def test_a_learner_that_cannot_start_ends_the_job_with_its_reason(cluster: Clust
     wait_for(lambda: not cluster.job("broken"), timeout=30, what="the finished job deleted by its TTL")
 
 
+# -- the admission webhook (operator/webhook.py): what the operator would fail, refused at apply --
+
+
+def webhook_refuses(cluster: Cluster, tmp_path: Path, manifest: dict[str, Any], namespace: str) -> str:
+    """`kubectl apply` of `manifest`: refused; kubectl's stderr."""
+    path = tmp_path / f"{manifest['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    done = subprocess.run([str(tool("kubectl")), f"--kubeconfig={cluster.admin_config}", "apply", "-n", namespace,
+                           "-f", str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, f"applied: {done.stdout}"
+    return done.stderr
+
+
+def test_helm_install_set_the_webhook_up_with_the_operators_certificate(cluster: Cluster) -> None:
+    """No manual step: the operator made the certificate's Secret and wrote its CA into the chart's
+    ValidatingWebhookConfiguration, which asks about jobs' creates and updates and nothing else."""
+    (configuration,) = [c for c in cluster.admin.request(
+        "GET", "apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")["items"]
+        if c["metadata"]["name"].startswith("diloco-")]
+    (hook,) = configuration["webhooks"]
+    secret = cluster.admin.get("Secret", "diloco-system", "diloco-decoupled-diloco-webhook-tls")
+    assert secret is not None and secret["type"] == "kubernetes.io/tls"
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert hook["clientConfig"]["service"]["name"] == "diloco-decoupled-diloco-webhook"
+    assert hook["rules"][0]["resources"] == ["decoupleddilocojobs"] and hook["failurePolicy"] == "Fail"
+    assert hook["timeoutSeconds"] == 5 and hook["sideEffects"] == "None"
+
+
+def test_kubectl_apply_refuses_what_the_operator_would_fail_with_its_field_path(cluster: Cluster,
+                                                                                 tmp_path: Path) -> None:
+    """A learner template that sets the learner's image, and the TPU example with a wrong
+    hostsPerLearner: refused by the webhook with the operator's own words (reconcile.load's),
+    nothing stored; the same manifests made valid are accepted, and an edit that adds a problem
+    to a stored job is refused while the stored spec stays."""
+    from diloco.operator import reconcile
+
+    denied = 'admission webhook "decoupleddilocojobs.diloco.dev" denied the request: '
+    image = tiny_job("templated", replicas=1)
+    image["spec"]["learnerGroups"][0]["template"] = {"spec": {"containers": [{"name": "learner", "image": "mine:1"}]}}
+    tpu = yaml.safe_load((ROOT / "examples" / "k8s-tpu.yaml").read_text())
+    tpu["spec"]["learnerGroups"][0]["hostsPerLearner"] = 2
+    for manifest in (image, tpu):
+        err = webhook_refuses(cluster, tmp_path, manifest, JOBS)
+        _, operator_says = reconcile.load({**manifest, "metadata": {**manifest["metadata"], "namespace": JOBS}})
+        assert denied + "; ".join(operator_says) in err, err
+        assert not cluster.job(manifest["metadata"]["name"])
+    assert "spec.learnerGroups[0].template.spec.containers[0].image: the operator's learner container's; set by " \
+           "spec.learnerGroups[0].image" in webhook_refuses(cluster, tmp_path, image, JOBS)
+    assert "spec.learnerGroups[0].hostsPerLearner: a 4x4 TPU slice with 4 chips per pod (google.com/tpu) has 4 " \
+           "host(s)" in webhook_refuses(cluster, tmp_path, tpu, JOBS)
+    tpu["spec"]["learnerGroups"][0]["hostsPerLearner"] = 4
+    (tmp_path / "tpu-valid.yaml").write_text(yaml.safe_dump(tpu))
+    cluster.kubectl("apply", "-n", JOBS, "-f", str(tmp_path / "tpu-valid.yaml"))
+    assert cluster.job("tpu-1b")["spec"]["learnerGroups"][0]["hostsPerLearner"] == 4
+    tpu["spec"]["learnerGroups"][0]["hostsPerLearner"] = 2
+    err = webhook_refuses(cluster, tmp_path, tpu, JOBS)
+    assert denied + "spec.learnerGroups[0].hostsPerLearner" in err, err
+    assert cluster.job("tpu-1b")["spec"]["learnerGroups"][0]["hostsPerLearner"] == 4
+    cluster.kubectl("delete", "-n", JOBS, "ddj", "tpu-1b")
+    wait_for(lambda: not cluster.job("tpu-1b"), timeout=30, what="the TPU job gone (kopf's finalizer removed)")
+
+
 def granted() -> set[tuple[str, str]]:
-    """(resource, verb) pairs the chart's ClusterRole grants, with the default values."""
+    """(resource, verb) pairs the chart's ClusterRoles grant, with the default values: the
+    operator's own and its webhook's (its configuration's caBundle)."""
     docs = yaml.safe_load_all(subprocess.run([str(tool("helm")), "template", "diloco", str(ROOT / "charts" / "decoupled-diloco")],
                                              capture_output=True, text=True, check=True).stdout)
-    (role,) = [d for d in docs if d and d["kind"] == "ClusterRole"]
-    return {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    roles = [d for d in docs if d and d["kind"] == "ClusterRole"]
+    return {(r, v) for role in roles for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
 
 
 # Granted, and needed, but never a request of its own: the API server's owner-reference

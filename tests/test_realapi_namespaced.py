@@ -20,7 +20,7 @@ import pytest
 from diloco.operator import naming as n
 from diloco.operator import steps
 from tests.helpers import wait_for
-from tests.realapi.cluster import JOBS, RELEASE, SERVICE_ACCOUNT, Cluster, real_cluster
+from tests.realapi.cluster import JOBS, RELEASE, SERVICE_ACCOUNT, SYSTEM, Cluster, real_cluster
 from tests.test_realapi import tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -122,6 +122,16 @@ def test_no_request_was_refused_or_outside_the_watched_namespaces(cluster: Clust
     assert len(ours) > 50, "the operator made (almost) no requests as the chart's ServiceAccount"
     refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
     assert not refused, f"the namespaced Roles refused the operator: {refused}"
+    # Besides: the admission webhook's certificate, made by the operator (operator/webhook_certs.py):
+    # its Secret in the release's namespace (a create names no object), its CA in the chart's
+    # webhook configuration, both by name.
+    def webhooks(ref: dict[str, Any]) -> bool:
+        return (ref.get("resource"), ref.get("namespace"), ref.get("name")) in {
+            ("secrets", SYSTEM, f"{ROLE}-webhook-tls"), ("secrets", SYSTEM, None),
+            ("validatingwebhookconfigurations", None, ROLE)}
+
     outside = sorted({(e["verb"], e.get("requestURI")) for e in ours
-                      if (ref := e.get("objectRef")) and ref.get("namespace") not in WATCHED})
+                      if (ref := e.get("objectRef")) and ref.get("namespace") not in WATCHED and not webhooks(ref)})
     assert not outside, f"requests outside {WATCHED}: {outside}"
+    assert {(e["objectRef"]["resource"], e["verb"]) for e in ours if (e.get("objectRef") or {}).get("namespace") == SYSTEM
+            } == {("secrets", "get"), ("secrets", "create")}  # what the webhook's Role there grants

@@ -159,6 +159,35 @@ def test_a_syncer_serves_and_status_reads_it_without_jax(slim: Path, tmp_path: P
     assert wrong.returncode == 1 and "UNAUTHENTICATED" in wrong.stderr, wrong.stderr
 
 
+def admission_review(admin: Kube, port: int, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the API server would ask the slim operator's webhook about `manifest` with a learner
+    template that sets the image, over TLS checked as the API server checks it: against the CA
+    in the Secret the operator made, for the Service's DNS name."""
+    import base64
+
+    import urllib3
+
+    secret = admin.get("Secret", "slim", "slim-webhook-tls")
+    assert secret is not None and secret["type"] == "kubernetes.io/tls", secret
+    job = {**manifest, "spec": {**manifest["spec"], "learnerGroups": [
+        {**manifest["spec"]["learnerGroups"][0],
+         "template": {"spec": {"containers": [{"name": "learner", "image": "mine:1"}]}}}]}}
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "slim-1", "kind": {"group": "diloco.dev", "version": "v1alpha1", "kind": "DecoupledDiLoCoJob"},
+        "resource": {"group": "diloco.dev", "version": "v1alpha1", "resource": "decoupleddilocojobs"},
+        "operation": "CREATE", "namespace": "slim", "name": job["metadata"]["name"],
+        "userInfo": {"username": "admin"}, "object": job, "dryRun": False}}
+    pool = urllib3.HTTPSConnectionPool("127.0.0.1", port, cert_reqs="CERT_REQUIRED", retries=False,
+                                       ca_cert_data=base64.b64decode(secret["data"]["ca.crt"]).decode(),
+                                       server_hostname="slim-webhook.slim.svc", assert_hostname="slim-webhook.slim.svc")
+    answer = pool.request("POST", "/validate", body=json.dumps(review).encode(),
+                          headers={"Content-Type": "application/json"}, timeout=10)
+    assert answer.status == 200, answer.data
+    response: dict[str, Any] = json.loads(answer.data)["response"]
+    assert response["uid"] == "slim-1"
+    return response
+
+
 @pytest.mark.realapi
 def test_the_operator_from_the_slim_install_reconciles_a_job_on_a_real_api_server(
         slim: Path, tmp_path: Path, stopped_at_exit: list[subprocess.Popen[str]]) -> None:
@@ -173,11 +202,17 @@ def test_the_operator_from_the_slim_install_reconciles_a_job_on_a_real_api_serve
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
         admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                     "metadata": {"name": "slim"}})
+        # Its admission webhook too, with the certificate it makes (operator/webhook_certs.py: the
+        # cryptography package must be in the base install); no webhook configuration to patch.
+        webhook_env = {"DILOCO_WEBHOOK_PORT": str(free_port()), "DILOCO_WEBHOOK_ADDR": "127.0.0.1",
+                       "DILOCO_WEBHOOK_CERT_DIR": str(tmp_path / "webhook"), "DILOCO_OPERATOR_NAMESPACE": "slim",
+                       "DILOCO_WEBHOOK_SERVICE": "slim-webhook", "DILOCO_WEBHOOK_SECRET": "slim-webhook-tls"}
         operator = subprocess.Popen(
             [str(slim), "-P", "-m", "diloco.cli", "operator", "--standalone", "--namespace", "slim"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **env, "DILOCO_OPERATOR_METRICS_PORT": str(free_port()),
-                 "DILOCO_OPERATOR_HEALTH_PORT": str(free_port()), "DILOCO_STATUS_INTERVAL_SECONDS": "1"})
+                 "DILOCO_OPERATOR_HEALTH_PORT": str(free_port()), "DILOCO_STATUS_INTERVAL_SECONDS": "1",
+                 **webhook_env})
         stopped_at_exit.append(operator)
         manifest = yaml.safe_load((ROOT / "examples" / "k8s-cpu-kind.yaml").read_text())
         manifest["metadata"]["namespace"] = "slim"
@@ -200,3 +235,7 @@ def test_the_operator_from_the_slim_install_reconciles_a_job_on_a_real_api_serve
         assert admin.get("Deployment", "slim", n.syncer(name)), "no syncer Deployment"
         time.sleep(2)  # a few more reconcile passes (the status timer) must not crash it either
         assert operator.poll() is None, operator.communicate()[0]
+        refused = admission_review(admin, int(webhook_env["DILOCO_WEBHOOK_PORT"]), manifest)
+        assert refused["allowed"] is False and refused["status"]["code"] == 422, refused
+        assert refused["status"]["message"].startswith(
+            "spec.learnerGroups[0].template.spec.containers[0].image: the operator's learner container's"), refused

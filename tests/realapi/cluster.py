@@ -29,6 +29,7 @@ from tests.helpers import wait_for
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread
 from tests.kube.tools import tool
+from tests.realapi import webhook
 from tests.realapi.controlplane import ROOT, ControlPlane
 from tests.realapi.kubelet import Kubelet
 
@@ -119,8 +120,10 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
         admin_config = plane.kubeconfig(folder / "admin.kubeconfig", plane.admin_token)
         for namespace in dict.fromkeys((JOBS, *watch, *namespaces)):
-            admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                        "metadata": {"name": namespace}})
+            # Labelled with its name, as servers from 1.21 on label every namespace (the chart's
+            # webhook selects the watched namespaces by it).
+            admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
+                "name": namespace, "labels": {"kubernetes.io/metadata.name": namespace}}})
         if kueue:
             version = "v1beta1" if kueue is True else str(kueue)
             install_crd(admin, KUEUE_CRDS[version])
@@ -139,12 +142,16 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         runtime = ProcessRuntime(admin, JOBS, folder / "node")
         kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
                                                    namespaces=frozenset({JOBS})))
+        # The chart's admission webhook, served by the operator in this process (tests/realapi/webhook.py).
+        hook = webhook.route(admin, webhook.chart_options(admin, SYSTEM, f"{RELEASE}-decoupled-diloco"),
+                             str(folder / "webhook"))
         config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
                         syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=bool(kueue),
-                        **config)
+                        webhook=hook, **config)
         kube = operator_kube(plane, token) if operator_kube is not None else None
         operator = stack.enter_context(OperatorThread(config, kube=kube, namespaces=watch,
                                                       peering=Peering.start(PEERING, identity)))
+        webhook.wait_served(hook)  # a job applied before would be refused: failurePolicy Fail
         yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
         dead = plane.alive()
         assert not dead, f"control-plane components exited during the tests: {dead}"

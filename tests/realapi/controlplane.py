@@ -140,6 +140,9 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={f / 'sa.pub'}", f"--service-account-signing-key-file={f / 'sa.key'}",
             "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
+            # No kube-proxy routes ClusterIPs here: the server dials a webhook Service's endpoint
+            # (tests/realapi/webhook.py points the chart's at the in-process operator).
+            "--enable-aggregator-routing=true",
             "--disable-admission-plugins=ServiceAccount",
             "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
             f"--audit-policy-file={f / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}"])
