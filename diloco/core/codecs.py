@@ -18,14 +18,12 @@ import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
 from diloco.core import kernels
+from diloco.core.choices import CODECS, Codec
 
-Codec = Literal["fp32", "bf16", "int8", "int4"]
-CODECS: tuple[Codec, ...] = ("fp32", "bf16", "int8", "int4")
 MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see kernels
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
 MAX_NDIM = 8

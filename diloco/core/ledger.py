@@ -23,15 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Literal
 
 import numpy as np
 
+from diloco.core.choices import Adoption
 from diloco.core.codecs import Blob, Codec, encode_difference
 from diloco.core.schedule import Schedule
 
 Tensors = dict[str, np.ndarray]
-Adoption = Literal["rebase", "overwrite"]
 
 
 @dataclass

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import cast
 
 import numpy as np
 
 from diloco.core import kernels
+from diloco.core.choices import MergeMethod
 from diloco.core.codecs import Packed, weighted_sum_into
-
-MergeMethod = Literal["rda", "average"]
 
 
 def token_weights(tokens: Sequence[float], steps: Sequence[float], enabled: bool = True) -> np.ndarray:

@@ -11,10 +11,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from diloco.core.codecs import Codec
+from diloco.core.choices import Adoption, Codec, MergeMethod  # names only: no numba on the spec's import
 from diloco.core.fragments import Method
-from diloco.core.ledger import Adoption
-from diloco.core.merge import MergeMethod
 from diloco.core.rounds import StalePolicy
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
 from diloco.spec.pod import PodOverlay, PodTemplate, Resources
