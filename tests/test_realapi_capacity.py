@@ -95,6 +95,87 @@ def test_a_quota_that_refuses_the_learners_shows_and_the_job_recovers_when_raise
     cluster.kubectl("delete", "resourcequota", "-n", JOBS, QUOTA)
 
 
+POD_QUOTA = "learner-pods"
+
+
+def pod_quota(cluster: Cluster, pods: int) -> None:
+    """The namespace's ResourceQuota on pods, as real clusters set one, once the quota controller
+    has counted the pods that run (admission refuses while its usage is unknown)."""
+    path = f"api/v1/namespaces/{JOBS}/resourcequotas"
+    spec = {"hard": {"pods": str(pods)}}
+    if cluster.admin.request("GET", path, params={"fieldSelector": f"metadata.name={POD_QUOTA}"}).get("items"):
+        cluster.admin.request("PATCH", f"{path}/{POD_QUOTA}", {"spec": spec}, content_type="application/merge-patch+json")
+    else:
+        cluster.admin.request("POST", path, {"apiVersion": "v1", "kind": "ResourceQuota",
+                                             "metadata": {"name": POD_QUOTA, "namespace": JOBS}, "spec": spec})
+
+    def counted() -> bool:
+        got = cluster.admin.request("GET", f"{path}/{POD_QUOTA}").get("status") or {}
+        return (got.get("hard") or {}).get("pods") == str(pods) and "pods" in (got.get("used") or {})
+
+    wait_for(counted, timeout=30, what="the pod quota counted")
+
+
+@pytest.mark.timeout(480)  # two learners start and join, on a shared core: 3 minutes on 2 busy cores
+def test_a_pod_quota_that_refuses_a_learner_shows_and_raising_it_runs_the_job_without_restarts(
+        cluster: Cluster) -> None:
+    """The quota refuses the learner pod the real StatefulSet controller creates (its FailedCreate
+    Event), not anything the operator writes. Measured on 2 busy cores: the refusal shows 1 s
+    after the scale-up, the pod is created 2 s after the quota is raised."""
+    name, learners = "podquota", n.statefulset("podquota", "local")
+    # The quota counts every pod of the namespace: the earlier tests' must be gone.
+    wait_for(lambda: not cluster.admin.list("Pod", JOBS), timeout=90, what="no pods left in the namespace")
+    cluster.admin.create(tiny_job(name, replicas=1, data={"shards": 2}))  # shards for the learner to come
+    try:
+        wait_for(lambda: status(cluster, name).get("learners") == "1/1", timeout=150, what="the first learner joined")
+        [syncer] = cluster.admin.list("Pod", JOBS, n.selector(name, n.SYNCER))
+        first = cluster.admin.get("Pod", JOBS, f"{learners}-0")
+        assert first is not None and len(cluster.admin.list("Pod", JOBS)) == 2
+        pod_quota(cluster, 2)  # what runs, and no more
+        cluster.admin.patch("DecoupledDiLoCoJob", JOBS, name, {"spec": {"learnerGroups": [
+            {"name": "local", "replicas": 2}]}})
+        try:
+            refused = wait_for(lambda: (x := condition(cluster, name, "ChildrenRefused")).get("status") == "True"
+                               and x, timeout=60, what="condition ChildrenRefused for the refused learner pod")
+        except AssertionError:
+            sts = cluster.admin.get("StatefulSet", JOBS, learners) or {}
+            seen = [(e["reason"], e["involvedObject"]["kind"], e.get("message")) for e in cluster.admin.request(
+                "GET", f"api/v1/namespaces/{JOBS}/events").get("items") or [] if e["reason"].endswith("Create")]
+            raise AssertionError(f"StatefulSet {sts.get('spec', {}).get('replicas')} wanted, status "
+                                 f"{sts.get('status')}; events {seen}; job {status(cluster, name)}") from None
+        assert refused["reason"] == "QuotaExceeded", refused
+        assert refused["message"].startswith(f"Pod {learners}-1 of StatefulSet {learners}: create refused "
+                                             f"(QuotaExceeded, ResourceQuota {POD_QUOTA}): "), refused
+        # The API server's message, as the StatefulSet controller reported it, and the fix.
+        assert f'pods "{learners}-1" is forbidden: exceeded quota: {POD_QUOTA}' in refused["message"]
+        assert f"fix: raise the namespace's ResourceQuota {POD_QUOTA} (kubectl describe resourcequota {POD_QUOTA})" \
+            in refused["message"]
+
+        def told() -> list[dict[str, Any]]:
+            return [e for e in cluster.events(JOBS, "QuotaExceeded") if e["involvedObject"]["name"] == name]
+
+        [event] = wait_for(told, timeout=30, what="the QuotaExceeded Event on the job")
+        assert event["type"] == "Warning" and f"ResourceQuota {POD_QUOTA}" in event["message"]
+        assert refused_writes(cluster, "Pod", "QuotaExceeded") >= 1
+        assert status(cluster, name)["phase"] == "Running" and cluster.operator.reconciles("error") == 0
+        cluster.operator.ticks(2)  # still refused: counted on every pass, told once
+        assert len(told()) == 1 and refused_writes(cluster, "Pod", "QuotaExceeded") >= 3
+        pod_quota(cluster, 3)
+        wait_for(lambda: cluster.admin.get("Pod", JOBS, f"{learners}-1"), timeout=60,
+                 what="the StatefulSet controller creating the second learner once the quota allows it")
+        wait_for(lambda: status(cluster, name).get("learners") == "2/2", timeout=240,
+                 what="the second learner joined")
+        cleared = condition(cluster, name, "ChildrenRefused")
+        assert (cleared["status"], cleared["reason"]) == ("False", "ChildrenWritten"), cleared
+        # Nothing that ran was restarted.
+        [still] = cluster.admin.list("Pod", JOBS, n.selector(name, n.SYNCER))
+        assert still["metadata"]["uid"] == syncer["metadata"]["uid"]
+        assert (cluster.admin.get("Pod", JOBS, f"{learners}-0") or {})["metadata"]["uid"] == first["metadata"]["uid"]
+    finally:
+        cluster.kubectl("delete", "ddj", "-n", JOBS, name, "--ignore-not-found")
+        cluster.kubectl("delete", "resourcequota", "-n", JOBS, POD_QUOTA, "--ignore-not-found")
+
+
 def test_a_job_whose_pods_cannot_schedule_stays_pending_then_starts_when_a_node_fits(cluster: Cluster) -> None:
     cluster.admin.create(waiting_job("waits", runPolicy={"backoffLimit": 0}))  # any count would fail it
     learner = f"{n.statefulset('waits', 'local')}-0"
