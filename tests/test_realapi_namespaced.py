@@ -1,7 +1,7 @@
 """Namespaced RBAC and spec.training.steps as an ending, against the real control plane (tests/realapi/).
 
 A cluster of its own: the chart installed with `watchNamespaces: [jobs, second]` (a Role and
-RoleBinding in each, no ClusterRole) and the operator logged in as its ServiceAccount, watching
+RoleBinding in each, no ClusterRole but the admission webhook's) and the operator logged in as its ServiceAccount, watching
 those two namespaces; a third one holds a job it must leave alone. A steps-bounded job trains a
 real learner process to its last step under those Roles alone: the learner exits 0, the real
 StatefulSet's pod would restart it, and the operator ends the job Succeeded/StepsReached and
@@ -51,8 +51,13 @@ def test_the_operator_holds_a_role_in_each_watched_namespace_and_nothing_cluster
     assert not cluster.admin.request("GET", f"{rbac}/namespaces/{THIRD}/roles").get("items")
     bindings = cluster.admin.request("GET", f"{rbac}/clusterrolebindings").get("items") or []
     account = SERVICE_ACCOUNT.rsplit(":", 1)[-1]
-    assert not [b["metadata"]["name"] for b in bindings
-                if any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or [])]
+    # Cluster-wide only the admission webhook's: its own configuration's caBundle, by name.
+    assert [b["metadata"]["name"] for b in bindings if any(
+        s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or [])] == \
+        [f"{ROLE}-webhook"]
+    webhook = cluster.admin.request("GET", f"{rbac}/clusterroles/{ROLE}-webhook")
+    assert webhook["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"], "resources":
+                                 ["validatingwebhookconfigurations"], "resourceNames": [ROLE], "verbs": ["get", "patch"]}]
 
 
 def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster) -> None:
@@ -97,6 +102,77 @@ def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster
     assert not (final.get("lostLearners") or []) and final["learnerGroups"][0]["lost"] == 0
     assert not cluster.events(JOBS, "LearnerLost")
     cluster.kubectl("delete", "ddj", "-n", JOBS, "steps")
+
+
+def test_learners_killed_by_a_liveness_probe_train_on_to_their_steps(cluster: Cluster) -> None:
+    """Issue 50: each learner of a steps-bounded job is SIGTERMed once mid-training, as the kubelet
+    does on a failed liveness probe, and restarted. It exits 0 then too, but its termination message
+    stays empty: the job trains on and ends Succeeded/StepsReached only once both reached the steps
+    and said so in their termination messages."""
+    total = 60
+    job = tiny_job("probed", replicas=2)
+    job["spec"]["training"]["steps"] = total
+    job["spec"]["learnerGroups"][0]["slowdown"] = 8.0  # steps of ~0.1 s or more: a kill lands mid-training
+    cluster.admin.create(job)
+    names = [f"{n.statefulset('probed', 'local')}-{i}" for i in range(2)]
+    exits: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+
+    def read_exits() -> None:
+        for name in names:
+            for log in cluster.runtime.logs_of(name):
+                exits[name].extend(e for x in log.splitlines() if '"event": "exit"' in x
+                                   and (e := json.loads(x)) not in exits[name])
+
+    def slot(name: str) -> int:
+        """The slot the pod's running learner last reported (-1 before it trains)."""
+        found = [json.loads(x)["slot"] for log in cluster.runtime.logs_of(name)[-1:] for x in log.splitlines()
+                 if '"event": "progress"' in x]
+        return found[-1] if found else -1
+
+    def learner_status(name: str) -> dict[str, Any]:
+        pod = cluster.admin.get("Pod", JOBS, name) or {}
+        return next((c for c in (pod.get("status") or {}).get("containerStatuses") or [] if c["name"] == n.LEARNER),
+                    {})
+
+    wait_for(lambda: all(5 <= slot(name) < total // 2 for name in names) or
+             any(slot(name) >= total // 2 for name in names), timeout=150, what="both learners training")
+    assert all(slot(name) < total // 2 for name in names), [slot(name) for name in names]  # mid-training
+    for name in names:
+        cluster.kubelet.fail_liveness(JOBS, name)
+
+    def killed() -> list[dict[str, Any]] | bool:
+        read_exits()
+        ended = condition(cluster, "probed", "Succeeded")
+        assert ended.get("status") != "True", f"the job ended on the kills' exit 0: {ended}"
+        got = [learner_status(name) for name in names]
+        return all(c.get("restartCount", 0) >= 1 and c.get("lastState", {}).get("terminated") for c in got) and got
+
+    statuses = wait_for(killed, timeout=60, what="both learners killed, their exits reported")
+    for c in statuses:  # SIGTERM's exit is 0 as well; only its termination message tells it apart
+        assert c["lastState"]["terminated"]["exitCode"] == 0 and not c["lastState"]["terminated"].get("message"), c
+    cluster.operator.ticks(2)  # the old rule (exit 0 in lastState) would have ended the job here
+    now = status(cluster, "probed")
+    # Not ended: Running, or Pending while both restart (no learner ready).
+    assert now.get("phase") in ("Running", "Pending") and condition(cluster, "probed", "Succeeded").get(
+        "status") != "True", now
+
+    def succeeded() -> dict[str, Any] | bool:
+        read_exits()
+        x = condition(cluster, "probed", "Succeeded")
+        return x.get("status") == "True" and x
+
+    try:
+        done = wait_for(succeeded, timeout=200, what="Succeeded once both learners reached spec.training.steps")
+    except AssertionError:
+        raise AssertionError(f"status {status(cluster, 'probed')}; learners {[learner_status(x) for x in names]}; "
+                             f"exits {exits}") from None
+    assert (done["reason"], done["message"]) == (
+        steps.REASON, f"all 2 learners reached spec.training.steps={total} and exited 0")
+    for name in names:  # each trained on to the steps after its kill, and said so
+        assert [e for e in exits[name] if e["reason"] == "finished" and e["slot"] >= total], exits[name]
+    final = status(cluster, "probed")
+    assert final["phase"] == "Succeeded" and final["desiredLearners"] == 0
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "probed")
 
 
 def test_jobs_in_a_namespace_it_does_not_watch_are_left_alone(cluster: Cluster) -> None:

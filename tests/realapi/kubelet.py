@@ -3,14 +3,18 @@
 The real kube-scheduler binds pods to the Node this registers; the real controllers create and
 replace them; this plays the kubelet's part over the API, as the real one does: node status
 and heartbeats, pod phases and conditions, container states with exit codes and restart counts
-(restartPolicy Always with back-off, what StatefulSet and Deployment pods have), image pull
-failures for images it cannot "pull", and graceful deletion (SIGTERM, then the pod object goes).
+(restartPolicy Always with back-off, what StatefulSet and Deployment pods have), each exit's
+termination message (the last 4096 bytes of the file the start had at its terminationMessagePath,
+in `lastState.terminated.message`), a failed liveness probe's kill (`fail_liveness`: SIGTERM,
+SIGKILL after the pod's grace period, then the restart), image pull failures for images it
+cannot "pull", and graceful deletion (SIGTERM, then the pod object goes).
 It also plays the volume provisioner the control plane lacks: every pending claim gets a
 hostPath PersistentVolume, which the real persistent-volume controller binds.
 """
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +39,8 @@ class Container:
 
     restarts: int = 0
     last_exit: int | None = None
+    last_message: str = ""  # the termination message of the last exit
+    killed_at: float | None = None  # when a failed liveness probe had it sent SIGTERM
     running: bool = False
     back_off_until: float = 0.0
     ready: bool = False
@@ -54,6 +60,7 @@ class Kubelet:
     period: float = 0.2
     errors: list[str] = field(default_factory=list)
     pods: dict[str, Container] = field(default_factory=dict)  # by pod uid
+    liveness_failed: set[tuple[str, str]] = field(default_factory=set)  # (namespace, pod name) to kill once
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -95,6 +102,11 @@ class Kubelet:
                          "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}},
             content_type="application/merge-patch+json")
         self._beat = time.monotonic()
+
+    def fail_liveness(self, namespace: str, name: str) -> None:
+        """Act as on a failed liveness probe of the pod's container (the test stands in for the
+        probe): SIGTERM it, SIGKILL it after the pod's terminationGracePeriodSeconds, and restart it."""
+        self.liveness_failed.add((namespace, name))
 
     # -- loop ---------------------------------------------------------------------------------
 
@@ -154,16 +166,30 @@ class Kubelet:
         if state.pull_error:
             return
         code = self.runtime.exited(pod) if state.running else None
+        if code is None and state.running:
+            self._liveness(pod, state)
         if code is not None:
             state.running, state.ready, state.last_exit = False, False, code
+            state.last_message, state.killed_at = self.runtime.message(pod), None
             state.back_off_until = time.monotonic() + min(10.0, 1.0 * 2 ** state.restarts)
             self._report(pod, state)
         elif not state.running and time.monotonic() >= state.back_off_until:
             state.restarts += 1
             self._start(pod, state)
-        elif state.running and not state.ready and self.runtime.ready(pod):
+        elif state.running and not state.ready and state.killed_at is None and self.runtime.ready(pod):
             state.ready = True
             self._report(pod, state)
+
+    def _liveness(self, pod: dict[str, Any], state: Container) -> None:
+        meta = pod["metadata"]
+        if (meta["namespace"], meta["name"]) in self.liveness_failed:
+            self.liveness_failed.discard((meta["namespace"], meta["name"]))
+            state.killed_at, state.ready = time.monotonic(), False
+            self.runtime.kill(pod, signal.SIGTERM)
+            self._report(pod, state)
+        elif state.killed_at is not None and \
+                time.monotonic() - state.killed_at > pod["spec"].get("terminationGracePeriodSeconds", 30):
+            self.runtime.kill(pod, signal.SIGKILL)
 
     def _start(self, pod: dict[str, Any], state: Container) -> None:
         self.runtime.start(pod)
@@ -185,8 +211,11 @@ class Kubelet:
                                   "ready": state.ready, "restartCount": state.restarts, "started": state.running,
                                   "state": current}
         if state.last_exit is not None:
-            status["lastState"] = {"terminated": {"exitCode": state.last_exit, "finishedAt": t,
-                                                  "reason": "Completed" if state.last_exit == 0 else "Error"}}
+            ended: dict[str, Any] = {"exitCode": state.last_exit, "finishedAt": t,
+                                     "reason": "Completed" if state.last_exit == 0 else "Error"}
+            if state.last_message:
+                ended["message"] = state.last_message
+            status["lastState"] = {"terminated": ended}
         value = "True" if state.ready else "False"
         patch = {"status": {
             "phase": "Running" if not state.pull_error else "Pending", "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
