@@ -40,9 +40,9 @@ KILLED = "local-1"
 
 
 def prepare_data(out: Path, vocab: int) -> Path:
-    """OUT/data/tokens/{train,val}.bin and OUT/data/tokenizer.json, made once."""
+    """OUT/data/tokens/{train,val}-*.bin and OUT/data/tokenizer.json, made once."""
     tokens = out / "tokens"
-    if (tokens / "train.bin").is_file() and (out / "tokenizer.json").is_file():
+    if (tokens / "manifest.json").is_file() and (out / "tokenizer.json").is_file():
         return tokens
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -72,8 +72,8 @@ def manifest(args: argparse.Namespace, tokens: Path, dtype: str) -> dict[str, An
                 "learnerGroups": [{"name": "local", "region": "local", "replicas": 2}],
                 "syncer": {"fragments": args.fragments, "compression": "int4", "checkpointIntervalSeconds": 120},
                 "model": {"preset": args.preset, "vocabSize": args.vocab, "context": args.context, "dtype": dtype},
-                "data": {"source": {"kind": "tokens", "path": str(tokens / "train.bin"),
-                                    "heldOutPath": str(tokens / "val.bin"),
+                "data": {"source": {"kind": "tokens", "path": str(tokens / "train-*.bin"),
+                                    "heldOutPath": str(tokens / "val-*.bin"),
                                     "tokenizer": str(tokens.parent / "tokenizer.json")}},
                 "training": {"batchSize": args.batch, "learningRate": 6e-4, "warmupSteps": 10,
                              "durationSeconds": args.minutes * 60, "evalIntervalSteps": args.eval_every,

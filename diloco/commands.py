@@ -84,12 +84,26 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
                    help="override the job's tokenizer (needed for pre-tokenized data with a vocabulary above 256)")
     p.set_defaults(func=lambda a: _call("diloco.sample", "main", a, needs=extras.LEARNER))
 
-    p = sub.add_parser("prepare-tokens", help="tokenize text files into train.bin / val.bin (spec.data.source kind tokens)")
-    p.add_argument("glob", metavar="GLOB", help="the text files, a quoted glob, local or an fsspec URL")
-    p.add_argument("--out", required=True, metavar="DIR", help="directory to write train.bin and val.bin to")
+    p = sub.add_parser("prepare-tokens", help="tokenize text, Parquet or JSON Lines into shards of ids (spec.data.source "
+                                             "kind tokens), resumable, on every core")
+    p.add_argument("glob", metavar="GLOB", help="the input files, a quoted glob, local or an fsspec URL: text, Parquet, "
+                                                "or JSON Lines (.jsonl, .jsonl.gz, .jsonl.zst)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="local directory for train-NNNNN.bin, val-NNNNN.bin and manifest.json")
     p.add_argument("--tokenizer", default="bytes", help="a Hugging Face tokenizer.json (default: bytes, ids 0-255)")
     p.add_argument("--held-out-fraction", type=float, default=0.05,
-                   help="the last fraction of the ids, written to val.bin (default: spec.data.heldOutFraction's 0.05)")
+                   help="the last fraction of the input (bytes of text; trailing row groups or ranges of records), "
+                        "written to val-*.bin (default: spec.data.heldOutFraction's 0.05)")
+    p.add_argument("--kind", choices=["auto", "text", "parquet", "jsonl"], default="auto",
+                   help="the input's kind (default: from the file names, as .parquet, .jsonl[.gz|.zst]; else text)")
+    p.add_argument("--text-field", default="text",
+                   help="Parquet column or JSON Lines field holding the text (spec.data.source.textField)")
+    p.add_argument("--shard-size", type=int, default=100_000_000, metavar="TOKENS",
+                   help="ids per shard file (default 100M: 200 MB of uint16)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="tokenizing processes (default: one per core; 1: in this process, the tokenizer's threads only)")
+    p.add_argument("--restart", action="store_true",
+                   help="delete what an earlier run wrote in DIR and start over (default: resume it)")
     p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a, needs=extras.LEARNER))
 
 

@@ -241,7 +241,7 @@ def test_prepare_tokens_round_trips_through_load(tmp_path: Path) -> None:
     assert "kind: tokens" in done.stdout and "tokenDtype: uint16" in done.stdout
     text = data.load(spec_data(kind="text", path=glob, tokenizer=str(tmp_path / "tok.json"),
                                held_out_fraction=0.2), 300, WINDOW)
-    tokens = data.load(spec_data(kind="tokens", path=str(out / "train.bin"), held_out_path=str(out / "val.bin"),
+    tokens = data.load(spec_data(kind="tokens", path=str(out / "train-*.bin"), held_out_path=str(out / "val-*.bin"),
                                  tokenizer=str(tmp_path / "tok.json")), 300, WINDOW)
     assert np.array_equal(tokens.train.array(), text.train.array())
     assert np.array_equal(tokens.held_out.array(), text.held_out.array())
@@ -250,7 +250,8 @@ def test_prepare_tokens_round_trips_through_load(tmp_path: Path) -> None:
 
 def test_prepare_tokens_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     args = argparse.Namespace(glob=str(tmp_path / "*.txt"), out=str(tmp_path / "o"), tokenizer="bytes",
-                              held_out_fraction=0.05)
+                              held_out_fraction=0.05, kind="auto", text_field="text", shard_size=1000, workers=1,
+                              restart=False)
     assert prepare.main(args) == 2 and "GLOB: no files match" in capsys.readouterr().err
     (tmp_path / "empty.txt").write_text("")
     assert prepare.main(args) == 2 and "are empty" in capsys.readouterr().err
