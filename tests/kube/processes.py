@@ -7,8 +7,8 @@ directory, persistent volumes as directories that outlive pods, Service names re
 pod keeps its address; every Service in front of the same port shares it), and readiness
 when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
 Each container start gets a fresh, empty termination-message file at its terminationMessagePath
-(the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does);
-a path under a mount, in args or env values, is the mount's local one (as a bind mount makes it).
+(the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does); an
+env value naming that path names the local file (a path in args, the mount's local one).
 Learners are pinned to alternating CPUs (docs/DEVELOPMENT.md).
 """
 
@@ -88,13 +88,14 @@ class ProcessRuntime(Runtime):
         return value
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], home: Path,
-             mounts: dict[str, Path]) -> dict[str, str]:
+             files: dict[str, Path]) -> dict[str, str]:
+        """`files`: container paths of single files mounted into it (the termination-message file)."""
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "value" in item:
-                env[item["name"]] = self._local_path(item["value"], mounts)
+                env[item["name"]] = str(files.get(item["value"], item["value"]))
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 key = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
@@ -146,9 +147,11 @@ class ProcessRuntime(Runtime):
         # The kubelet makes a new file for every container start and mounts it at terminationMessagePath.
         message = pod_dir / f"termination-log-{len(list(pod_dir.glob('termination-log-*')))}"
         message.write_bytes(b"")
-        self.messages[uid] = mounts[container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH] = message
+        files = {container.get("terminationMessagePath") or TERMINATION_MESSAGE_PATH: message}
+        self.messages[uid] = message
+        mounts.update(files)
         self.stopping.pop(uid, None)  # a restarted container is not being stopped
-        env = self._env(pod, container, mounts.get("/tmp", pod_dir), mounts)
+        env = self._env(pod, container, mounts.get("/tmp", pod_dir), files)
         ports = {str(p["containerPort"]): str(self._container_port(pod, container, p))
                  for p in container.get("ports") or []}
         argv: list[str] = []
