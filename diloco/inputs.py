@@ -18,10 +18,24 @@ CLOUD_FIX = "gs:// and s3:// need the cloud extra: pip install 'decoupled-diloco
 
 def problems(job: DecoupledDiLoCoJob) -> list[str]:
     """One `field: problem; fix` line per input that is not there (empty: all present)."""
-    src, out = job.spec.data.source, []
-    for field, pattern in (("spec.data.source.path", src.path), ("spec.data.source.heldOutPath", src.held_out_path)):
-        if pattern is not None and (problem := _unmatched(pattern)) is not None:
-            out.append(f"{field}: {problem}")
+    from diloco import copies
+    from diloco.spec.copies import path_field
+
+    spec = job.spec
+    src, out = spec.data.source, []
+    seen: set[tuple[str | None, str | None]] = set()
+    for i, g in enumerate(spec.learner_groups):  # every group's copy (spec/copies.py), each once
+        ours = spec.data_for(g.name).source
+        if (key := (ours.path, ours.held_out_path)) in seen:
+            continue
+        seen.add(key)
+        for held, pattern in ((False, ours.path), (True, ours.held_out_path)):
+            if pattern is not None and (problem := _unmatched(pattern)) is not None:
+                field = path_field(spec.data, g, i, held_out=held)
+                if f"{field}: {problem}" not in out:
+                    out.append(f"{field}: {problem}")
+    if not out:  # every copy there: each must hold the same files and sizes
+        out += copies.copy_problems(spec)
     if src.encoding != "bytes":
         try:
             found = hf.exists(src.encoding)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from diloco import copies
 from diloco.core.codecs import Pieces
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.counters import SLACK_CYCLES
@@ -35,11 +36,32 @@ def check_join(model: GlobalModel, request: pb.JoinRequest) -> None:
                       "syncer was seeded with (different spec.model or spec.data.seed?)", "")
 
 
+def check_data(model: GlobalModel, request: pb.JoinRequest) -> None:
+    """Refuse a learner whose copy of the data holds other files or sizes than the first admitted
+    learner's (kept, with who sent it, in the model and its checkpoint); keep the first. A
+    malformed listing is refused and changes nothing. Call under the core's lock."""
+    if not request.HasField("data"):  # the builtin corpus, or a learner older than the check
+        return
+    try:
+        listing = copies.from_pb(request.data)
+    except copies.ListingError as exc:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{exc} (learner {request.learner!r})", "") from None
+    if model.data_listing is None:
+        model.data_listing = (listing, f"learner {request.learner}")
+        return
+    kept, by = model.data_listing
+    if (found := copies.difference(kept, listing, by)) is not None:
+        raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"learner {request.learner}'s data: {found[1]} "
+                      "(spec.data.source.path, learnerGroups[].data)", "")
+
+
 def join(core: SyncerCore, request: pb.JoinRequest) -> tuple[pb.JoinHeader, Pieces]:
     """Admit a (re)joining learner whose model is this job's: its session, and the global
     model as every subscriber holds it (the broadcast view), so its subscription continues
     the shared delta chain."""
     check_join(core.model, request)
+    with core.lock:
+        check_data(core.model, request)
     learner, region = request.learner, request.region
     secret = core.open_session(learner, request.process, request.supersede)
     info, slot, job_tokens = core.joined(learner, region)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from diloco import copies
 from diloco.checkpoint import PARAM, momentum_key, params_of, process_key
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
 from diloco.core.merge import Source, merge_updates, token_weights, values_of
@@ -82,6 +83,9 @@ class GlobalModel:
     # The fingerprint of Θ₀ as the first learner seeded it (diloco/core/seed.py): every learner
     # that joins must present the same. Empty: from a checkpoint older than seeding.
     init_hash: bytes = b""
+    # The files of the data as the first admitted learner's copy holds them, and that learner
+    # (diloco/copies.py): every learner's copy must hold the same. None: none admitted yet.
+    data_listing: tuple[copies.Listing, str] | None = None
     # The merge's accumulator, lent to every round (one merge at a time) and sized to the largest
     # fragment merged so far: each round reuses one buffer instead of a fresh fragment-sized array.
     _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False,
@@ -251,6 +255,8 @@ class GlobalModel:
                 "init_hash": self.init_hash.hex(), "shapes": {n: list(v.shape) for n, v in self.params.items()}}
         if self.owned is not None:
             meta["owned"] = list(self.owned)
+        if self.data_listing is not None:
+            meta["data_listing"] = copies.to_dict(*self.data_listing)
         return arrays, meta
 
     @classmethod
@@ -307,6 +313,11 @@ class GlobalModel:
         if not isinstance(init_hash, str) or len(init_hash) not in (0, 64):
             raise ValueError("checkpoint init_hash is malformed")
         model.init_hash = bytes.fromhex(init_hash)
+        listing = meta.get("data_listing")
+        if listing is not None:  # absent: a checkpoint older than the check, or no learner with files yet
+            if not isinstance(listing, Mapping):
+                raise ValueError("checkpoint data_listing is malformed")
+            model.data_listing = copies.from_dict(listing)
         stored = meta.get("publish_key")
         if stored is not None:  # a checkpoint older than provenance tags: keep the fresh key
             if not isinstance(stored, str) or len(stored) != 2 * provenance.KEY_BYTES:

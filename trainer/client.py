@@ -60,8 +60,10 @@ class SyncerClient:
     # takeover of a live learner id (only the learner's first Join after a restart asks for one).
     def __init__(self, address: str, token: str, learner: str, region: str, *,
                  on_event: Callable[..., None] = lambda *a, **k: None,
-                 tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False):
+                 tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False,
+                 data: pb.DataListing | None = None):
         self.address, self.learner, self.region = address, learner, region
+        self.data = data  # our copy's files, which every Join shows the syncer (diloco/copies.py)
         self.metadata = auth_metadata(token)
         self.channel = channel(address, tls_ca, tls_server_name)
         self.stub = rpc.SyncerStub(self.channel)
@@ -134,6 +136,7 @@ class SyncerClient:
             tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sorted(shapes.items())],
             process=self.session, supersede=self.supersede,
             init_hash=self.initial.hash_for(*self.position) if self.initial is not None else b"",
+            data=self.data,
         )
         header, buf = None, bytearray()
         for chunk in self.stub.Join(request, metadata=self.metadata, timeout=timeout):

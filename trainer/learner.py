@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and lear
     from diloco.trainer.metrics import LearnerMetrics
     from diloco.trainer.peer_state import PeerStates
     from diloco.trainer.recipe import Recipe
+    from diloco.wire import pb
 
 log = logging.getLogger("diloco.learner")
 FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
@@ -93,6 +94,7 @@ class Learner:
     tls_ca: bytes | None
     batches: Batches  # our own disjoint shard: batch k is a pure function of (seed, shard, k)
     evals: list[np.ndarray]  # the shared held-out split
+    data: pb.DataListing | None = None  # our copy's files, shown to the syncer at every Join (diloco/copies.py)
 
 
 @dataclass
@@ -130,6 +132,7 @@ def _configure(args: argparse.Namespace) -> Learner:
     # join: there a re-admitted learner is a second late and its first pushes arrive stale.
     # In the background, so a cold cache (compiling takes seconds) never delays the join.
     threading.Thread(target=_warm_codecs, args=(job.spec.syncer,), name="warm-kernels", daemon=True).start()
+    from diloco import copies
     from diloco.trainer import data
     from diloco.trainer.hosts import Hosts
 
@@ -152,14 +155,19 @@ def _configure(args: argparse.Namespace) -> Learner:
     window = spec.model.context + 1
     try:
         # Only our shard is read (and, for text, tokenized): data.load.
-        corpus = data.load(spec.data, spec.model.vocab_size, window, shard=(shard_index % shard_count, shard_count))
+        # Our group's copy (spec.learnerGroups[].data, {region}: diloco/spec/copies.py), whose
+        # files and sizes every Join shows the syncer: all copies must hold the same.
+        ours = spec.data_for(group.name)
+        corpus = data.load(ours, spec.model.vocab_size, window, shard=(shard_index % shard_count, shard_count))
+        listing = copies.list_copy(ours.source)
         batches = data.Batches(corpus.train, spec.training.batch_size, window, seed=spec.data.seed, shard_index=shard_index)
         evals = data.eval_batches(corpus.held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size,
                                   length=window, vocab_size=spec.model.vocab_size)
     except ValueError as exc:
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     return Learner(args=args, spec=spec, group=group, learner_id=str(LearnerId(group.name, args.index)), hosts=hosts,
-                   token=token, tls_ca=tls_ca, batches=batches, evals=evals)
+                   token=token, tls_ca=tls_ca, batches=batches, evals=evals,
+                   data=copies.to_pb(listing) if listing is not None else None)
 
 
 def _compile(me: Learner) -> Model:
@@ -213,7 +221,8 @@ def _connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, 
     # syncer may still think alive; only the very first local process need not.
     def connect(address: str) -> SyncerClient:
         return SyncerClient(address, me.token, me.learner_id, me.group.region, on_event=emit, tls_ca=me.tls_ca,
-                            tls_server_name=args.tls_server_name, supersede=args.restart is None or args.restart > 0)
+                            tls_server_name=args.tls_server_name, supersede=args.restart is None or args.restart > 0,
+                            data=me.data)
 
     try:
         addresses = syncer_addresses(args.syncer)  # one per shard of spec.syncer.shards

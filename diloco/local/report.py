@@ -20,7 +20,8 @@ def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
     from diloco.trainer.recipe import Recipe
 
     spec, window = job.spec, job.spec.model.context + 1
-    held_out = data.load(spec.data, spec.model.vocab_size, window).held_out
+    # The first group's copy (spec/copies.py): every copy holds the same files, checked before the run.
+    held_out = data.load(spec.data_for(spec.learner_groups[0].name), spec.model.vocab_size, window).held_out
     batches = data.eval_batches(held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size, length=window)
     recipe = Recipe(spec.model, spec.training)  # the learners' own eval
     return recipe.eval_loss(recipe.place(params), batches)

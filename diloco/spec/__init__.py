@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.copies import GroupData, copy_problems, group_data
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
 from diloco.spec.learner import PRESETS, CompilationCache, Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
@@ -67,6 +68,10 @@ class LearnerGroup(Model):
     # Hosts (processes, pods) per learner: a multi-host TPU slice or several GPU nodes run one
     # SPMD program (jax.distributed); the learner restarts as a whole when one host is lost.
     hosts_per_learner: int = Field(1, ge=1, le=1024)
+    # This group's own copy of the data (its region's bucket): spec/copies.py; every copy must
+    # hold the same files and sizes (checked by `diloco validate --inputs`, `diloco run` and the
+    # syncer at Join).
+    data: GroupData | None = None
 
 
 ChaosTarget = Literal["learners", "syncer"]
@@ -131,6 +136,11 @@ class JobSpec(Model):
         """Every learner of this manifest, group by group; `str()` of one is the StatefulSet
         pod name's suffix."""
         return [LearnerId(g.name, i) for g in self.learner_groups for i in range(g.replicas)]
+
+    def data_for(self, group: str) -> Data:
+        """spec.data as learners of `group` read it: their copy's paths (spec/copies.py), the one
+        place every reader of a group's data path asks."""
+        return group_data(self.data, next(g for g in self.learner_groups if g.name == group))
 
     @property
     def shard_count(self) -> int:
@@ -256,6 +266,7 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
         )
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)
+    yield from copy_problems(spec.data, spec.learner_groups)
 
 
 def _shard_problems(spec: JobSpec) -> Iterable[str]:
