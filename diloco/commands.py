@@ -8,8 +8,12 @@ import argparse
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from diloco import contract, extras
+
+if TYPE_CHECKING:
+    from diloco.spec import JobSpec
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -168,7 +172,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
         f"{spec.total_learners} learners in {len(spec.learner_groups)} group(s), "
         f"quorum {spec.syncer.quorum}, {spec.syncer.fragments} fragments, {spec.syncer.compression}"
     )
+    _print_copies(spec, compared=args.inputs)
     return 0
+
+
+def _print_copies(spec: JobSpec, *, compared: bool) -> None:
+    """Where the groups read their own copies of the data (docs/DATA.md, "Data near its
+    learners"): each copy's files and bytes once compared (--inputs), else how to compare them."""
+    from diloco import copies
+
+    if len({(d.source.path, d.source.held_out_path) for d in map(spec.data_for, (g.name for g in spec.learner_groups))}) < 2:
+        return
+    if compared:
+        for line in copies.compare_copies(spec)[1]:
+            print(f"  {line}: the same files and sizes")
+    else:
+        print("  the groups read their own copies of the data: compare their files and sizes with --inputs "
+              "(the syncer compares them at each learner's Join)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -197,20 +197,22 @@ def from_dict(raw: Mapping[str, Any]) -> tuple[Listing, str]:
 # -- before a job starts: every group's copy, from where `diloco run` or `validate --inputs` runs --
 
 
-def copy_problems(spec: JobSpec) -> list[str]:
-    """One line per group whose copy differs from the first group's (empty: one copy, or all the
-    same). Groups that read the same globs are listed once."""
+def compare_copies(spec: JobSpec) -> tuple[list[str], list[str]]:
+    """(one problem line per group whose copy differs from the first group's, one line per copy
+    saying what it holds). Both empty where the job has one copy; groups that read the same
+    globs are listed once."""
     from diloco.spec.copies import path_field
 
-    seen: dict[tuple[str | None, str | None], int] = {}
+    seen: set[tuple[str | None, str | None]] = set()
     first: tuple[Listing, str] | None = None
     out: list[str] = []
+    held: list[str] = []
     for i, g in enumerate(spec.learner_groups):
         data = spec.data_for(g.name)
         key = (data.source.path, data.source.held_out_path)
         if key in seen:
             continue
-        seen[key] = i
+        seen.add(key)
         fields = (path_field(spec.data, g, i), path_field(spec.data, g, i, held_out=True))
         try:
             listing = list_copy(data.source, fields)
@@ -218,9 +220,16 @@ def copy_problems(spec: JobSpec) -> list[str]:
             out.append(str(exc))
             continue
         if listing is None:
-            return []
+            return [], []
+        held.append(f"spec.learnerGroups[{i}] ({g.region}) reads {listing.root}: {listing.count:,} files, "
+                    f"{listing.total_bytes:,} bytes")
         if first is None:
             first = (listing, f"spec.learnerGroups[{i}]")
         elif (found := difference(first[0], listing, first[1])) is not None:
             out.append(f"{fields[int(found[0])]}: {found[1]}")
-    return out if len(seen) > 1 else []
+    return (out, held) if len(seen) > 1 else ([], [])
+
+
+def copy_problems(spec: JobSpec) -> list[str]:
+    """`compare_copies`' problems: empty when every copy holds the same files and sizes."""
+    return compare_copies(spec)[0]

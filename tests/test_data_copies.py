@@ -128,11 +128,17 @@ def test_listing_names_files_relative_to_the_glob_s_fixed_prefix(tmp_path: Path)
     assert copies.fixed_prefix("gs://b/x/y-*.parquet") == "gs://b/x/" and copies.fixed_prefix("/d/one.txt") == "/d/"
 
 
-def validate(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+def validate(path: Path, capsys: pytest.CaptureFixture[str], inputs: bool = True) -> tuple[int, str]:
+    """`diloco validate [--inputs]`: its exit code and stderr (stdout in VALID[0])."""
     from diloco.commands import cmd_validate
 
-    rc = cmd_validate(argparse.Namespace(file=str(path), gateway_api=False, inputs=True, no_kueue=False))
-    return rc, capsys.readouterr().err
+    rc = cmd_validate(argparse.Namespace(file=str(path), gateway_api=False, inputs=inputs, no_kueue=False))
+    got = capsys.readouterr()
+    VALID[:] = [got.out]
+    return rc, got.err
+
+
+VALID = [""]
 
 
 def test_copies_that_differ_in_one_file_s_size_are_refused_before_the_job_starts(
@@ -146,6 +152,12 @@ def test_copies_that_differ_in_one_file_s_size_are_refused_before_the_job_starts
                    [{"name": "us", "region": "us-east"}, {"name": "eu", "region": "eu-west", "replicas": 2}])
     (tmp_path / "same.yaml").write_text(yaml.safe_dump(manifest))
     assert validate(tmp_path / "same.yaml", capsys) == (0, "")
+    total = sum(p.stat().st_size for p in (tmp_path / "same" / "us-east" / "train").rglob("*.txt"))
+    assert VALID[0].splitlines()[1:] == [
+        f"  spec.learnerGroups[{i}] ({r}) reads {tmp_path}/same/{r}/train/: 2 files, {total:,} bytes: the same files "
+        "and sizes" for i, r in enumerate(("us-east", "eu-west"))]
+    assert validate(tmp_path / "same.yaml", capsys, inputs=False) == (0, "")  # reads no files: says how to compare
+    assert "compare their files and sizes with --inputs" in VALID[0]
     size = (tmp_path / "same" / "us-east" / "train" / "shakespeare" / "b.txt").stat().st_size
     two_copies(tmp_path / "differ", eu_b=b"x" * (size - 576))
     manifest["spec"]["data"]["source"]["path"] = f"{tmp_path}/differ/{{region}}/train/*/*.txt"
