@@ -7,8 +7,9 @@ directory, persistent volumes as directories that outlive pods, Service names re
 pod keeps its address; every Service in front of the same port shares it), and readiness
 when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
 Each container start gets a fresh, empty termination-message file at its terminationMessagePath
-(the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does); an
-env value naming that path names the local file (a path in args, the mount's local one).
+(the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does);
+a path under a mount, in args or env values (the compilation cache's variables), is the
+mount's local one, as a bind mount makes it.
 Learners are pinned to alternating CPUs (docs/DEVELOPMENT.md).
 """
 
@@ -88,14 +89,14 @@ class ProcessRuntime(Runtime):
         return value
 
     def _env(self, pod: dict[str, Any], container: dict[str, Any], home: Path,
-             files: dict[str, Path]) -> dict[str, str]:
-        """`files`: container paths of single files mounted into it (the termination-message file)."""
+             mounts: dict[str, Path]) -> dict[str, str]:
+        """`mounts`: container paths of what is mounted into it (volumes, the termination-message file)."""
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "value" in item:
-                env[item["name"]] = str(files.get(item["value"], item["value"]))
+                env[item["name"]] = self._local_path(item["value"], mounts)
             elif "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 key = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
@@ -151,7 +152,7 @@ class ProcessRuntime(Runtime):
         self.messages[uid] = message
         mounts.update(files)
         self.stopping.pop(uid, None)  # a restarted container is not being stopped
-        env = self._env(pod, container, mounts.get("/tmp", pod_dir), files)
+        env = self._env(pod, container, mounts.get("/tmp", pod_dir), mounts)
         ports = {str(p["containerPort"]): str(self._container_port(pod, container, p))
                  for p in container.get("ports") or []}
         argv: list[str] = []
