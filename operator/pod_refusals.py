@@ -182,9 +182,10 @@ def found(seen: Observed) -> list[refusals.Refusal]:
 
 
 def _events(api: Kube, namespace: str, uid: str) -> list[Obj]:
-    found_: list[Obj] = api.request("GET", f"api/v1/namespaces/{quote(namespace)}/events",
-                                    params={"fieldSelector": f"involvedObject.uid={uid}"}).get("items") or []
-    return found_
+    """The Events about one object: those of this incarnation only (a name reused is another uid)."""
+    items: list[Obj] = api.request("GET", f"api/v1/namespaces/{quote(namespace)}/events",
+                                   params={"fieldSelector": f"involvedObject.uid={uid}"}).get("items") or []
+    return items
 
 
 def read(api: Kube, namespace: str, live: dict[tuple[str, str], Obj], pods: list[Obj]) -> Observed:
