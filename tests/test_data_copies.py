@@ -178,6 +178,16 @@ def test_copies_that_differ_in_one_file_s_size_are_refused_before_the_job_starts
     assert rc == 2 and err == (f"spec.learnerGroups[1].data.path: {tmp_path}/same/eu-west/train/shakespeare/b.txt is "
                                f"missing, {tmp_path}/same/us-east/train/shakespeare/b.txt (spec.learnerGroups[0]) is "
                                f"{size:,} bytes: every copy must hold the same files\n")
+    # The held-out files are compared too, and named by the held-out field.
+    (tmp_path / "same" / "eu-west" / "val2").mkdir()
+    (tmp_path / "same" / "eu-west" / "val2" / "v.txt").write_bytes(b"y" * 19_999)
+    manifest["spec"]["learnerGroups"][1]["data"] = {"heldOutPath": f"{tmp_path}/same/eu-west/val2/v.txt"}
+    manifest["spec"]["data"]["source"]["heldOutPath"] = f"{tmp_path}/same/us-east/val/v.txt"
+    (tmp_path / "held.yaml").write_text(yaml.safe_dump(manifest))
+    rc, err = validate(tmp_path / "held.yaml", capsys)
+    assert rc == 2 and err == (f"spec.learnerGroups[1].data.heldOutPath: {tmp_path}/same/eu-west/val2/v.txt is "
+                               f"19,999 bytes, {tmp_path}/same/us-east/val/v.txt (spec.learnerGroups[0]) is 20,000: "
+                               "every copy must hold the same files\n")
 
 
 def listing(sizes: dict[str, int], root: str = "gs://us/train/") -> copies.Listing:
