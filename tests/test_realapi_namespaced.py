@@ -1,8 +1,8 @@
 """Namespaced RBAC and spec.training.steps as an ending, against the real control plane (tests/realapi/).
 
 A cluster of its own: the chart installed with `watchNamespaces: [jobs, second]` (a Role and
-RoleBinding in each, no ClusterRole) and the operator logged in as its ServiceAccount, watching
-those two namespaces; a third one holds a job it must leave alone. A steps-bounded job trains a
+RoleBinding in each, no ClusterRole but the admission webhook's) and the operator logged in as
+its ServiceAccount, watching those two namespaces; a third one holds a job it must leave alone. A steps-bounded job trains a
 real learner process to its last step under those Roles alone: the learner exits 0, the real
 StatefulSet's pod would restart it, and the operator ends the job Succeeded/StepsReached and
 removes its learners. Last, the audit log: no request refused, none outside the two namespaces.
@@ -51,8 +51,13 @@ def test_the_operator_holds_a_role_in_each_watched_namespace_and_nothing_cluster
     assert not cluster.admin.request("GET", f"{rbac}/namespaces/{THIRD}/roles").get("items")
     bindings = cluster.admin.request("GET", f"{rbac}/clusterrolebindings").get("items") or []
     account = SERVICE_ACCOUNT.rsplit(":", 1)[-1]
-    assert not [b["metadata"]["name"] for b in bindings
-                if any(s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or [])]
+    # Cluster-wide only the admission webhook's: its own configuration's caBundle, by name.
+    assert [b["metadata"]["name"] for b in bindings if any(
+        s.get("kind") == "ServiceAccount" and s.get("name") == account for s in b.get("subjects") or [])] == \
+        [f"{ROLE}-webhook"]
+    webhook = cluster.admin.request("GET", f"{rbac}/clusterroles/{ROLE}-webhook")
+    assert webhook["rules"] == [{"apiGroups": ["admissionregistration.k8s.io"], "resources":
+                                 ["validatingwebhookconfigurations"], "resourceNames": [ROLE], "verbs": ["get", "patch"]}]
 
 
 def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster) -> None:
