@@ -11,10 +11,12 @@ import random
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import zstandard
 
@@ -227,3 +229,35 @@ def test_non_utf8_records_are_skipped_and_counted(tmp_path: Path, capsys: pytest
     assert prepare.main(arguments(str(tmp_path / "u.jsonl"), tmp_path / "o", held_out_fraction=0.3)) == 0
     assert "skipped 1 records that are not UTF-8" in capsys.readouterr().out
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_records"] == 1
+
+
+def test_a_killed_run_resumes_to_the_same_shards(tmp_path: Path) -> None:
+    """SIGKILL mid-run (two spawned workers, 1,500 small files): the rerun keeps the recorded shards
+    and ends with the bytes a run never interrupted writes."""
+    (tmp_path / "t").mkdir()
+    for i in range(1500):
+        (tmp_path / "t" / f"{i:04d}.txt").write_text(f"file {i} " + "words and more words " * (i % 17))
+    glob, out, fresh = str(tmp_path / "t" / "*.txt"), tmp_path / "o", tmp_path / "fresh"
+    cmd = [sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", glob, "--shard-size", "2000", "--workers", "2"]
+    proc = subprocess.Popen([*cmd, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, recorded = time.monotonic() + 100, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            recorded = json.loads((out / prepare_state.STATE).read_text())["splits"]["train"]["shards"]
+        except (OSError, ValueError):
+            pass
+        if len(recorded) >= 3:
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            proc.kill()
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert len(recorded) >= 3 and not (out / "manifest.json").exists(), "the run ended before it was killed"
+    assert len(workers) >= 2  # the two spawned workers (and multiprocessing's resource tracker)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"workers outlived their killed parent: {alive}"
+    stamps = {s["name"]: (out / s["name"]).stat().st_mtime_ns for s in recorded}
+    assert subprocess.run([*cmd, "--out", str(out)], capture_output=True, timeout=120).returncode == 0
+    assert subprocess.run([*cmd, "--out", str(fresh)], capture_output=True, timeout=120).returncode == 0
+    same_output(out, fresh)
+    assert {name: (out / name).stat().st_mtime_ns for name in stamps} == stamps

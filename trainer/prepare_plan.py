@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -29,6 +31,7 @@ TEXT_WHOLE_BYTES: Final = 4 << 20  # a text file up to this is tokenized in one 
 TEXT_CHUNK_BYTES: Final = 1 << 20  # a larger one is cut about this often, at line starts
 TEXT_PIECE_BYTES: Final = 64 << 20  # a piece of a large text file (one task), as records.UNIT_BYTES
 ALIGN_READ: Final = 64 << 10  # bytes read at a time looking for a line start
+ORPHAN_POLL: Final = 0.5  # seconds between a worker's checks that its parent lives
 WHITESPACE: Final = b" \t\n\r\x0b\x0c"
 Tick = Callable[[int, int], None]  # (text bytes, ids) just tokenized
 
@@ -198,6 +201,7 @@ def init_worker(job: Job, counters: Any, threads: int) -> None:
     """A spawned worker: its tokenizer's threads (so workers x threads fills the cores) and the
     shared counters progress reads."""
     global _WORKER, _TICK
+    threading.Thread(target=_orphaned, args=(os.getppid(),), name="orphan-watch", daemon=True).start()
     if threads:
         os.environ["RAYON_NUM_THREADS"] = os.environ["RAYON_RS_NUM_CPUS"] = str(threads)
     _WORKER = Tokenizing(job)
@@ -208,6 +212,13 @@ def init_worker(job: Job, counters: Any, threads: int) -> None:
             counters[1] += ids
 
     _TICK = tick
+
+
+def _orphaned(parent: int) -> None:
+    """A worker whose parent died (SIGKILL, OOM) exits instead of tokenizing for no one."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL)
+    os._exit(1)
 
 
 def tokenize_piece(piece: Piece, spool: str, worker: Tokenizing | None = None,
