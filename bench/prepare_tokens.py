@@ -182,7 +182,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None, help="prepare-tokens --workers (default: its own, a core each)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-prepare"))
     args = p.parse_args()
-    out = Path(args.out)
+    out, load = Path(args.out), os.getloadavg()[0]
     tok_path = tokenizer(out, args.vocab)
     files = write_input(out / f"input-{args.format}-{args.input_mb}", args.input_mb, args.format)
     glob = str(files[0].parent / ("*.parquet" if args.format == "parquet" else "*.jsonl.zst"))
@@ -201,7 +201,7 @@ def main() -> None:
                       # what the wall ratio is on an idle machine where both keep every core busy.
                       "cpu_ratio": round((cpu1 + cpu2) / 2 / cpu, 3),
                       "encode_batch_cpu_s": [round(cpu1, 1), round(cpu2, 1)], "prepare_cpu_s": round(cpu, 1),
-                      "peak_rss_mb": round(peak), "wall_s": round(wall, 1)}))
+                      "peak_rss_mb": round(peak), "wall_s": round(wall, 1), "load_at_start": round(load, 1)}))
 
 
 if __name__ == "__main__":
