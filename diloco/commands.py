@@ -104,8 +104,9 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
                    help="Parquet column or JSON Lines field holding the text (spec.data.source.textField)")
     p.add_argument("--shard-size", type=int, default=100_000_000, metavar="TOKENS",
                    help="ids per shard file (default 100M: 200 MB of uint16)")
-    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
-                   help="tokenizing processes (default: one per core; 1: in this process, the tokenizer's threads only)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="tokenizing processes (default: one per core this process may use; 1: in this process, on the "
+                        "tokenizer's threads only)")
     p.add_argument("--restart", action="store_true",
                    help="delete what an earlier run wrote in DIR and start over (default: resume it)")
     p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a, needs=extras.LEARNER))

@@ -51,6 +51,11 @@ FLAGS: Final = (("spec.data.source.textField", "--text-field"), ("set textField 
                 ("spec.data.source.path", "GLOB"))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container's cpuset limits it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class Refused(ValueError):
     """OUT holds another run's shards: resuming would mix two corpora."""
 
@@ -96,7 +101,7 @@ class Pool:
         if workers == 1:
             self.local = plan.Tokenizing(job)
         else:
-            cores = len(os.sched_getaffinity(0))
+            cores = usable_cores()
             self.pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                                                initializer=plan.init_worker,
                                                initargs=(job, counters, max(1, cores // workers)))
@@ -253,6 +258,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"--held-out-fraction {args.held_out_fraction}: give a fraction in (0, 0.5), as "
               "spec.data.heldOutFraction", file=sys.stderr)
         return Exit.CONFIG
+    args.workers = usable_cores() if args.workers is None else args.workers
     if args.shard_size < 1 or args.workers < 1:
         print(f"--shard-size {args.shard_size}, --workers {args.workers}: give positive numbers", file=sys.stderr)
         return Exit.CONFIG
