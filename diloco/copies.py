@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from diloco.spec import JobSpec
-    from diloco.spec.learner import DataSource
+    from diloco.spec import DataSource, JobSpec
     from diloco.wire import pb
 
 MAX_LISTED: Final = 10_000  # files named one by one on the wire; past it, only count, size and digest
@@ -201,7 +200,7 @@ def compare_copies(spec: JobSpec) -> tuple[list[str], list[str]]:
     """(one problem line per group whose copy differs from the first group's, one line per copy
     saying what it holds). Both empty where the job has one copy; groups that read the same
     globs are listed once."""
-    from diloco.spec.copies import path_field
+    from diloco.spec import path_field
 
     seen: set[tuple[str | None, str | None]] = set()
     first: tuple[Listing, str] | None = None

@@ -19,7 +19,7 @@ CLOUD_FIX = "gs:// and s3:// need the cloud extra: pip install 'decoupled-diloco
 def problems(job: DecoupledDiLoCoJob) -> list[str]:
     """One `field: problem; fix` line per input that is not there (empty: all present)."""
     from diloco import copies
-    from diloco.spec.copies import path_field
+    from diloco.spec import path_field
 
     spec = job.spec
     src, out = spec.data.source, []

@@ -27,6 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "diloco.operator": ("diloco.operator",),
     "base": ("diloco.core", "diloco.spec", "diloco.wire", "diloco.contract", "diloco.proto", "diloco.checkpoint",
              "diloco.shapes", "diloco.shards", "diloco.hf", "diloco.extras", "diloco.launch", "diloco.inputs",
+             "diloco.copies",
              "diloco"),
 }
 

@@ -206,10 +206,11 @@ def test_chart_kueue_enabled_reaches_the_operator_with_rbac_for_workloads(monkey
         docs = rendered(path)
         (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
         for item in deploy["spec"]["template"]["spec"]["containers"][0]["env"]:
-            monkeypatch.setenv(item["name"], item["value"])
+            if "value" in item:  # not POD_NAME's downward-API reference
+                monkeypatch.setenv(item["name"], item["value"])
         assert Config.from_env().kueue is on
         (role,) = [d for d in docs if d["kind"] in ("Role", "ClusterRole") and not d["metadata"]["name"].endswith(
-            "-kueue")]  # the reader of Kueue's cluster-scoped objects: tests/test_chart.py
+            ("-kueue", "-webhook"))]  # Kueue's cluster-scoped reader (tests/test_chart.py); the webhook's own
         rules = {(r, v) for rule in role["rules"] if "kueue.x-k8s.io" in rule["apiGroups"]
                  for r in rule["resources"] for v in rule["verbs"]}
         assert rules == ({("workloads", v) for v in ("list", "create", "patch", "delete")}

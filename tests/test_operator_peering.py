@@ -5,6 +5,7 @@ kopf's client and ours both name the pod. tests/test_realapi_peering.py runs two
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import kopf
@@ -31,6 +32,7 @@ def test_the_earlier_replica_ranks_higher_and_a_tie_break_separates_one_millisec
 
 def test_replicas_started_one_after_the_other_are_distinct_and_ordered() -> None:
     first = Peering.start("diloco", "pod-a")
+    time.sleep(0.002)  # a later millisecond: within one, the random tie-break orders them
     second = Peering.start("diloco", "pod-b")
     assert first.priority > second.priority and first.lifetime == LIFETIME
 

@@ -16,7 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
-from diloco.spec.copies import GroupData, copy_problems, group_data
+from diloco.spec.copies import GroupData, copy_problems, group_data, path_field  # noqa: F401
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
 from diloco.spec.learner import PRESETS, CompilationCache, Data, DataSource, Mesh, Training, TransformerModel  # noqa: F401
