@@ -72,7 +72,7 @@ def documents() -> list[str]:
     return docs + ([cur] if cur else [])
 
 
-def write_input(where: Path, mb: int, fmt: str) -> list[Path]:
+def write_input(where: Path, mb: int, fmt: str, file_mb: int | None) -> list[Path]:
     """Files holding `mb` MB of text in all (made once per size and format)."""
     done = where / "done.json"
     if done.is_file():
@@ -80,7 +80,7 @@ def write_input(where: Path, mb: int, fmt: str) -> list[Path]:
     shutil.rmtree(where, ignore_errors=True)
     where.mkdir(parents=True)
     docs, total, names = documents(), mb << 20, []
-    file_bytes = max(4 << 20, min(256 << 20, total // 8))
+    file_bytes = file_mb << 20 if file_mb else max(4 << 20, min(256 << 20, total // 8))
     written, i, k = 0, 0, 0
     while written < total:
         batch, size = [], 0
@@ -179,12 +179,15 @@ def main() -> None:
     p.add_argument("--input-mb", type=int, default=2048, help="MB of text in the input files")
     p.add_argument("--format", choices=["parquet", "jsonl.zst"], default="parquet")
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--file-mb", type=int, default=None,
+                   help="MB of text a file (default: an eighth of the input, 4 to 256; row groups a quarter of it)")
     p.add_argument("--workers", type=int, default=None, help="prepare-tokens --workers (default: its own, a core each)")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-prepare"))
     args = p.parse_args()
     out, load = Path(args.out), os.getloadavg()[0]
     tok_path = tokenizer(out, args.vocab)
-    files = write_input(out / f"input-{args.format}-{args.input_mb}", args.input_mb, args.format)
+    files = write_input(out / f"input-{args.format}-{args.input_mb}-{args.file_mb or 'auto'}", args.input_mb, args.format,
+                        args.file_mb)
     glob = str(files[0].parent / ("*.parquet" if args.format == "parquet" else "*.jsonl.zst"))
     first, cpu1, size = baseline(files, args.format, tok_path)
     wall, cpu, peak, summary = run_prepare(glob, out / "tokens", tok_path, args.workers)
