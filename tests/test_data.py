@@ -315,7 +315,7 @@ def test_missing_inputs_stop_run_and_validate_before_any_process(tmp_path: Path)
                           "--no-live"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 2, run.stderr
-    assert lines[0].startswith("spec.data.source.path: no files match 'runs/data/tokens/train.bin'")
+    assert lines[0].startswith("spec.data.source.path: no files match 'runs/data/tokens/train-*.bin'")
     assert lines[1].startswith("spec.data.source.heldOutPath: no files match")
     assert not (tmp_path / "runs").exists()  # nothing was started or written
     validate = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", "--inputs",
