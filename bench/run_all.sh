@@ -47,6 +47,7 @@ run scavenging bench/scavenging.py $SMOKE
 run syncer_scale bench/syncer_scale.py $SMOKE
 run multihost_push bench/multihost_push.py $SMOKE
 run multihost_share bench/multihost_share.py $SMOKE
+run broadcast_quality bench/broadcast_quality.py $SMOKE
 
 if [[ -z "$SMOKE" ]]; then
   # Component benchmarks (section 6).
@@ -56,6 +57,8 @@ if [[ -z "$SMOKE" ]]; then
   run learner bench/learner.py --turns 6
   run push_rpc bench/push_rpc.py
   run simulate bench/simulate.py
+  run restart bench/restart.py  # section 12
+  run prepare_tokens bench/prepare_tokens.py  # section 11
 fi
 
 echo "all benchmarks: $(( $(date +%s) - T0 )) s; JSON lines in $RESULTS"
