@@ -200,7 +200,7 @@ def job(images: None, tmp_path: Path) -> Iterator[dict[str, Any]]:
     try:
         yield {"suffix": suffix, "network": network, "token": token, "checkpoints": checkpoints, "made": made,
                "volumes": {"config": str(config_dir), "tmp": "tmpfs", "checkpoints": str(checkpoints),
-                           "token": str(token_dir)},
+                           "token": str(token_dir), "compilation-cache": "tmpfs"},  # the learners' default emptyDir
                "syncer": by_kind[("Deployment", f"{NAME}-syncer")]["spec"]["template"]["spec"],
                "learners": by_kind[("StatefulSet", f"{NAME}-local")]["spec"]["template"]["spec"]}
     finally:
