@@ -304,7 +304,8 @@ def test_alert_rules_name_metrics_that_exist() -> None:
 def test_the_service_monitor_labels_the_operator_as_operator_down_selects_it() -> None:
     groups = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())["groups"]
     (down,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "OperatorDown"]
-    assert 'up{diloco_component="operator"} == 0' in down and 'absent(up{diloco_component="operator"})' in down
+    assert ('sum by (namespace) (up{diloco_component="operator"}) == 0' in down
+            and 'absent(up{diloco_component="operator"})' in down)
     (monitor,) = [d for d in with_sets("metrics.serviceMonitor.enabled=true") if d["kind"] == "ServiceMonitor"]
     (endpoint,) = monitor["spec"]["endpoints"]
     assert {"targetLabel": "diloco_component", "replacement": "operator"} in endpoint["relabelings"]

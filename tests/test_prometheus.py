@@ -57,7 +57,7 @@ RULE_TESTS = CHART / "files" / "prometheus-rules-tests.yaml"
 JOB = "prom-e2e"
 NAMESPACE = "default"
 ALERTS = {"LearnerLost", "SyncerDown", "GoodputLow", "QuorumStarved", "IntegrityRefusals",
-          "JobFailed", "OperatorDown", "OperatorReconcileErrors", "ChildWritesRefused", "PodsUnschedulable"}
+          "JobFailed", "OperatorDown", "OperatorReplicaDown", "OperatorReconcileErrors", "ChildWritesRefused", "PodsUnschedulable"}
 GRAFANA_BUILTINS = {"__rate_interval": "1m", "__interval": "15s", "__range": "5m"}
 
 
