@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from diloco.core.rounds import RoundPolicy
@@ -47,3 +51,16 @@ def without_learner_extra() -> str:
     """A `python -c` program that runs the `diloco` command line (argv after -c) without the
     `learner` extra."""
     return learner_extra_blocked() + "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n"
+
+
+def diloco_run(manifest: dict[str, Any], folder: Path, timeout: float = 240) -> list[dict[str, Any]]:
+    """`diloco run` of `manifest` (written to folder/job.yaml), as a user runs it, into folder/out;
+    asserts it exited 0 and returns its events."""
+    import yaml
+
+    (folder / "job.yaml").write_text(yaml.safe_dump(manifest))
+    out = folder / "out"
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(folder / "job.yaml"), "--out", str(out),
+                          "--no-live"], capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]

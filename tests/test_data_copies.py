@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -28,7 +26,7 @@ from diloco.trainer import data
 from diloco.trainer.client import SyncerClient
 from diloco.wire import pb
 from tests import syncer_harness as sh
-from tests.helpers import TINY_MODEL
+from tests.helpers import TINY_MODEL, diloco_run
 from tests.test_data_streams import CountingFS, jsonl, small_units, write  # noqa: F401 (the fixture)
 from tests.test_seeding import SPEC, initial, unseeded  # noqa: F401 (the fixture)
 
@@ -335,12 +333,8 @@ def test_a_two_region_job_trains_each_group_on_its_own_copy(tmp_path: Path) -> N
                    syncer={"fragments": 2}, model=dict(TINY_MODEL),
                    training={"batchSize": 8, "learningRate": 0.006, "warmupSteps": 5, "steps": 20,
                              "evalIntervalSteps": 10, "durationSeconds": 200})
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    events = diloco_run(manifest, tmp_path)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(tmp_path / "job.yaml"), "--out",
-                          str(out), "--no-live"], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     exits = {e["source"]: e["reason"] for e in events if e["event"] == "exit"}
     assert exits == {"us-0": "finished", "eu-0": "finished"}, exits
     loaded, _ = CheckpointStore(out / "checkpoints").load_latest()

@@ -30,7 +30,7 @@ from diloco.contract import Exit
 from diloco.spec import Data, SpecError, parse_job
 from diloco.trainer import data, records, streams
 from diloco.trainer.records import DataError, Reader
-from tests.helpers import TINY_MODEL
+from tests.helpers import TINY_MODEL, diloco_run
 
 WINDOW = 17  # context 16 + 1
 
@@ -407,12 +407,8 @@ def test_a_job_trains_on_parquet_row_groups(tmp_path: Path) -> None:
                     "data": {"source": {"kind": "parquet", "path": str(tmp_path / "data" / "*.parquet")}},
                     "training": {"batchSize": 8, "learningRate": 0.006, "warmupSteps": 5, "steps": 40,
                                  "evalIntervalSteps": 20, "durationSeconds": 200}}}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    events = diloco_run(job, tmp_path)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(tmp_path / "job.yaml"), "--out",
-                          str(out), "--no-live"], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     exits = [e for e in events if e["event"] == "exit"]
     assert sorted(e["source"] for e in exits) == ["local-0", "local-1"]
     assert all(e["reason"] == "finished" for e in exits), exits
