@@ -76,6 +76,8 @@ TOPOLOGY_ANNOTATIONS = (REQUIRED, PREFERRED, UNCONSTRAINED, SLICE_TOPOLOGY, SLIC
 # topology assignment a scheduling gate its TopologyUngater lifts, and the Workload's name.
 POD_SET_LABEL, WORKLOAD_ANNOTATION, TOPOLOGY_GATE = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload", \
     "kueue.x-k8s.io/topology"
+# A Workload that may grow and shrink while it holds quota (Kueue's workload slices, kueue_slices.py).
+ELASTIC = "kueue.x-k8s.io/elastic-job"
 MAX_POD_SETS = 8  # Kueue's limit on spec.podSets
 MAX_NAME = 63  # a Workload's and a PodSet's name: a DNS label
 SYNCER_POD_SET = n.SYNCER
@@ -193,6 +195,8 @@ def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = N
         # A multi-host learner's gangs differ only in their index: any one stands for all.
         template = learners.pod_template(job, owner, g, link=link, index=0 if learners.is_gang(g) else None)
         pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
+        if g.min_replicas is not None and g.min_replicas < g.replicas:
+            pod_set["minCount"] = g.min_replicas  # Kueue may admit part of it (kueue_slices.py)
         request = topology_request(_annotations(template), job.metadata.annotations,
                                    gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
         out.append({**pod_set, **({"topologyRequest": request} if request else {})})
@@ -242,8 +246,11 @@ def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
 def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str, link: access.Link | None = None, *,
              version: str = NEWEST, priority: Priority | None = None) -> dict[str, Any]:
     """The job's Workload in Kueue API `version` (spec only: its status is Kueue's)."""
+    md = meta(owner, workload_name(owner.name, owner.uid))
+    if any(g.min_replicas is not None for g in job.spec.learner_groups):
+        md["annotations"] = {**(md.get("annotations") or {}), ELASTIC: "true"}
     return {"apiVersion": f"{KUEUE_GROUP}/{version}", "kind": KIND,
-            "metadata": meta(owner, workload_name(owner.name, owner.uid)),
+            "metadata": md,
             "spec": {"queueName": queue_name, "podSets": pod_sets(job, owner, link),
                      **priority_fields(priority, version)}}
 
@@ -307,7 +314,14 @@ def gate(live: Mapping[str, Any] | None, name: str, queue_name: str) -> Gate:
     if evicted(live):
         cond = c.find(list(((live or {}).get("status") or {}).get("conditions") or []), EVICTED) or {}
         why = f"{cond.get('reason', 'Evicted')}: {cond.get('message', '')}".rstrip(": ")
-        return Gate(True, False, "Evicted", f"Kueue evicted {where} ({why}); suspended until it is admitted again")
+        if holds_quota(live):
+            return Gate(True, False, "Evicted", f"Kueue evicted {where} ({why}); stopping its pods, then its quota "
+                                                "is given back")
+        if ((live or {}).get("spec") or {}).get("active") is False:
+            return Gate(True, False, "Deactivated", f"Kueue evicted {where} ({why}) and it is inactive; set its "
+                                                    "spec.active to true to queue it again")
+        return Gate(True, False, "Requeued", f"Kueue evicted {where} ({why}); its quota is given back and it waits "
+                                             "in its queue again, to resume from the syncer's checkpoint")
     if admitted(live):
         cq = (((live or {}).get("status") or {}).get("admission") or {}).get("clusterQueue", "")
         return Gate(False, True, "Admitted", f"Kueue admitted {where}" + (f" to ClusterQueue {cq}" if cq else ""))

@@ -29,6 +29,7 @@ from diloco.operator import (
     pod_refusals,
     pods,
     policies,
+    queueing,
     refusals,
     render,
     restarts,
@@ -39,7 +40,6 @@ from diloco.operator import conditions as c
 from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.operator.context import Context, post
-from diloco.operator.kube import ApiError
 from diloco.operator.syncer_client import Target
 from diloco.spec import KIND, DecoupledDiLoCoJob, SpecError, parse_job
 
@@ -157,13 +157,13 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         probe = ctx.syncers.status(namespace, name, target)
         blocker = access.refused(job, link, probe[1])
     was_finished = st.finished(status)
-    gate: kueue.Gate | None = None
-    queued: list[dict[str, Any]] = []  # the job's Workload, when queued
-    placed: dict[str, kueue.PodSetInfo] = {}  # what Kueue's admission puts into each PodSet's pods
+    q: queueing.Queued | None = None  # the job's pass through Kueue, when queued
     if queue is not None:
         live = live if live is not None else children.observe(ctx.api, namespace, name, ctx.config.managed_kinds)
-        job, gate, queued, placed = _queue(ctx, ref, job, owner=owner, link=link, queue=queue, live=live,
-                                           finished=was_finished)
+        q = queueing.queue(ctx, ref, job, owner=owner, link=link, queue_name=queue, live=live, finished=was_finished,
+                           generation=generation)
+        job = q.job
+    gate, queued, placed = (q.gate, q.workloads, q.placed) if q is not None else (None, [], {})
     desired = kueue.place(render.children(job, owner, token, started=st.started(status), finished=was_finished,
                                           blocked=blocker is not None, link=link, outcome=policies.outcome(status),
                                           expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers),
@@ -215,10 +215,12 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         new = _settle_gangs(ctx, ref, job, new=new, job_pods=job_pods, now=now, finished=set(obs.finished))
     if blocker is not None and _running_reason(status) != blocker.reason:
         post(ref, blocker.reason, blocker.message, warning=True)
-    if queued and st.finished(new) and (held := live.get(children.key(queued[0]))) is not None:
+    if q is not None and q.current is not None and st.finished(new):
         # Kueue frees a finished job's quota.
-        kueue.finish(ctx.api, held, succeeded=c.is_true(new["conditions"], c.SUCCEEDED), message="the job finished",
-                     now=st.rfc3339(now))
+        kueue.finish(ctx.api, q.current, succeeded=c.is_true(new["conditions"], c.SUCCEEDED),
+                     message="the job finished", now=st.rfc3339(now))
+    elif q is not None:
+        queueing.settle(ctx, ref, q, job_pods, finished=was_finished, now=st.rfc3339(now))
     _publish(ctx, ref, job, status=status, new=new, obs=obs, now=now)
 
 
@@ -290,60 +292,6 @@ def _show_refusals(ctx: Context, ref: dict[str, Any], *, status: dict[str, Any],
         log.warning("%s/%s: %s", meta["namespace"], meta["name"], r.describe())
         post(ref, r.reason, r.describe(), warning=True)
     return {**new, "conditions": conds}
-
-
-def _queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: render.Owner, link: access.Link,
-           queue: str, live: dict[children.Key, Any], finished: bool,
-           ) -> tuple[DecoupledDiLoCoJob, kueue.Gate, list[dict[str, Any]], dict[str, kueue.PodSetInfo]]:
-    """A queued job's Workload in the Kueue version the cluster serves, replaced if it holds
-    quota for an older shape of the job, and spec.suspend set from its admission (kueue.py);
-    the job as this pass then runs it, and what the admission puts into its pods."""
-    placed: dict[str, kueue.PodSetInfo] = {}
-    where = f"Workload {kueue.workload_name(owner.name, owner.uid)} in LocalQueue {queue}"
-    try:
-        version = ctx.api.served_version(kueue.KUEUE_GROUP)
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-        gate = kueue.Gate(True, False, "KueueNotServed", f"suspended: {where} cannot be written, {exc.detail}")
-        return _suspend(ctx, ref, job, owner=owner, gate=gate, finished=finished), gate, [], placed
-    priority, missing = kueue.lookup_priority(ctx.api, job)
-    desired = kueue.workload(job, owner, queue, link, version=version, priority=priority)
-    key = children.key(desired)
-    held, rendered = live.get(key), [desired]
-    if missing:
-        # As Kueue's integrations: no Workload (or no change to the one held) until the class exists.
-        live.pop(key, None)
-        rendered = []
-    if held is not None and not missing and (kueue.deleting(held) or kueue.stale(held, desired)):
-        if not kueue.deleting(held):
-            ctx.api.delete(key[0], owner.namespace, key[1], uid=held["metadata"].get("uid"))
-            post(ref, "WorkloadReplaced", f"the learner groups changed: Workload {key[1]} is queued again")
-        live.pop(key)  # the new one once the old one is gone (Kueue's finalizer frees its quota first)
-        held, rendered = None, []
-    gate = kueue.gate(held, key[1], queue)
-    if missing and held is None:
-        gate = kueue.Gate(True, False, "PriorityClassNotFound", f"suspended: {where} is not written while {missing}")
-    if gate.admitted and held is not None:
-        flavors, unreadable = kueue.lookup_flavors(ctx.api, held)
-        placed, problems = kueue.placement(held, flavors)
-        problems = [*unreadable, *problems, *kueue.clashes(placed, desired["spec"]["podSets"])]
-        if problems:
-            placed = {}
-            gate = kueue.Gate(True, False, "PlacementFailed", f"Kueue admitted {where}, but its admission cannot be "
-                                                              f"applied to the pods: {'; '.join(problems)}")
-    return _suspend(ctx, ref, job, owner=owner, gate=gate, finished=finished), gate, rendered, placed
-
-
-def _suspend(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: render.Owner, gate: kueue.Gate,
-             finished: bool) -> DecoupledDiLoCoJob:
-    """spec.suspend as the gate says (Kueue owns it for a queued job), with an Event when it flips."""
-    if finished or gate.suspend == job.spec.suspend:
-        return job
-    ctx.api.patch(KIND, owner.namespace, owner.name, {"spec": {"suspend": gate.suspend}})
-    if gate.reason not in kueue.TROUBLE:  # those get theirs when the condition turns to them
-        post(ref, gate.reason, gate.message, warning=gate.reason == "Evicted")
-    return job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": gate.suspend})})
 
 
 def _running_reason(status: dict[str, Any]) -> str:

@@ -124,8 +124,13 @@ def test_gate_runs_only_while_admitted_and_not_evicted() -> None:
     admitted = wl(("QuotaReserved", "True"), ("Admitted", "True"), admission={"clusterQueue": "cq"})
     ok = kueue.gate(admitted, "w", "training")
     assert not ok.suspend and ok.admitted and ok.reason == "Admitted" and "cq" in ok.message
-    out = kueue.gate(wl(("Admitted", "True"), ("Evicted", "True")), "w", "training")
+    out = kueue.gate(wl(("QuotaReserved", "True"), ("Admitted", "True"), ("Evicted", "True")), "w", "training")
     assert out.suspend and out.reason == "Evicted" and "Evicted message" in out.message
+    released = wl(("QuotaReserved", "False"), ("Admitted", "False"), ("Evicted", "True"))
+    again = kueue.gate(released, "w", "training")
+    assert again.suspend and again.reason == "Requeued" and "checkpoint" in again.message
+    inactive = kueue.gate({**released, "spec": {"active": False}}, "w", "training")
+    assert inactive.suspend and inactive.reason == "Deactivated" and "spec.active" in inactive.message
     deleting = {**admitted, "metadata": {"name": "w", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
     assert kueue.gate(deleting, "w", "training").suspend  # being replaced: admits nothing
 

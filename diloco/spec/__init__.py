@@ -54,6 +54,10 @@ class LearnerGroup(Model):
     name: str = Field(pattern=DNS_LABEL, max_length=40)
     region: str = "local"  # a label for status and metrics; one machine is one region
     replicas: int = Field(1, ge=0, le=4096)  # 0 keeps a group declared but idle (scale it up later)
+    # The fewest learners this group may start with when queued in Kueue: its PodSet's minCount,
+    # so Kueue may admit part of the group and the rest join later (operator/kueue_slices.py).
+    # Unset: all `replicas` or none (Kueue's default). Without Kueue the group runs `replicas`.
+    min_replicas: int | None = Field(None, ge=1, le=4096)
     image: str = DEFAULT_IMAGE
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
@@ -170,7 +174,7 @@ class JobSpec(Model):
         s = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         return {"model": s["model"], "data": s["data"], "training": s["training"],
                 "syncer": {k: s["syncer"][k] for k in Syncer.READ_BY_LEARNERS},
-                "group": g.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas"})}
+                "group": g.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"replicas", "min_replicas"})}
 
     def syncer_inputs(self) -> dict[str, Any]:
         """What the syncer reads at start (its pod restarts when this changes): the batch size
@@ -243,6 +247,13 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
     names = [g.name for g in spec.learner_groups]
     for name in sorted({n for n in names if names.count(n) > 1}):
         yield f"spec.learnerGroups: group name {name!r} is used twice; names must be unique"
+    for i, g in enumerate(spec.learner_groups):
+        if g.min_replicas is not None and g.min_replicas > g.replicas:
+            yield (f"spec.learnerGroups[{i}].minReplicas: {g.min_replicas} exceeds replicas ({g.replicas}); "
+                   "lower it or raise replicas")
+        if g.min_replicas is not None and g.hosts_per_learner > 1:
+            yield (f"spec.learnerGroups[{i}].minReplicas: Kueue admits part of a PodSet pod by pod, which could "
+                   f"split a learner of {g.hosts_per_learner} hosts; remove minReplicas from multi-host groups")
     total = spec.total_learners
     # A learners-only cluster's quorum is not used; a home cluster's counts every cluster's learners.
     learners, where = max((total, "spec.learnerGroups"), (spec.data.shards or 0, "spec.data.shards"))
