@@ -16,6 +16,7 @@ DISTRIBUTION = "decoupled-diloco"  # pyproject.toml's [project] name
 
 def build_parser() -> argparse.ArgumentParser:
     from diloco import commands
+    from diloco.plan import cli as plan_cli
     from diloco.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parsers(sub)
     sim_cli.add_simulate_parser(sub)
     sim_cli.add_bandwidth_parser(sub)
+    plan_cli.add_parser(sub)
     return parser
 
 

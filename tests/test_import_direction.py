@@ -21,7 +21,7 @@ PACKAGES = {"diloco": "diloco", "trainer": "diloco.trainer", "syncer": "diloco.s
 # Module prefixes of each layer, checked most specific first.
 LAYERS: dict[str, tuple[str, ...]] = {
     "app": ("diloco.cli", "diloco.commands", "diloco.export", "diloco.export_hf", "diloco.sample", "diloco.local",
-            "diloco.sim", "diloco.testing", "diloco.__main__"),
+            "diloco.sim", "diloco.plan", "diloco.testing", "diloco.__main__"),
     "diloco.trainer": ("diloco.trainer",),
     "diloco.syncer": ("diloco.syncer",),
     "diloco.operator": ("diloco.operator",),

@@ -1,0 +1,1 @@
+"""`diloco plan`: a multi-region run sized from measured parts (docs/PLANNING.md)."""
