@@ -246,13 +246,15 @@ def make_plan(p: PlanInput, largest_fragment: FragmentSizer) -> Plan:
             if not why:
                 shards = n
                 break
-            first = first or why  # the smallest syncer that keeps up still misses tau: more shards cannot
-            break  # help a whole tensor's fragment
+            first = [f"syncer: at P = {fragments}, {n} shard(s) keep up with {pushes:.1f} pushes/s, but the largest "
+                     f"fragment ({largest / 1e6:.0f}M parameters: a whole tensor, which more shards cannot split) "
+                     "misses its round trip:", *why]
+            break
     if not shards:
         head = (f"syncer: {sum(learners.values())} learners at {pushes:.1f} pushes/s fit no syncer of up to "
                 f"{SPEC_MAX_SHARDS} shards at P = {fragments}")
         if first:
-            return Plan(p, [head, *first])
+            return Plan(p, first)
         most = max_pushes(p.params / (fragments * SPEC_MAX_SHARDS), step) * step
         return Plan(p, [f"{head}; they take at most {max(0, math.floor(most))} learners at {step:g} s steps: fewer "
                         "learners, longer steps, or larger hosts (--host-memory-gb)"])

@@ -79,7 +79,8 @@ def as_json(plan: Plan, model: str) -> dict[str, Any]:
     if plan.problems:
         return out
     out.update({
-        "fragments": plan.fragments, "period_s": plan.period_s, "shards": plan.shards,
+        "fragments": plan.fragments, "period_s": plan.period_s, "shards": plan.shards, "tau": p.tau,
+        "step_s": plan.step_s, "pushes_per_s_per_shard": sum(r.learners / r.region.step_s for r in plan.regions),
         "folded_from": list(plan.folded_from) if plan.folded_from else None,
         "largest_fragment_params": plan.fragment_params, "shard_load": round(plan.shard_load, 4),
         "shard_memory_bytes": round(plan.shard_memory_b), "hosts": plan.hosts, "learners": plan.learners,
