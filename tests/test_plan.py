@@ -136,3 +136,18 @@ def test_the_command_line_end_to_end() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "data-parallel 100" in done.stdout and "figures used:" in done.stdout and "Traceback" not in done.stderr
+
+
+def test_a_pretrained_manifest_is_sized_from_its_config_json(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "llama-7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096}))
+    job = tmp_path / "job.yaml"
+    job.write_text("apiVersion: diloco.dev/v1alpha1\nkind: DecoupledDiLoCoJob\nmetadata: {name: ft}\n"
+                   f"spec:\n  learnerGroups: [{{name: a}}]\n  model: {{pretrained: {model}, context: 2048}}\n")
+    code, out = plan_json(capsys, "--from", str(job), "--region", "name=a,wan-gbps=100")
+    assert code == 0, out["problems"]
+    assert out["params"] == pytest.approx(6.74e9, rel=0.01)  # Llama 2 7B

@@ -42,8 +42,11 @@ def llama_of_size(params: float) -> TransformerModel | None:
 
 
 def model_from_manifest(path: str) -> TransformerModel:
-    """spec.model of a manifest; SpecError names the problem (unreadable, invalid, unshaped)."""
-    cfg = load_job(path).spec.model
+    """spec.model of a manifest (a pretrained model's read from its config.json); SpecError names
+    the problem (unreadable, invalid, unshaped)."""
+    from diloco.hf import resolve  # a pretrained model's architecture is in its config.json
+
+    cfg = resolve(load_job(path)).spec.model
     if parameter_shapes(cfg) is None:
         raise SpecError([f"{path}: spec.model has no shapes the plan can read (a module, or a pretrained "
                          "model without its architecture fields); give --params instead"])
