@@ -232,11 +232,8 @@ def make_plan(p: PlanInput, largest_fragment: FragmentSizer) -> Plan:
             break
     if not fragments:
         return Plan(p, why)
-    shards, why, first = 0, list[str](), list[str]()
-    for n in range(1, SPEC_MAX_SHARDS + 1):  # then the syncer: its work per slot falls as shards grow
-        if fragments * n > p.max_fragments:
-            why = why or [f"syncer: P = {fragments} x {n} shards exceeds the model's {p.max_fragments} tensors"]
-            break
+    shards, first, top = 0, list[str](), min(SPEC_MAX_SHARDS, max(1, p.max_fragments // fragments))
+    for n in range(1, top + 1):  # then the syncer: its work per slot falls as shards grow
         largest = largest_fragment(fragments * n)
         load = shard_load(p.params / (fragments * n), step, pushes)
         peak = shard_load(largest, step, pushes) * step
@@ -251,11 +248,13 @@ def make_plan(p: PlanInput, largest_fragment: FragmentSizer) -> Plan:
                      "misses its round trip:", *why]
             break
     if not shards:
+        bound = "spec.syncer.shards' maximum" if top == SPEC_MAX_SHARDS else \
+            f"the model's {p.max_fragments} tensors over P = {fragments}"
         head = (f"syncer: {sum(learners.values())} learners at {pushes:.1f} pushes/s fit no syncer of up to "
-                f"{SPEC_MAX_SHARDS} shards at P = {fragments}")
+                f"{top} shards ({bound}) at P = {fragments}")
         if first:
             return Plan(p, first)
-        most = max_pushes(p.params / (fragments * SPEC_MAX_SHARDS), step) * step
+        most = max_pushes(p.params / (fragments * top), step) * step
         return Plan(p, [f"{head}; they take at most {max(0, math.floor(most))} learners at {step:g} s steps: fewer "
                         "learners, longer steps, or larger hosts (--host-memory-gb)"])
     paper = bandwidth_gb_s(BandwidthParams(p.params, step, max(2, len(p.regions)), p.utilization,
