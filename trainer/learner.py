@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from diloco.contract import TERMINATION_LOG_ENV, Event, Exit, Finished, LearnerId
@@ -64,6 +65,18 @@ def _warm_codecs(syncer: Any) -> None:
     kernels.warm_codecs((syncer.compression, syncer.broadcast_compression), syncer.block_size)
 
 
+def _start_warming_codecs(syncer: Any) -> None:
+    threading.Thread(target=_warm_codecs, args=(syncer,), name="warm-kernels", daemon=True).start()
+
+
+def _kernels_cold() -> bool:
+    """Whether numba will compile the codec kernels (seconds) rather than load them (0.6 s of
+    CPU): an empty $NUMBA_CACHE_DIR, as the operator's cache volume is at a pod's first start.
+    Without the variable numba caches beside the package (an image warms it at build time)."""
+    folder = os.environ.get("NUMBA_CACHE_DIR")
+    return folder is not None and folder != "" and not any(Path(folder).rglob("*.nbi"))
+
+
 class EndsEarly(Exception):
     """This learner cannot train: its exit code, and why."""
 
@@ -95,6 +108,7 @@ class Learner:
     batches: Batches  # our own disjoint shard: batch k is a pure function of (seed, shard, k)
     evals: list[np.ndarray]  # the shared held-out split
     data: pb.DataListing | None = None  # our copy's files, shown to the syncer at every Join (diloco/copies.py)
+    kernels_loading: bool = False  # the codec kernels are already compiling in the background
 
 
 @dataclass
@@ -128,10 +142,9 @@ def _configure(args: argparse.Namespace) -> Learner:
     job = load_config(args.config, pretrained=True)
     token = read_token(args)
     tls_ca = read_pem(args.tls_ca, "--tls-ca")
-    # Load the codec kernels while JAX starts, not at the first push and adoption after the
-    # join: there a re-admitted learner is a second late and its first pushes arrive stale.
-    # In the background, so a cold cache (compiling takes seconds) never delays the join.
-    threading.Thread(target=_warm_codecs, args=(job.spec.syncer,), name="warm-kernels", daemon=True).start()
+    kernels_loading = _kernels_cold()  # compiling them takes seconds: beside JAX's own (cold) start
+    if kernels_loading:
+        _start_warming_codecs(job.spec.syncer)
     from diloco import copies
     from diloco.trainer import data
     from diloco.trainer.hosts import Hosts
@@ -167,7 +180,7 @@ def _configure(args: argparse.Namespace) -> Learner:
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     return Learner(args=args, spec=spec, group=group, learner_id=str(LearnerId(group.name, args.index)), hosts=hosts,
                    token=token, tls_ca=tls_ca, batches=batches, evals=evals,
-                   data=copies.to_pb(listing) if listing is not None else None)
+                   data=copies.to_pb(listing) if listing is not None else None, kernels_loading=kernels_loading)
 
 
 def _compile(me: Learner) -> Model:
@@ -350,6 +363,12 @@ def run(args: argparse.Namespace) -> int:
         t_join = time.monotonic()
         joined = _join(link, m)
         timeline.mark("joined")
+        # Cached codec kernels (numba: 0.6 s of CPU) load in the background from here, while the
+        # join's evaluation and first step run: the join itself (fp32) needs none, and loading
+        # them beside JAX's start took that CPU from the join on a learner of one core
+        # (docs/BENCHMARKS.md §12). The first push and adoption wait for them.
+        if not me.kernels_loading:
+            _start_warming_codecs(me.spec.syncer)
     except EndsEarly as end:
         return end.report()
     from diloco.trainer.fragment_sync import Fragments

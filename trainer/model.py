@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax.traverse_util import flatten_dict, unflatten_dict
 
 from diloco.shapes import parameter_shapes as spec_shapes
 from diloco.spec import TransformerModel
+
+if TYPE_CHECKING:  # Flax is imported where a module is built: a warm restart runs the exported
+    import flax.linen as nn  # step (trainer/step_cache.py) and never needs it (0.1-0.2 s of its start)
 
 Params = dict[str, jax.Array]
 
@@ -40,6 +41,8 @@ def build(cfg: TransformerModel) -> nn.Module:
 
 
 def _user_module(cfg: TransformerModel) -> nn.Module:
+    import flax.linen as nn
+
     assert cfg.module is not None
     where, _, name = cfg.module.partition(":")
     try:
@@ -55,6 +58,8 @@ def _user_module(cfg: TransformerModel) -> nn.Module:
 
 
 def _flat(tree: Any) -> dict[str, Any]:
+    from flax.traverse_util import flatten_dict
+
     return {"/".join(k): v for k, v in flatten_dict(tree).items()}
 
 
@@ -67,6 +72,8 @@ def init_params(cfg: TransformerModel, seed: int) -> Params:
 
 def apply(cfg: TransformerModel, params: Params, tokens: jax.Array) -> jax.Array:
     """Logits (batch, length, vocabSize) in the compute dtype."""
+    from flax.traverse_util import unflatten_dict
+
     nested = unflatten_dict({tuple(k.split("/")): v for k, v in params.items()})
     logits: jax.Array = build(cfg).apply({"params": nested}, tokens)  # type: ignore[assignment]  # no mutable collections: logits only
     return logits

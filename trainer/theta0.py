@@ -17,12 +17,12 @@ import json
 import os
 from pathlib import Path
 
-import flax
 import jax
 import numpy as np
 
 from diloco.spec import TransformerModel
 from diloco.trainer import cache_file, model
+from diloco.trainer.step_cache import flax_version, unimported
 
 MAX_CACHED_BYTES = 256 << 20  # larger models are not copied into the cache directory (their init is not the cost)
 
@@ -51,7 +51,7 @@ def _compute(cfg: TransformerModel, seed: int) -> dict[str, np.ndarray]:
 
 
 def _key(cfg: TransformerModel, seed: int) -> str:
-    what = {"model": cfg.model_dump(mode="json"), "seed": seed, "jax": jax.__version__, "flax": flax.__version__,
+    what = {"model": cfg.model_dump(mode="json"), "seed": seed, "jax": jax.__version__, "flax": flax_version(),
             "code": _code_digest()}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -59,6 +59,5 @@ def _key(cfg: TransformerModel, seed: int) -> str:
 def _code_digest() -> str:
     """The built-in families' source: an edited init is another Θ₀ (caches are shared across
     runs by the benches and the test suite)."""
-    from diloco.trainer import gpt, llama
-
+    gpt, llama = unimported("diloco.trainer.gpt", "diloco.trainer.llama")  # not imported: they import Flax
     return cache_file.source_digest(model, gpt, llama)

@@ -18,11 +18,30 @@ import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from diloco.core import kernels
 from diloco.core.choices import CODECS, Codec
+
+
+class _Kernels:
+    """diloco/core/kernels.py, imported at the first int codec's use: it imports numba (0.25 s,
+    and 0.4 s more to load the kernels), which a learner's join (fp32) never needs; a
+    restarted learner loads them once it has joined."""
+
+    module: ModuleType | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if _Kernels.module is None:
+            from diloco.core import kernels as loaded
+
+            _Kernels.module = loaded
+        return getattr(_Kernels.module, name)
+
+
+kernels = _Kernels()
 
 MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see kernels
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
@@ -231,7 +250,7 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
     body = buf[offset:]
     nblocks = -(-count // block) if count and codec in ("int4", "int8") else 0
     scales = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
-    if not kernels.valid_scales(scales):
+    if nblocks and not kernels.valid_scales(scales):  # fp32 and bf16 carry none
         raise CodecError("payload carries a negative or non-finite block scale")
     dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}[codec]
     return Packed(codec, tuple(shape), block, scales, np.frombuffer(body[4 * nblocks :], dtype=dtype))
