@@ -9,6 +9,12 @@ pod waits, since when and the scheduler's own message. Only an explicit limit en
 spec.runPolicy.schedulingTimeoutSeconds (Failed/SchedulingTimeoutExceeded), or
 activeDeadlineSeconds, which counts from the start, waiting included (Failed/DeadlineExceeded).
 Preempted and evicted pods are losses (pods.py), not this.
+
+A pod held back by a scheduling gate (`PodScheduled=False`, reason `SchedulingGated`) waits for
+whoever put the gate there: Kueue's TopologyUngater and ElasticJobUngater lift theirs within
+seconds of an admission. One still gated after GATE_GRACE is a gate nobody is lifting (no
+topology assignment, a label Kueue does not find the pod by), and it shows the same way, the
+condition and its Event naming the gate and what lifts it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,16 @@ from diloco.operator import failures
 
 TIMED_OUT = "SchedulingTimeoutExceeded"  # the Failed condition's reason
 WAITING, SCHEDULED = "Unschedulable", "PodsScheduled"  # PodsUnschedulable's reasons (True, False)
+GATED = "SchedulingGated"  # the kube-scheduler's PodScheduled reason for a pod with schedulingGates
+# Seconds a pod may stay gated before the job shows it: Kueue's ungaters act within seconds.
+GATE_GRACE = 60.0
+# Who lifts the gates Kueue puts on an admitted job's pods, for the message.
+LIFTED_BY = {"kueue.x-k8s.io/topology": "Kueue's TopologyUngater lifts it once the Workload's topology assignment "
+                                        "is applied (check status.admission.podSetAssignments[].topologyAssignment "
+                                        "and the pod's kueue.x-k8s.io/podset label and kueue.x-k8s.io/workload "
+                                        "annotation)",
+             "kueue.x-k8s.io/elastic-job": "Kueue's ElasticJobUngater lifts it once the Workload slice is admitted"}
+GATE_FIX = "the scheduler places the pod once no gate is left on it"
 FIX = ("no node fits the pod now: compare its nodeSelector, tolerations and resources with the cluster's nodes "
        "(kubectl describe pod), or add capacity; the job starts when a node fits")
 
@@ -35,6 +51,7 @@ class Waiting:
     who: str  # "learner us-1", "syncer"
     since: float
     message: str  # the scheduler's, e.g. "0/3 nodes are available: 3 Insufficient google.com/tpu."
+    gated: bool = False  # held back by a scheduling gate, not by a lack of nodes
 
     def seconds(self, now: float) -> float:
         return max(0.0, now - self.since)
@@ -47,20 +64,33 @@ def _time(value: str | None) -> float | None:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
 
 
-def waiting(pods: Iterable[dict[str, Any]], now: float) -> list[Waiting]:
-    """The pods the scheduler marked Unschedulable, longest waiting first (pods being deleted
-    are going anyway and do not count)."""
+def waiting(pods: Iterable[dict[str, Any]], now: float, gate_grace: float = GATE_GRACE) -> list[Waiting]:
+    """The pods the scheduler marked Unschedulable, and those gated past `gate_grace`, longest
+    waiting first (pods being deleted are going anyway and do not count)."""
     out = []
     for pod in pods:
         meta, s = pod.get("metadata", {}), pod.get("status") or {}
         if meta.get("deletionTimestamp"):
             continue
         sched = next((x for x in s.get("conditions") or [] if x.get("type") == "PodScheduled"), None)
-        if not sched or sched.get("status") != "False" or sched.get("reason") != "Unschedulable":
+        if not sched or sched.get("status") != "False" or sched.get("reason") not in ("Unschedulable", GATED):
             continue
         since = _time(sched.get("lastTransitionTime")) or _time(meta.get("creationTimestamp")) or now
-        out.append(Waiting(meta.get("name", "?"), failures.who(pod), since, sched.get("message") or "no node fits"))
+        message = sched.get("message") or "no node fits"
+        if sched.get("reason") == GATED:
+            if now - since < gate_grace:
+                continue
+            message = gated(pod)
+        out.append(Waiting(meta.get("name", "?"), failures.who(pod), since, message, sched.get("reason") == GATED))
     return sorted(out, key=lambda w: (w.since, w.pod))
+
+
+def gated(pod: dict[str, Any]) -> str:
+    """What holds a gated pod back: each gate by name, and what lifts it."""
+    gates = [str(g.get("name")) for g in (pod.get("spec") or {}).get("schedulingGates") or []]
+    said = [f"scheduling gate {g}" + (f" ({LIFTED_BY[g]})" if g in LIFTED_BY else " (whoever added it must remove it)")
+            for g in gates] or ["a scheduling gate"]
+    return f"held back by {'; '.join(said)}"
 
 
 def _limit(timeout: int | None) -> str:
@@ -83,6 +113,9 @@ def message(pods: list[Waiting], timeout: int | None) -> str:
     others = f" (and {len(pods) - 1} more pods)" if len(pods) > 1 else ""
     since = dt.datetime.fromtimestamp(w.since, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     # A time, not a duration: the message stays the same from pass to pass (no status write each time).
+    if w.gated:
+        return (f"pod {w.pod} ({w.who}) is waiting, gated since {since}: {w.message}{others}; {GATE_FIX}. "
+                f"Waiting is not a failure: {_limit(timeout)}")
     return (f"pod {w.pod} ({w.who}) is waiting for capacity, unschedulable since {since}: "
             f"{w.message}{others}; {FIX}. Waiting is not a failure: {_limit(timeout)}")
 

@@ -17,6 +17,7 @@ from typing import Any, cast
 import kopf
 
 from diloco.operator import naming
+from diloco.operator.capacity import GATE_GRACE
 from diloco.operator.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
 from diloco.operator.failures import IMAGE_PULL_GRACE
 from diloco.operator.kube import Kube
@@ -61,6 +62,9 @@ class Config:
     # Seconds every pod of a group may be stuck pulling its image before the job ends
     # (failures.image_stuck). Not an environment setting: tests shorten it.
     image_pull_grace: float = IMAGE_PULL_GRACE
+    # Seconds a pod may stay behind a scheduling gate before the job shows it (capacity.py).
+    # Not an environment setting: tests shorten it.
+    gate_grace: float = GATE_GRACE
     # Where the operator dials a job's syncer; tests map Service names to local ports.
     syncer_address: Callable[[str, str], str] = naming.syncer_address
     # The chart's syncerExposure: may the operator manage GRPCRoutes (Gateway API CRDs and RBAC

@@ -180,7 +180,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
     mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(job.spec, slot))
     obs = replace(_observe(ctx, job, owner=owner, live=live, job_pods=job_pods, target=target, probe=probe,
                            blocker=blocker, now=now),
-                  unschedulable=tuple(capacity.waiting(mine, now)),
+                  unschedulable=tuple(capacity.waiting(mine, now, ctx.config.gate_grace)),
                   image_stuck=failures.image_stuck(mine, now, ctx.config.image_pull_grace),
                   finished=steps.finished(job.spec, mine))
     counted, fresh = ({}, []) if was_finished else failures.fold(status, mine, now)

@@ -113,3 +113,18 @@ def test_the_event_is_due_once_per_wait() -> None:
     placed = st.compute(s, again, observe([], T0 + 20), generation=1)
     waits_again = st.compute(s, placed, observe([pod("demo-us-1", T0 + 30)], T0 + 30), generation=1)
     assert capacity.started_waiting(placed["conditions"], waits_again["conditions"]) is not None
+
+
+def test_a_pod_gated_past_the_grace_waits_by_its_gates_name() -> None:
+    gated = pod("demo-us-0", T0)
+    gated["status"]["conditions"][0].update(reason=capacity.GATED, message="Scheduling is blocked due to non-empty "
+                                                                           "scheduling gates")
+    gated["spec"] = {"schedulingGates": [{"name": "kueue.x-k8s.io/topology"}, {"name": "example.com/mine"}]}
+    assert capacity.waiting([gated], T0 + capacity.GATE_GRACE - 1) == []  # an ungater acts within seconds
+    (w,) = capacity.waiting([gated], T0 + capacity.GATE_GRACE + 1)
+    assert w.gated and "scheduling gate kueue.x-k8s.io/topology (Kueue's TopologyUngater" in w.message
+    assert "scheduling gate example.com/mine (whoever added it must remove it)" in w.message
+    text = capacity.message([w], None)
+    assert "gated since" in text and capacity.GATE_FIX in text and capacity.FIX not in text
+    cond = capacity.condition([], [w], timeout=None, stamp=st.rfc3339(T0), generation=1)
+    assert capacity.started_waiting([], cond) is not None  # its Warning Event, as for an Unschedulable pod

@@ -183,12 +183,27 @@ class Controllers:
 
     # -- kubelet ----------------------------------------------------------------------------
 
+    def gated(self, pod: dict[str, Any]) -> None:
+        """What the kube-scheduler (1.27+) does with a pod that has scheduling gates: it does not
+        place it, and says so in PodScheduled; the kubelet never sees it."""
+        conds = (pod.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated" for c in conds):
+            return
+        meta = pod["metadata"]
+        self.api.patch("Pod", meta["namespace"], meta["name"], {"status": {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+             "message": "Scheduling is blocked due to non-empty scheduling gates",
+             "lastTransitionTime": meta.get("creationTimestamp")}]}}, sub="status")
+
     def kubelet(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
         if meta.get("deletionTimestamp"):
             if self.finalize_deletions and self.runtime.stop(pod):
                 self.started.discard(meta["uid"])
                 self.api.delete("Pod", self.namespace, meta["name"], grace_seconds=0, uid=meta["uid"])
+            return
+        if pod["spec"].get("schedulingGates"):
+            self.gated(pod)
             return
         if meta["uid"] not in self.started:
             self.started.add(meta["uid"])
