@@ -349,24 +349,63 @@ def test_non_utf8_records_are_skipped_and_counted(tmp_path: Path, caplog: pytest
         assert f"skipped {bad} records of {tmp_path / name}" in caplog.text
 
 
-def test_bad_input_mid_run_exits_config_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                      small_units: None) -> None:
-    """A unit found corrupt after start-up (the learner is training) ends the process with the
-    line and Exit.CONFIG: a restart would meet it again."""
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_bad_input_mid_run_is_the_learners_fatal_event(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch, small_units: None,
+                                                       kind: str) -> None:
+    """A unit found corrupt after start-up (the learner is training; the background thread read
+    it): a Parquet row group whose page header does not parse (pyarrow's bare OSError, once a
+    crash a restart met again), a .zst frame with bytes flipped. `batch` raises its DataError in
+    the learner's thread; the learner's loop turns it into a fatal event and the termination
+    message, one line naming the file, the row group or compressed bytes, and the fix (run then
+    flushes and exits Exit.CONFIG)."""
+    from diloco.contract import TERMINATION_LOG_ENV
+    from diloco.trainer import learner
+
     rng = random.Random(3)
-    write(str(tmp_path / "a.jsonl"), jsonl(documents("a", 20, rng)))
-    raw = zstandard.ZstdCompressor().compress(jsonl(documents("b", 200, rng)))
-    write(str(tmp_path / "b.jsonl.zst"), raw[:-40])
-    write(str(tmp_path / "v.jsonl"), jsonl(documents("v", 20, rng)))
-    spec = Data.model_validate({"source": {"kind": "jsonl", "path": str(tmp_path / "[ab].jsonl*"),
-                                           "heldOutPath": str(tmp_path / "v.jsonl")}})
-    b = data.Batches(data.load(spec, 256, WINDOW).train, 2, WINDOW, seed=0, shard_index=0)
-    with pytest.raises(SystemExit) as end:
+    if kind == "parquet":
+        write_parquet(str(tmp_path / "a.parquet"), [documents("a", 20, rng)])
+        bad = tmp_path / "b.parquet"
+        write_parquet(str(bad), [documents(f"b{g}", 30, rng) for g in range(3)])
+        page = pq.ParquetFile(bad).metadata.row_group(1).column(1).data_page_offset  # the text column's first page
+        where, pattern = "row group 1 cannot be read", "[ab].parquet"
+    else:
+        write(str(tmp_path / "a.jsonl"), jsonl(documents("a", 20, rng)))
+        bad = tmp_path / "b.jsonl.zst"
+        frames = [zstandard.ZstdCompressor().compress(jsonl(documents(f"b{f}", 100, rng))) for f in range(2)]
+        write(str(bad), b"".join(frames))
+        page = len(frames[0]) + len(frames[1]) // 2  # inside the second frame
+        monkeypatch.setattr(records, "READ_BYTES", 256)  # where it was found, to 256 bytes: the frame's end (its checksum)
+        end = len(frames[0]) + len(frames[1])
+        where, pattern = f"in the zstd frame at byte {len(frames[0]):,}, found in its compressed bytes {end // 256 * 256:,} to {end:,}", "[ab].jsonl*"
+    raw = bytearray(bad.read_bytes())
+    raw[page : page + 16] = bytes(b ^ 0x5A for b in raw[page : page + 16])
+    bad.write_bytes(bytes(raw))
+    held = str(tmp_path / ("v.parquet" if kind == "parquet" else "v.jsonl"))
+    if kind == "parquet":
+        write_parquet(held, [documents("v", 20, rng)])
+    else:
+        write(held, jsonl(documents("v", 20, rng)))
+    spec = Data.model_validate({"source": {"kind": kind, "path": str(tmp_path / pattern), "heldOutPath": held}})
+    # seed 1: the bad unit is not the first the epoch reads, so it is found mid-run, not at the start
+    b = data.Batches(data.load(spec, 256, WINDOW).train, 2, WINDOW, seed=1, shard_index=0)
+    with pytest.raises(DataError) as exc:
         for k in range(10_000):
             b.batch(k)
-    assert end.value.code == Exit.CONFIG
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "b.jsonl.zst is truncated or corrupt" in err, err
+    line = str(exc.value)
+    assert k > 0 and "\n" not in line, (k, line)
+    assert line.startswith(f"spec.data.source.path: {bad} ") and where in line and line.endswith(
+        "remove it from the glob" if kind == "jsonl" else "remove or rewrite it"), line
+
+    log = tmp_path / "termination-log"
+    monkeypatch.setenv(TERMINATION_LOG_ENV, str(log))
+    b = data.Batches(data.load(spec, 256, WINDOW).train, 2, WINDOW, seed=1, shard_index=0)
+    capsys.readouterr()
+    got = [learner._next_batch(b, j) for j in range(k + 1)]
+    assert all(g is not None for g in got[:-1]) and got[-1] is None
+    event = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (event["event"], event["reason"]) == ("fatal", line) and log.read_text() == line
+    assert records._decoding(OSError("Couldn't deserialize thrift")) and not records._decoding(ConnectionError())
 
 
 def test_spec_validates_the_record_fields() -> None:

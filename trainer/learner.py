@@ -216,7 +216,11 @@ def _compile(me: Learner) -> Model:
                                      f"fragments do not fit this model: {exc}", fatal=True) from None
     recipe = Recipe(cfg, tr, layout, shapes=shapes, cache_dir=cache_dir)
     params = recipe.place(theta0)
-    jax.block_until_ready(recipe.step(params, recipe.init_state(params), me.batches.batch(0), 0))
+    try:
+        first = me.batches.batch(0)
+    except ValueError as exc:  # bad input in a block past the first (trainer/streams.py): as _configure's
+        raise EndsEarly(Exit.CONFIG, str(exc)) from None
+    jax.block_until_ready(recipe.step(params, recipe.init_state(params), first, 0))
     recipe.eval_loss(params, me.evals[:1])
     return Model(theta0=theta0, shapes=shapes, plan=plan, recipe=recipe)
 
@@ -332,9 +336,23 @@ def _exited(fragments: Fragments, *, flushed: bool, reason: str) -> None:
          bytes_received=link.bytes_received, flushed=flushed, reason=reason)
 
 
+def _next_batch(batches: Batches, k: int) -> np.ndarray | None:
+    """Batch k, or None after a fatal event: bad input found mid-run (records.DataError: a corrupt
+    row group, a cut .zst frame, a record without the text field), its line naming the file and
+    where, and the fix. A restart would meet it again: the caller flushes and exits Exit.CONFIG."""
+    from diloco.trainer.records import DataError  # loaded with the data (trainer/data.py)
+
+    try:
+        return batches.batch(k)
+    except DataError as exc:
+        emit(Event.FATAL, reason=str(exc))
+        _termination_message(str(exc))
+        return None
+
+
 def _termination_message(text: str) -> None:
     """Write `text` to $DILOCO_TERMINATION_LOG (the container's terminationMessagePath), if set.
-    Only the exit at spec.training.steps writes something (contract.Finished); the start writes
+    The exit at spec.training.steps writes contract.Finished; bad input mid-run, its line; the start writes
     "", which clears a marker a runtime that kept the file across starts would show after a kill
     (the kubelet gives each container start a fresh, empty file)."""
     path = os.environ.get(TERMINATION_LOG_ENV)
@@ -385,6 +403,7 @@ def run(args: argparse.Namespace) -> int:
                    batch=next_batch)  # the join's event; the sender and subscriber start; SIGTERM stops us
 
     pr, job, finished, last_report = fragments.progress, fragments.job, False, time.monotonic()
+    bad_data = False  # a batch's input was found bad (_next_batch): flushed, then Exit.CONFIG
     overlap = _overlaps(args.host_cpus)
     while True:
         # 1. Adopt what the syncer published (θ_p += Θ_p − A_p − the progress Θ_p already holds)
@@ -396,7 +415,12 @@ def run(args: argparse.Namespace) -> int:
 
         # 2. One inner step on our shard. What follows until its loss is read runs while the
         #    devices compute it; so does sharing our optimizer state with a re-joining peer.
-        batch = batches.batch(next_batch)
+        batch = _next_batch(batches, next_batch)
+        if batch is None:  # the boundary step 1 left to the step still happens: then flush and end
+            if overlap:
+                fragments.send(fragments.at_boundary(updates))
+            bad_data = True
+            break
         next_batch += 1
         t0 = time.monotonic()
         pr.dispatched(t0)
@@ -441,10 +465,12 @@ def run(args: argparse.Namespace) -> int:
     # until the syncer has accepted all of it, so no trained step is lost at the end of a run.
     flushed = fragments.flush(FLUSH_SECONDS)
     fatal = link.stopping.is_set() and not link.stop_requested  # the syncer refused us for good
-    _exited(fragments, flushed=flushed, reason="fatal" if fatal else ("finished" if finished else "stopped"))
+    _exited(fragments, flushed=flushed, reason="fatal" if fatal or bad_data else ("finished" if finished else "stopped"))
     link.close()
     if fatal:
         return Exit.REFUSED
+    if bad_data:
+        return Exit.CONFIG
     if finished and tr.steps and fragments.schedule.slot >= tr.steps:  # not --max-steps, never SIGTERM
         _termination_message(Finished(me.learner_id, tr.steps, fragments.schedule.slot).line())
     return Exit.OK

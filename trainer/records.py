@@ -11,6 +11,7 @@ No file is ever loaded whole. Errors name the file, the field and the fix in one
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -197,7 +198,9 @@ class Reader:
                 for raw in column.to_pylist():
                     if raw is not None:
                         yield from self._text(raw)
-        except pa.ArrowException as exc:
+        except (pa.ArrowException, OSError) as exc:
+            if not _decoding(exc):
+                raise  # reading failed, not decoding (the network, a vanished file): a restart may succeed
             raise DataError(f"spec.data.source.path: {unit.url} row group {unit.part} cannot be read "
                             f"({_short(exc)}); the file is corrupt: remove or rewrite it") from None
 
@@ -210,14 +213,14 @@ class Reader:
     def _jsonl(self, unit: Unit) -> Iterator[str]:
         fs, path = url_to_fs(unit.url)
         with fs.open(path, "rb") as f:
-            lines = _range_lines(f, unit.start, unit.stop) if compression(unit.url) is None else \
-                _split_lines(_decompressed(f, unit.url))
+            plain = compression(unit.url) is None
+            lines = _range_lines(f, unit.start, unit.stop) if plain else _split_lines(_decompressed(f, unit.url))
             for offset, line in lines:
-                text = self._record(line, unit.url, offset)
+                text = self._record(line, unit.url, f"byte {offset}" if plain else f"byte {offset} (decompressed)")
                 if text is not None:
                     yield text
 
-    def _record(self, line: bytes, url: str, offset: int) -> str | None:
+    def _record(self, line: bytes, url: str, offset: str) -> str | None:
         if not line.strip():
             return None
         try:
@@ -226,12 +229,12 @@ class Reader:
             self.skipped += 1
             return None
         except ValueError as exc:
-            raise DataError(f"spec.data.source.path: {url} at byte {offset} is not a JSON record ({exc}); "
+            raise DataError(f"spec.data.source.path: {url} at {offset} is not a JSON record ({exc}); "
                             "kind jsonl reads one JSON object per line") from None
         if not isinstance(record, dict) or self.text_field not in record or not isinstance(record[self.text_field], str):
             fields = ", ".join(sorted(record)) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
             what = "no" if not isinstance(record, dict) or self.text_field not in record else "a non-string"
-            raise DataError(f"spec.data.source.textField: the record at byte {offset} of {url} has {what} field "
+            raise DataError(f"spec.data.source.textField: the record at {offset} of {url} has {what} field "
                             f"{self.text_field!r} (its fields: {fields}); set textField to the field that holds the text")
         text: str = record[self.text_field]
         if b"\\ud" in line or b"\\uD" in line:  # an escaped lone surrogate decodes, but is not UTF-8
@@ -286,29 +289,52 @@ def _split_lines(chunks: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:
 
 def _decompressed(f: Any, url: str) -> Iterator[bytes]:
     """A .gz or .zst file's bytes, READ_BYTES of input at a time; a truncated or corrupt stream is
-    a DataError (zstandard's stream reader would end quietly at a cut: each frame's end is checked)."""
+    a DataError naming the compressed bytes it was found in (zstandard's stream reader would end
+    quietly at a cut: each frame's end is checked)."""
     import zstandard
 
+    at = [0, 0]  # the compressed bytes read by the call that failed: [file position before it, after it]
+    frame = 0  # where the zstd frame being decompressed begins: every frame before it was read whole
     try:
         if compression(url) == "gz":
             with gzip.GzipFile(fileobj=f) as gz:
-                while chunk := gz.read(READ_BYTES):
+                while True:
+                    at = [at[1], at[1]]
+                    chunk = gz.read(READ_BYTES)
+                    at[1] = f.tell()
+                    if not chunk:
+                        return
                     yield chunk
-            return
         dctx = zstandard.ZstdDecompressor()
         obj, fed = dctx.decompressobj(), False
         while data := f.read(READ_BYTES):
+            at = [at[1], at[1] + len(data)]
+            pos = at[0]  # data[0]'s place in the file
             while data:
                 yield obj.decompress(data)
                 fed = True
-                data = b""
                 if obj.eof:  # a frame ended: the next one (if any) starts in unused_data
-                    data, obj, fed = obj.unused_data, dctx.decompressobj(), False
+                    pos += len(data) - len(obj.unused_data)
+                    frame, data, obj, fed = pos, obj.unused_data, dctx.decompressobj(), False
+                else:
+                    data = b""
         if fed:
-            raise EOFError("the last zstd frame has no end")
+            raise EOFError(f"the last zstd frame has no end: the file stops at byte {at[1]:,}")
     except (EOFError, OSError, zlib.error, zstandard.ZstdError) as exc:
-        raise DataError(f"spec.data.source.path: {url} is truncated or corrupt ({_short(exc)}); "
-                        "download it again or remove it from the glob") from None
+        if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and not _decoding(exc):
+            raise  # reading failed, not decoding (the network, a vanished file): a restart may succeed
+        with contextlib.suppress(OSError, ValueError):
+            at[1] = max(at[1], f.tell())  # gzip read ahead of the bytes it failed on
+        where = f"in the zstd frame at byte {frame:,}, " if compression(url) == "zst" else ""
+        raise DataError(f"spec.data.source.path: {url} is truncated or corrupt ({_short(exc)}; {where}found in its "
+                        f"compressed bytes {at[0]:,} to {at[1]:,}); download it again or remove it from the glob") from None
+
+
+def _decoding(exc: BaseException) -> bool:
+    """Whether an error is the data's (pyarrow's IOError status is a bare OSError without errno:
+    a page header that does not parse, a stream that ends early), not the reading's: fsspec's and
+    the OS's I/O errors carry an errno or are OSError's subclasses (ConnectionError, FileNotFoundError)."""
+    return not isinstance(exc, OSError) or (type(exc) is OSError and exc.errno is None)
 
 
 def _short(exc: BaseException) -> str:

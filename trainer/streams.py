@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import queue
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import numpy as np
 
-from diloco.contract import STEP_CACHE_ENV, Exit
+from diloco.contract import STEP_CACHE_ENV
 from diloco.trainer import cache_file, sources
 from diloco.trainer.data import Batches
 from diloco.trainer.records import DataError, Reader, Unit, log
@@ -172,15 +171,10 @@ class StreamBatches(Batches):
         return rng.permutation(len(self.stream.units))
 
     def batch(self, k: int) -> np.ndarray:
-        """Batch k (from 0) as int32 (batch, length). Bad input found mid-run ends the process
-        with its one line and Exit.CONFIG: restarting would meet it again."""
-        try:
-            return self._batch(k)
-        except DataError as exc:
-            print(exc, file=sys.stderr, flush=True)
-            raise SystemExit(Exit.CONFIG) from None
-
-    def _batch(self, k: int) -> np.ndarray:
+        """Batch k (from 0) as int32 (batch, length). Bad input found mid-run (a corrupt row
+        group, a cut .zst frame, a record without the text field) raises its DataError here, in
+        the caller's thread, whichever thread read it: the learner ends on it with a fatal event
+        and Exit.CONFIG (trainer/learner.py), as restarting would meet it again."""
         rows, j, end = [], k * self.batch_size, (k + 1) * self.batch_size
         while j < end:
             cur = self._cur
