@@ -5,7 +5,9 @@ kube-controller-manager and kube-scheduler built from Debian's sources; the char
 with helm; the operator logged in as the chart's ServiceAccount; pods run by a test-side kubelet
 as local processes. What kmock cannot show is shown here: server-side apply, defaulting and
 pruning by the real server, the real StatefulSet, Deployment and garbage-collection controllers,
-the scheduler, and RBAC (any 403 fails the RBAC test, which runs last and reads the audit log).
+the scheduler, and RBAC (the audit log: any 403 fails the module, and the RBAC test drives each
+granted verb itself). Every test stands alone: the cluster is shared, but each test creates what
+it asserts on or takes it from a fixture (`tiny`), so one test runs alone and in any order.
 """
 
 from __future__ import annotations
@@ -38,8 +40,22 @@ CLUSTER_EXAMPLES = ["k8s-cpu-kind.yaml", "k8s-gpu.yaml", "k8s-tpu.yaml", "sharde
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One control plane for the module; after its last test, whatever the order, the chart's RBAC
+    refused none of the operator's requests (the audit log of every test)."""
     with real_cluster(tmp_path_factory.mktemp("realapi")) as c:
         yield c
+        assert not refused(c), f"the chart's RBAC refused the operator: {refused(c)}"
+
+
+def audit(cluster: Cluster) -> list[dict[str, Any]]:
+    """The audit log's entries of the chart's ServiceAccount (the operator's requests), so far."""
+    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
+    return [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+
+
+def refused(cluster: Cluster) -> list[tuple[str, str]]:
+    return sorted({(e["verb"], e.get("requestURI")) for e in audit(cluster)
+                   if e.get("responseStatus", {}).get("code") == 403})
 
 
 def tiny_job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
@@ -54,6 +70,52 @@ def tiny_job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
 
 def status(cluster: Cluster, name: str, namespace: str = JOBS) -> dict[str, Any]:
     return cluster.job(name, namespace).get("status") or {}
+
+
+def events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events `reason` about job `name` (not another test's job)."""
+    return [e for e in cluster.events(JOBS, reason) if e["involvedObject"]["name"] == name]
+
+
+TINY = "tiny"  # the running job the fixture keeps: the chaos test's if it ran, else a plain one
+CHAOS = {"enabled": True, "meanSecondsBetweenKills": CHAOS_MEAN, "seed": CHAOS_SEED, "maxConcurrent": 1}
+
+
+def gone(cluster: Cluster, name: str) -> None:
+    """`name` deleted, if there, and gone (kopf's finalizer removed)."""
+    cluster.kubectl("delete", "ddj", "-n", JOBS, name, "--ignore-not-found")
+    wait_for(lambda: not cluster.job(name), timeout=60, what=f"job {name} gone")
+
+
+def create_tiny(cluster: Cluster, **spec: Any) -> None:
+    """A new job `tiny`, not one resumed from the checkpoint volume an earlier one left (retained
+    on purpose: test_deleting_a_job_keeps_its_checkpoint_volume)."""
+    claim = n.checkpoints(TINY)
+    if cluster.admin.get("PersistentVolumeClaim", JOBS, claim) is not None:
+        wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector(TINY)), timeout=60,
+                 what="the old job's pods gone")
+        cluster.admin.delete("PersistentVolumeClaim", JOBS, claim)
+        wait_for(lambda: cluster.admin.get("PersistentVolumeClaim", JOBS, claim) is None, timeout=60,
+                 what="the old job's checkpoint volume gone")
+    cluster.admin.create(tiny_job(TINY, **spec))
+
+
+@pytest.fixture
+def tiny(cluster: Cluster) -> str:
+    """A job `tiny` of two learners, both joined: the one an earlier test left running (so the
+    module starts it once), else a new one. A test may change it; what another cannot use (a
+    job suspended or being deleted) is resumed or started anew here."""
+    job = cluster.job(TINY)
+    if job.get("metadata", {}).get("deletionTimestamp"):
+        gone(cluster, TINY)
+        job = {}
+    if not job:
+        create_tiny(cluster)
+    elif job["spec"].get("suspend"):
+        cluster.admin.patch("DecoupledDiLoCoJob", JOBS, TINY, {"spec": {"suspend": False}})
+    wait_for(lambda: (s := status(cluster, TINY)).get("phase") == "Running" and s.get("learners") == "2/2",
+             timeout=120, what="job tiny running, both learners joined")
+    return TINY
 
 
 def test_helm_installed_the_chart_and_the_crd_serves(cluster: Cluster) -> None:
@@ -98,20 +160,22 @@ def test_every_cluster_example_applies_and_is_rendered(cluster: Cluster) -> None
 
 def test_a_tiny_job_trains_a_killed_learner_is_readmitted(cluster: Cluster) -> None:
     """The operator's own chaos kills a learner pod (so the pod patch and delete go through the
-    chart's RBAC); the real StatefulSet controller replaces it and the operator re-admits it."""
-    chaos = {"enabled": True, "meanSecondsBetweenKills": CHAOS_MEAN, "seed": CHAOS_SEED, "maxConcurrent": 1}
-    cluster.admin.create(tiny_job("tiny", chaos=chaos))
+    chart's RBAC); the real StatefulSet controller replaces it and the operator re-admits it.
+    A new job (one the `tiny` fixture left is deleted first: the kill must be a new job's first);
+    it stays for the fixture to hand on."""
+    gone(cluster, TINY)
+    create_tiny(cluster, chaos=CHAOS)
     running = wait_for(lambda: (s := status(cluster, "tiny")).get("phase") == "Running" and s.get("learners") == "2/2"
                        and s, timeout=120, what="both learners joined through the real control plane")
     assert running["syncer"]["ready"]
-    wait_for(lambda: cluster.events(JOBS, "ChaosKill"), timeout=30, what="chaos killing a learner pod")
+    wait_for(lambda: events(cluster, TINY, "ChaosKill"), timeout=30, what="chaos killing a learner pod")
     # Chaos is a planned restart, not a learner loss; the slot is down until the replacement joins.
     wait_for(lambda: status(cluster, "tiny")["learnerGroups"][0].get("planned", 0) >= 1, timeout=30,
              what="the restart counted")
     after = wait_for(lambda: (s := status(cluster, "tiny"))["learnerGroups"][0]["readmitted"] >= 1 and s,
                      timeout=120, what="the StatefulSet's replacement pod re-admitted")
     # kopf posts Events from a queue, a moment after the status patch: wait for them too.
-    wait_for(lambda: cluster.events(JOBS, "LearnerRestarted") and cluster.events(JOBS, "LearnerReadmitted"),
+    wait_for(lambda: events(cluster, TINY, "LearnerRestarted") and events(cluster, TINY, "LearnerReadmitted"),
              timeout=30, what="the LearnerRestarted and LearnerReadmitted Events")
     final = wait_for(lambda: (s := status(cluster, "tiny")).get("outerVersion", 0) > after.get("outerVersion", 0) + 3
                      and s, timeout=60, what="training after the re-admission")
@@ -120,8 +184,8 @@ def test_a_tiny_job_trains_a_killed_learner_is_readmitted(cluster: Cluster) -> N
     assert "tiny" in table and "Running" in table
 
 
-def test_hand_edits_to_children_are_put_back(cluster: Cluster) -> None:
-    config, learners = n.config_map("tiny"), n.statefulset("tiny", "local")
+def test_hand_edits_to_children_are_put_back(cluster: Cluster, tiny: str) -> None:
+    config, learners = n.config_map(tiny), n.statefulset(tiny, "local")
     original = cluster.admin.get("ConfigMap", JOBS, config)
     assert original is not None
     cluster.kubectl("patch", "configmap", "-n", JOBS, config, "--type=merge", "-p",
@@ -131,51 +195,52 @@ def test_hand_edits_to_children_are_put_back(cluster: Cluster) -> None:
              timeout=30, what="the ConfigMap put back")
     wait_for(lambda: (cluster.admin.get("StatefulSet", JOBS, learners) or {})["spec"]["replicas"] == 2,
              timeout=30, what="the StatefulSet's replicas put back")
-    wait_for(lambda: status(cluster, "tiny").get("learners") == "2/2", timeout=60, what="two learners again")
+    wait_for(lambda: status(cluster, tiny).get("learners") == "2/2", timeout=60, what="two learners again")
 
 
-def test_an_idle_pass_writes_nothing(cluster: Cluster) -> None:
+def test_an_idle_pass_writes_nothing(cluster: Cluster, tiny: str) -> None:
     """With nothing changed, the real server's defaulting and normalisation are not seen as drift:
     a few passes later, no child has a new resourceVersion."""
     def versions() -> dict[str, str]:
         out = {}
         for kind in ("ConfigMap", "Secret", "Service", "StatefulSet", "Deployment", "PersistentVolumeClaim"):
-            for obj in cluster.admin.list(kind, JOBS, n.selector("tiny")):
+            for obj in cluster.admin.list(kind, JOBS, n.selector(tiny)):
                 out[f"{kind}/{obj['metadata']['name']}"] = obj["metadata"].get("annotations", {}).get(n.APPLIED_HASH)
                 out[f"{kind}/{obj['metadata']['name']}@gen"] = str(obj["metadata"].get("generation"))
         return out
 
     before = versions()
+    assert f"StatefulSet/{n.statefulset(tiny, 'local')}" in before, before
     cluster.operator.ticks(3)
     assert versions() == before
 
 
-def test_suspend_releases_every_pod_and_resume_continues(cluster: Cluster) -> None:
-    before = status(cluster, "tiny")
-    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "tiny", {"spec": {"suspend": True}})
+def test_suspend_releases_every_pod_and_resume_continues(cluster: Cluster, tiny: str) -> None:
+    before = status(cluster, tiny)
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, tiny, {"spec": {"suspend": True}})
     try:
-        wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("tiny")), timeout=60,
+        wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector(tiny)), timeout=60,
                  what="every pod of the suspended job gone, the syncer's too")
     except AssertionError:
         left = [(p["metadata"]["name"], p["metadata"].get("deletionTimestamp"), p.get("status", {}).get("phase"))
-                for p in cluster.admin.list("Pod", JOBS, n.selector("tiny"))]
-        raise AssertionError(f"pods left: {left}; job status {status(cluster, 'tiny')}") from None
-    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny")) is not None
-    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "tiny", {"spec": {"suspend": False}})
-    resumed = wait_for(lambda: (s := status(cluster, "tiny")).get("learners") == "2/2"
+                for p in cluster.admin.list("Pod", JOBS, n.selector(tiny))]
+        raise AssertionError(f"pods left: {left}; job status {status(cluster, tiny)}") from None
+    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints(tiny)) is not None
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, tiny, {"spec": {"suspend": False}})
+    resumed = wait_for(lambda: (s := status(cluster, tiny)).get("learners") == "2/2"
                        and s.get("outerVersion", 0) > before.get("outerVersion", 0) and s,
                        timeout=120, what="the job resumed from its checkpoint")
     assert resumed["phase"] == "Running"
 
 
-def test_deleting_a_job_keeps_its_checkpoint_volume(cluster: Cluster) -> None:
-    claim = cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny"))
+def test_deleting_a_job_keeps_its_checkpoint_volume(cluster: Cluster, tiny: str) -> None:
+    claim = cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints(tiny))
     assert claim is not None and not claim["metadata"].get("ownerReferences")
-    cluster.kubectl("delete", "ddj", "-n", JOBS, "tiny")
-    wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("tiny")), timeout=60, what="the job's pods gone")
-    wait_for(lambda: not cluster.admin.list("StatefulSet", JOBS, n.selector("tiny")), timeout=30,
+    cluster.kubectl("delete", "ddj", "-n", JOBS, tiny)
+    wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector(tiny)), timeout=60, what="the job's pods gone")
+    wait_for(lambda: not cluster.admin.list("StatefulSet", JOBS, n.selector(tiny)), timeout=30,
              what="the StatefulSets garbage-collected")
-    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("tiny")) is not None
+    assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints(tiny)) is not None
 
 
 def test_a_learner_that_cannot_start_ends_the_job_with_its_reason(cluster: Cluster) -> None:
@@ -191,7 +256,7 @@ def test_a_learner_that_cannot_start_ends_the_job_with_its_reason(cluster: Clust
         raise AssertionError(f"status {status(cluster, 'broken')}; pods {pods}") from None
     ended = [c for c in failed["conditions"] if c.get("status") == "True" and c["type"] == "Failed"]
     assert ended and "ErrImagePull" in json.dumps(failed), failed
-    wait_for(lambda: cluster.events(JOBS, "ImagePullFailed"), timeout=30, what="the ImagePullFailed Event")
+    wait_for(lambda: events(cluster, "broken", "ImagePullFailed"), timeout=30, what="the ImagePullFailed Event")
     # ttlSecondsAfterFinished: 5, so the operator deletes the finished job itself.
     wait_for(lambda: not cluster.job("broken"), timeout=30, what="the finished job deleted by its TTL")
 
@@ -273,16 +338,33 @@ def granted() -> set[tuple[str, str]]:
 IMPLICIT = {("decoupleddilocojobs/finalizers", "update")}
 
 
+def rbac_scenario(cluster: Cluster) -> None:
+    """What uses each granted verb, whatever else ran: a job whose chaos kills a learner pod (the
+    pod's patch and delete), then suspended (its syncer's Deployment deleted) and deleted, and one
+    that fails on its image, has its learners' children pruned and is deleted by its TTL (the
+    job's delete)."""
+    cluster.kubelet.pullable = lambda image: "no-such" not in image
+    broken = tiny_job("audit-fails", runPolicy={"backoffLimit": 0, "ttlSecondsAfterFinished": 5})
+    broken["spec"]["learnerGroups"][0]["image"] = "registry.invalid/no-such-learner:0"
+    cluster.admin.create(broken)
+    cluster.admin.create(tiny_job("audit-chaos", chaos=CHAOS))
+    wait_for(lambda: events(cluster, "audit-chaos", "ChaosKill"), timeout=180, what="chaos killing a learner pod of job audit-chaos")
+    wait_for(lambda: not cluster.job("audit-fails"), timeout=90, what="the failed job deleted by its TTL")
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "audit-chaos", {"spec": {"suspend": True}})
+    wait_for(lambda: not cluster.admin.list("Deployment", JOBS, n.selector("audit-chaos")), timeout=60,
+             what="the suspended job's syncer Deployment deleted")
+    gone(cluster, "audit-chaos")
+
+
 def test_rbac_every_granted_verb_used_and_none_refused(cluster: Cluster) -> None:
-    """Runs last: the audit log of every test above. No request of the chart's ServiceAccount was
-    refused, and every verb the ClusterRole grants was used (a server-side apply that created
-    an object is a create)."""
-    log = Path(cluster.plane.audit_log)
-    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+    """The audit log, after a scenario of its own (so it holds run alone or first) and whatever
+    ran before it: no request of the chart's ServiceAccount was refused (the module's fixture
+    checks the same after the last test), and every verb the ClusterRole grants was used (a
+    server-side apply that created an object is a create)."""
+    rbac_scenario(cluster)
+    ours = audit(cluster)
     assert ours, "the operator made no requests as the chart's ServiceAccount"
-    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
-    assert not refused, f"the chart's RBAC refused the operator: {refused}"
+    assert not refused(cluster), f"the chart's RBAC refused the operator: {refused(cluster)}"
     used = set()
     for e in ours:
         ref = e.get("objectRef") or {}
