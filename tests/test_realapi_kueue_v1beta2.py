@@ -7,14 +7,13 @@ names; once admitted on a ResourceFlavor, the flavor's node labels and toleratio
 pods, and the real scheduler holds them Pending, since the test's node has no such label (nothing
 runs: no learner process starts). The operator runs as the chart's ServiceAccount with
 `kueue.enabled=true`: reading the cluster-scoped flavor and priority class is allowed by the
-chart's ClusterRole for them, and its audit log holds no 403.
+chart's ClusterRole for them, and its audit log holds no 403. Each test stands alone (a job of
+its own), so either runs alone and in any order.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,8 @@ import pytest
 from diloco.operator import kueue
 from diloco.operator import naming as n
 from tests.helpers import wait_for
-from tests.realapi.cluster import JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
-from tests.test_realapi import tiny_job
+from tests.realapi.cluster import JOBS, Cluster, real_cluster
+from tests.test_realapi import audit, refused, tiny_job
 from tests.test_realapi_kueue import QUEUE, admitted_condition, job_pods, kueue_admits, workloads
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -33,18 +32,26 @@ GPU_TAINT = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedu
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One control plane for the module, the GPU flavor and the priority class made; after its last
+    test, whatever the order, the chart's RBAC refused none of the operator's requests."""
     with real_cluster(tmp_path_factory.mktemp("realapi-kueue-v1beta2"), kueue="v1beta2") as c:
         c.admin.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "h100"},
                         "spec": {"nodeLabels": GPU_POOL, "tolerations": GPU_TAINT}})
         c.admin.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
                         "metadata": {"name": "research-high"}, "value": 10000})
         yield c
+        assert not refused(c), f"the chart's RBAC refused the operator: {refused(c)}"
+
+
+def prioritised_job(name: str) -> dict[str, Any]:
+    """Two learners, queued with the priority class's label, created suspended."""
+    job: dict[str, Any] = tiny_job(name, replicas=2, suspend=True)
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, kueue.PRIORITY_LABEL: "research-high"}
+    return job
 
 
 def test_the_workload_is_v1beta2_with_the_priority_and_the_flavor_reaches_the_pods(cluster: Cluster) -> None:
-    job: dict[str, Any] = tiny_job("flavored", replicas=2, suspend=True)
-    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, kueue.PRIORITY_LABEL: "research-high"}
-    cluster.admin.create(job)
+    cluster.admin.create(prioritised_job("flavored"))
     (wl,) = wait_for(lambda: workloads(cluster, "flavored"), timeout=60, what="the job's Workload")
     assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert wl["spec"]["priorityClassRef"] == {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
@@ -75,11 +82,18 @@ def test_the_workload_is_v1beta2_with_the_priority_and_the_flavor_reaches_the_po
 
 
 def test_rbac_no_refusal_and_the_cluster_scoped_reads_used(cluster: Cluster) -> None:
-    """Runs last: the chart's rules were enough for a v1beta2 Kueue, flavors and priority classes included."""
-    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
-    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
-    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
-    assert not refused, f"the chart's RBAC refused the operator: {refused}"
+    """The chart's rules were enough for a v1beta2 Kueue, flavors and priority classes included:
+    after a scenario of its own that reads both (so it holds run alone or first), besides whatever
+    ran before it: a job with the priority class's label, admitted on the GPU flavor."""
+    cluster.admin.create(prioritised_job("audited"))
+    (wl,) = wait_for(lambda: workloads(cluster, "audited"), timeout=60, what="the job's Workload")
+    kueue_admits(cluster, wl, flavor="h100")
+    wait_for(lambda: (p := job_pods(cluster, "audited")) and all(
+        x["spec"].get("nodeSelector", {}).items() >= GPU_POOL.items() for x in p), timeout=60,
+        what="the job's pods placed on the flavor's nodes")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "audited")
+    ours = audit(cluster)
+    assert not refused(cluster), f"the chart's RBAC refused the operator: {refused(cluster)}"
     used = {((e.get("objectRef") or {}).get("resource"), (e.get("objectRef") or {}).get("apiVersion"), e["verb"])
             for e in ours if (e.get("objectRef") or {}).get("apiGroup") == "kueue.x-k8s.io"}
     assert {("resourceflavors", "v1beta2", "get"), ("workloadpriorityclasses", "v1beta2", "get"),
