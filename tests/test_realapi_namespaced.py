@@ -5,14 +5,15 @@ RoleBinding in each, no ClusterRole but the admission webhook's) and the operato
 its ServiceAccount, watching those two namespaces; a third one holds a job it must leave alone. A steps-bounded job trains a
 real learner process to its last step under those Roles alone: the learner exits 0, the real
 StatefulSet's pod would restart it, and the operator ends the job Succeeded/StepsReached and
-removes its learners. Last, the audit log: no request refused, none outside the two namespaces.
+removes its learners. The audit log: no request refused, none outside the two namespaces (the
+audit test, after a scenario of its own, and the module's fixture after the last test). Each test
+stands alone, so any one runs alone and in any order.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from diloco.operator import naming as n
 from diloco.operator import steps
 from tests.helpers import wait_for
 from tests.realapi.cluster import JOBS, RELEASE, SERVICE_ACCOUNT, SYSTEM, Cluster, real_cluster
-from tests.test_realapi import tiny_job
+from tests.test_realapi import audit, refused, tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
 SECOND, THIRD = "second", "third"
@@ -31,12 +32,36 @@ ROLE = f"{RELEASE}-decoupled-diloco"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One control plane for the module; after its last test, whatever the order, the audit log
+    holds no refused request and none outside the watched namespaces."""
     with real_cluster(tmp_path_factory.mktemp("realapi-namespaced"), watch=WATCHED, namespaces=(THIRD,)) as c:
         yield c
+        assert not refused(c), f"the namespaced Roles refused the operator: {refused(c)}"
+        assert not outside(audit(c)), f"requests outside {WATCHED}: {outside(audit(c))}"
+
+
+def webhooks(ref: dict[str, Any]) -> bool:
+    """Besides: the admission webhook's certificate, made by the operator (operator/webhook_certs.py):
+    its Secret in the release's namespace (a create names no object), its CA in the chart's
+    webhook configuration, both by name."""
+    return (ref.get("resource"), ref.get("namespace"), ref.get("name")) in {
+        ("secrets", SYSTEM, f"{ROLE}-webhook-tls"), ("secrets", SYSTEM, None),
+        ("validatingwebhookconfigurations", None, ROLE)}
+
+
+def outside(ours: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(verb, URI) of the operator's requests outside the watched namespaces but the webhook's."""
+    return sorted({(e["verb"], e.get("requestURI")) for e in ours
+                   if (ref := e.get("objectRef")) and ref.get("namespace") not in WATCHED and not webhooks(ref)})
 
 
 def status(cluster: Cluster, name: str, namespace: str = JOBS) -> dict[str, Any]:
     return cluster.job(name, namespace).get("status") or {}
+
+
+def events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events `reason` about job `name` (not another test's job)."""
+    return [e for e in cluster.events(JOBS, reason) if e["involvedObject"]["name"] == name]
 
 
 def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
@@ -96,11 +121,11 @@ def test_a_job_whose_learners_finish_their_steps_ends_succeeded(cluster: Cluster
              what="the learner StatefulSet removed")
     wait_for(lambda: not cluster.admin.list("Pod", JOBS, n.selector("steps")), timeout=60, what="the job's pods gone")
     assert cluster.admin.get("PersistentVolumeClaim", JOBS, n.checkpoints("steps")) is not None
-    [event] = wait_for(lambda: cluster.events(JOBS, steps.REASON), timeout=30, what="the StepsReached Event")
+    [event] = wait_for(lambda: events(cluster, "steps", steps.REASON), timeout=30, what="the StepsReached Event")
     assert event["type"] == "Normal"
     # Exiting 0 was no loss: nothing counted it, no Event said so.
     assert not (final.get("lostLearners") or []) and final["learnerGroups"][0]["lost"] == 0
-    assert not cluster.events(JOBS, "LearnerLost")
+    assert not events(cluster, "steps", "LearnerLost")
     cluster.kubectl("delete", "ddj", "-n", JOBS, "steps")
 
 
@@ -191,23 +216,26 @@ def test_jobs_in_a_namespace_it_does_not_watch_are_left_alone(cluster: Cluster) 
 
 
 def test_no_request_was_refused_or_outside_the_watched_namespaces(cluster: Cluster) -> None:
-    """Runs last: every request of the chart's ServiceAccount in this module's audit log was
-    authorised by the two Roles, and none named another namespace or a cluster-wide resource."""
-    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
-    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
+    """Every request of the chart's ServiceAccount in this module's audit log was authorised by
+    the two Roles, and none named another namespace or a cluster-wide resource: after a scenario
+    of its own (so it holds run alone or first), besides whatever ran before it: a job in each
+    watched namespace rendered and deleted, one in the third left alone. Its learners ask for a
+    node pool no node is in, so no process starts."""
+    names = {namespace: f"audited-{namespace}" for namespace in (*WATCHED, THIRD)}
+    for namespace, name in names.items():
+        job = tiny_job(name, replicas=1)
+        job["metadata"]["namespace"] = namespace
+        job["spec"]["learnerGroups"][0]["nodeSelector"] = {"diloco.dev/test-pool": "none"}
+        cluster.admin.create(job)
+    for namespace in WATCHED:
+        wait_for(lambda: cluster.admin.get("ConfigMap", namespace, n.config_map(names[namespace])), timeout=60,
+                 what=f"the job in {namespace} rendered")
+    cluster.operator.ticks(2)
+    for namespace, name in names.items():
+        cluster.kubectl("delete", "ddj", "-n", namespace, name)
+    ours = audit(cluster)
     assert len(ours) > 50, "the operator made (almost) no requests as the chart's ServiceAccount"
-    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
-    assert not refused, f"the namespaced Roles refused the operator: {refused}"
-    # Besides: the admission webhook's certificate, made by the operator (operator/webhook_certs.py):
-    # its Secret in the release's namespace (a create names no object), its CA in the chart's
-    # webhook configuration, both by name.
-    def webhooks(ref: dict[str, Any]) -> bool:
-        return (ref.get("resource"), ref.get("namespace"), ref.get("name")) in {
-            ("secrets", SYSTEM, f"{ROLE}-webhook-tls"), ("secrets", SYSTEM, None),
-            ("validatingwebhookconfigurations", None, ROLE)}
-
-    outside = sorted({(e["verb"], e.get("requestURI")) for e in ours
-                      if (ref := e.get("objectRef")) and ref.get("namespace") not in WATCHED and not webhooks(ref)})
-    assert not outside, f"requests outside {WATCHED}: {outside}"
+    assert not refused(cluster), f"the namespaced Roles refused the operator: {refused(cluster)}"
+    assert not outside(ours), f"requests outside {WATCHED}: {outside(ours)}"
     assert {(e["objectRef"]["resource"], e["verb"]) for e in ours if (e.get("objectRef") or {}).get("namespace") == SYSTEM
             } == {("secrets", "get"), ("secrets", "create")}  # what the webhook's Role there grants
