@@ -5,6 +5,8 @@ tests/test_realapi.py counts as the chart's RBAC failing. The real kube-schedule
 Unschedulable (a nodeSelector no node matches) and binds them once the node is labelled; the
 real quota admission refuses the learner StatefulSet; the test-side kubelet fails image pulls.
 No learner process starts before the last step of the scheduling test: the tests stay light.
+Each test stands alone (a job of its own, its Events told apart by the job they name), so any one
+runs alone and in any order.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def status(cluster: Cluster, name: str) -> dict[str, Any]:
     return cluster.job(name).get("status") or {}
+
+
+def events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events `reason` about job `name` (not another test's job)."""
+    return [e for e in cluster.events(JOBS, reason) if e["involvedObject"]["name"] == name]
 
 
 def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any]:
@@ -79,12 +86,12 @@ def test_a_quota_that_refuses_the_learners_shows_and_the_job_recovers_when_raise
     assert cluster.admin.get("Deployment", JOBS, n.syncer("quota")) is not None
     assert cluster.admin.get("ConfigMap", JOBS, n.config_map("quota")) is not None
     assert status(cluster, "quota")["phase"] == "Pending" and cluster.operator.reconciles("error") == 0
-    [event] = wait_for(lambda: cluster.events(JOBS, "QuotaExceeded"), timeout=30, what="the QuotaExceeded Event")
+    [event] = wait_for(lambda: events(cluster, "quota", "QuotaExceeded"), timeout=30, what="the QuotaExceeded Event")
     assert event["type"] == "Warning" and event["involvedObject"]["name"] == "quota"
     assert f"exceeded quota: {QUOTA}" in event["message"]
     assert refused_writes(cluster, "StatefulSet", "QuotaExceeded") >= 1
     cluster.operator.ticks(2)  # refused again on every pass: counted, but one Event
-    assert len(cluster.events(JOBS, "QuotaExceeded")) == 1 and refused_writes(cluster, "StatefulSet",
+    assert len(events(cluster, "quota", "QuotaExceeded")) == 1 and refused_writes(cluster, "StatefulSet",
                                                                               "QuotaExceeded") >= 3
     quota(cluster, 10)
     cleared = wait_for(lambda: (x := condition(cluster, "quota", "ChildrenRefused")).get("status") == "False" and x,
@@ -237,7 +244,7 @@ def test_a_scheduling_timeout_ends_the_job_failed_naming_it(cluster: Cluster) ->
     assert "past spec.runPolicy.schedulingTimeoutSeconds=5" in failed["message"]
     assert "didn't match" in failed["message"]  # the scheduler's own words (node selector)
     assert status(cluster, "gives-up")["phase"] == "Failed"
-    wait_for(lambda: cluster.events(JOBS, "SchedulingTimeoutExceeded"), timeout=30, what="the Failed Event")
+    wait_for(lambda: events(cluster, "gives-up", "SchedulingTimeoutExceeded"), timeout=30, what="the Failed Event")
     cluster.kubectl("delete", "ddj", "-n", JOBS, "gives-up")
 
 
@@ -255,6 +262,6 @@ def test_a_bad_image_with_backoff_limit_6_and_2_replicas_ends_failed(cluster: Cl
     assert "registry.invalid/no-such-learner:0" in failed["message"] and "ErrImagePull" in failed["message"]
     final = status(cluster, "bad-image")
     assert final["phase"] == "Failed" and final["failures"]["permanent"] == 2  # counted once each: 2 <= 6
-    wait_for(lambda: [e for e in cluster.events(JOBS, "ImagePullFailed") if "every pod" in e["message"]],
+    wait_for(lambda: [e for e in events(cluster, "bad-image", "ImagePullFailed") if "every pod" in e["message"]],
              timeout=30, what="the ImagePullFailed ending's Event")
     cluster.kubectl("delete", "ddj", "-n", JOBS, "bad-image")
