@@ -36,6 +36,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bf16-p24": {"model": {"layers": 3}, "syncer": {"compression": "bf16", "fragments": 24}},
     "int4-p24-b256": {"model": {"layers": 3}, "syncer": {"compression": "int4", "fragments": 24, "blockSize": 256}},
     "int4-p4": {"model": {}, "syncer": {"compression": "int4", "fragments": 4}},
+    # The paper's 242x (BENCHMARKS §16): P = 68 (8 layers: 68 tensors), int4 both ways; floor 241.8x.
+    "int4-p68-int4": {"model": {"layers": 8, "dModel": 64},
+                      "syncer": {"compression": "int4", "fragments": 68, "broadcastCompression": "int4"}},
 }
 TARGET = 90.0
 

@@ -1,6 +1,11 @@
 """What the syncer -> learner codec costs in held-out loss: fp32, int8 and int4 broadcasts, paired by seed.
 
     python bench/broadcast_quality.py [--codecs fp32,int8,int4] [--seeds 0,1,2] [--steps 1200] [--lr 6e-3]
+    python bench/broadcast_quality.py --codecs int8,int4@p68 --layers 8 --d-model 64   # the 242x setting
+
+A codec may carry its own fragment count, `int4@p68`: that arm also sets spec.syncer.fragments
+(the others keep the bench's P = 4), so the 242x setting (BENCHMARKS §16: P = 68, int4 both
+ways) is paired with the default; P = 68 needs a model of at least 68 tensors (8 layers).
 
 The broadcast (spec.syncer.broadcastCompression; syncer/publisher.py) carries each published
 fragment as a delta from what every learner holds, with error feedback: the learners' copies
@@ -27,9 +32,13 @@ import common
 import quality
 
 
-def run(args: argparse.Namespace, codec: str, seed: int) -> dict[str, Any]:
+def run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
+    codec, _, frag = arm.partition("@p")
+    syncer: dict[str, Any] = {"broadcastCompression": codec, **({"fragments": int(frag)} if frag else {})}
+    model = {k: v for k, v in (("layers", args.layers), ("dModel", args.d_model), ("heads", args.heads)) if v}
     m = quality.manifest(args, seed, args.lr, groups=[{"name": "local", "replicas": args.learners}],
-                         syncer={"broadcastCompression": codec})
+                         syncer=syncer, model=model)
+    codec = arm  # rows and results are keyed by the arm's whole name
     t0 = time.monotonic()
     r = common.run_job(m, args.out_dir / f"{codec}-s{seed}", total_steps=args.learners * args.steps,
                        max_seconds=args.max_seconds)
@@ -51,6 +60,10 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--lr", type=float, default=6e-3, help="Decoupled's best inner lr in bench/quality.py")
     parser.add_argument("--eval-interval", type=int, default=100)
+    # Unset: the quality bench's model (2 layers, d_model 128: 20 tensors, so P <= 20).
+    parser.add_argument("--layers", type=int, help="model layers (P = 68 needs 8: 68 tensors)")
+    parser.add_argument("--d-model", type=int, help="model width (64 at 8 layers: about the 2-layer model's cost)")
+    parser.add_argument("--heads", type=int, help="attention heads")
     parser.add_argument("--sharding", choices=["contiguous", "interleaved"], default="contiguous")
     parser.add_argument("--max-seconds", type=float, default=1800.0)
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "broadcast-quality")
