@@ -8,13 +8,14 @@ Kueue, admitting and evicting Workloads by writing their status as Kueue's sched
 Evicted). Giving the quota back after an eviction is the integration's, so the operator's
 (tests/test_realapi_kueue_lifecycle.py plays the rest of Kueue's state machine). The operator
 runs as the chart's ServiceAccount with `kueue.enabled=true`; its audit log must hold no 403.
+Each test stands alone: a job of its own, queued or admitted by a fixture, so any one runs alone
+and in any order.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,17 +23,23 @@ import pytest
 from diloco.operator import kueue
 from diloco.operator import naming as n
 from tests.helpers import wait_for
-from tests.realapi.cluster import DEFAULT_FLAVOR, JOBS, SERVICE_ACCOUNT, Cluster, real_cluster
-from tests.test_realapi import tiny_job
+from tests.realapi.cluster import DEFAULT_FLAVOR, JOBS, Cluster, real_cluster
+from tests.test_realapi import audit, refused, tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
 QUEUE, CLUSTER_QUEUE = "training", "cluster-queue"
+# A fixture's job has a name of its own: a deleted job's Workload may linger a moment for the
+# garbage collector, and a test that finds two Workloads by the job's labels would fail.
+SERIAL = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One control plane for the module; after its last test, whatever the order, the chart's RBAC
+    refused none of the operator's requests."""
     with real_cluster(tmp_path_factory.mktemp("realapi-kueue"), kueue=True) as c:
         yield c
+        assert not refused(c), f"the chart's RBAC refused the operator: {refused(c)}"
 
 
 def queued_job(name: str, replicas: int = 1, **spec: Any) -> dict[str, Any]:
@@ -47,6 +54,11 @@ def workloads(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 
 def job_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
     return cluster.admin.list("Pod", JOBS, n.selector(name))
+
+
+def events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events `reason` about job `name` (not another test's job)."""
+    return [e for e in cluster.events(JOBS, reason) if e["involvedObject"]["name"] == name]
 
 
 def admitted_condition(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -80,6 +92,26 @@ def kueue_evicts(cluster: Cluster, wl: dict[str, Any]) -> None:
     cluster.admin.patch("Workload", JOBS, wl["metadata"]["name"], {"status": {"conditions": conds}}, sub="status")
 
 
+@pytest.fixture
+def waiting(cluster: Cluster) -> Iterator[str]:
+    """A queued job of its own (one learner, its data split for two, so it may grow), created
+    suspended, its Workload waiting for Kueue; deleted after the test."""
+    name = f"waiting-{next(SERIAL)}"
+    cluster.admin.create(queued_job(name, suspend=True, data={"shards": 2}))
+    wait_for(lambda: workloads(cluster, name), timeout=60, what=f"job {name}'s Workload")
+    yield name
+    cluster.kubectl("delete", "ddj", "-n", JOBS, name, "--ignore-not-found")
+
+
+@pytest.fixture
+def admitted(cluster: Cluster, waiting: str) -> str:
+    """The waiting job admitted by Kueue, its learner's and its syncer's pods made."""
+    (wl,) = workloads(cluster, waiting)
+    kueue_admits(cluster, wl)
+    wait_for(lambda: len(job_pods(cluster, waiting)) == 2, timeout=60, what="the learner and the syncer pod")
+    return waiting
+
+
 def test_a_queued_job_gets_a_workload_and_nothing_runs(cluster: Cluster) -> None:
     cluster.admin.create(queued_job("queued", suspend=True, data={"shards": 2}))
     cluster.admin.create(queued_job("eager"))  # not created suspended: the operator suspends it first
@@ -99,50 +131,50 @@ def test_a_queued_job_gets_a_workload_and_nothing_runs(cluster: Cluster) -> None
         assert not job_pods(cluster, name) and not cluster.admin.list("StatefulSet", JOBS, n.selector(name)), name
     assert workloads(cluster, "eager") and not workloads(cluster, "plain")
     assert not admitted_condition(cluster, "plain")
-    for name in ("eager", "plain"):
+    for name in ("queued", "eager", "plain"):
         cluster.kubectl("delete", "ddj", "-n", JOBS, name)
 
 
-def test_admission_starts_the_job(cluster: Cluster) -> None:
-    (wl,) = workloads(cluster, "queued")
+def test_admission_starts_the_job(cluster: Cluster, waiting: str) -> None:
+    (wl,) = workloads(cluster, waiting)
     kueue_admits(cluster, wl)
-    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is False, timeout=30, what="the job un-suspended")
-    wait_for(lambda: len(job_pods(cluster, "queued")) == 2, timeout=60, what="the learner and the syncer pod")
-    got = wait_for(lambda: (x := admitted_condition(cluster, "queued")).get("status") == "True" and x, timeout=30,
+    wait_for(lambda: cluster.job(waiting)["spec"].get("suspend") is False, timeout=30, what="the job un-suspended")
+    wait_for(lambda: len(job_pods(cluster, waiting)) == 2, timeout=60, what="the learner and the syncer pod")
+    got = wait_for(lambda: (x := admitted_condition(cluster, waiting)).get("status") == "True" and x, timeout=30,
                    what="Admitted True")
     assert got["reason"] == "Admitted" and CLUSTER_QUEUE in got["message"]
-    wait_for(lambda: cluster.events(JOBS, "Admitted"), timeout=30, what="the Admitted Event")
+    wait_for(lambda: events(cluster, waiting, "Admitted"), timeout=30, what="the Admitted Event")
 
 
-def test_eviction_suspends_the_job_and_readmission_resumes_it(cluster: Cluster) -> None:
-    (wl,) = workloads(cluster, "queued")
+def test_eviction_suspends_the_job_and_readmission_resumes_it(cluster: Cluster, admitted: str) -> None:
+    (wl,) = workloads(cluster, admitted)
     kueue_evicts(cluster, wl)
-    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is True, timeout=30, what="the evicted job suspended")
-    wait_for(lambda: not job_pods(cluster, "queued"), timeout=60, what="every pod of the evicted job gone")
+    wait_for(lambda: cluster.job(admitted)["spec"].get("suspend") is True, timeout=30, what="the evicted job suspended")
+    wait_for(lambda: not job_pods(cluster, admitted), timeout=60, what="every pod of the evicted job gone")
     # The operator, as the integration, gives the quota back once the pods are gone (Kueue does not).
-    wait_for(lambda: not kueue.holds_quota(workloads(cluster, "queued")[0]), timeout=30, what="the quota released")
-    wait_for(lambda: admitted_condition(cluster, "queued").get("reason") == "Requeued", timeout=30,
+    wait_for(lambda: not kueue.holds_quota(workloads(cluster, admitted)[0]), timeout=30, what="the quota released")
+    wait_for(lambda: admitted_condition(cluster, admitted).get("reason") == "Requeued", timeout=30,
              what="the job's Admitted condition saying Requeued")
     cluster.operator.ticks(2)
-    assert cluster.job("queued")["spec"]["suspend"] is True and not job_pods(cluster, "queued")
-    (wl,) = workloads(cluster, "queued")
+    assert cluster.job(admitted)["spec"]["suspend"] is True and not job_pods(cluster, admitted)
+    (wl,) = workloads(cluster, admitted)
     kueue_admits(cluster, wl)
-    wait_for(lambda: len(job_pods(cluster, "queued")) == 2, timeout=60, what="the re-admitted job's pods")
+    wait_for(lambda: len(job_pods(cluster, admitted)) == 2, timeout=60, what="the re-admitted job's pods")
 
 
-def test_more_learners_replace_the_held_workload(cluster: Cluster) -> None:
-    (old,) = workloads(cluster, "queued")
-    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, "queued",
+def test_more_learners_replace_the_held_workload(cluster: Cluster, admitted: str) -> None:
+    (old,) = workloads(cluster, admitted)
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, admitted,
                         {"spec": {"learnerGroups": [{"name": "local", "replicas": 2}]}})
-    new = wait_for(lambda: [w for w in workloads(cluster, "queued") if w["metadata"]["uid"] != old["metadata"]["uid"]],
+    new = wait_for(lambda: [w for w in workloads(cluster, admitted) if w["metadata"]["uid"] != old["metadata"]["uid"]],
                    timeout=60, what="the Workload replaced")
     assert [(p["name"], p["count"]) for p in new[0]["spec"]["podSets"]] == [("local", 2), ("syncer", 1)]
-    wait_for(lambda: cluster.job("queued")["spec"].get("suspend") is True, timeout=30,
+    wait_for(lambda: cluster.job(admitted)["spec"].get("suspend") is True, timeout=30,
              what="the job suspended until the new Workload is admitted")
-    wait_for(lambda: not job_pods(cluster, "queued"), timeout=60, what="its pods gone meanwhile")
-    wait_for(lambda: cluster.events(JOBS, "WorkloadReplaced"), timeout=30, what="the WorkloadReplaced Event")
+    wait_for(lambda: not job_pods(cluster, admitted), timeout=60, what="its pods gone meanwhile")
+    wait_for(lambda: events(cluster, admitted, "WorkloadReplaced"), timeout=30, what="the WorkloadReplaced Event")
     kueue_admits(cluster, new[0])
-    wait_for(lambda: len(job_pods(cluster, "queued")) == 3, timeout=60, what="two learners and the syncer")
+    wait_for(lambda: len(job_pods(cluster, admitted)) == 3, timeout=60, what="two learners and the syncer")
 
 
 def test_a_finished_job_frees_its_quota(cluster: Cluster) -> None:
@@ -158,15 +190,26 @@ def test_a_finished_job_frees_its_quota(cluster: Cluster) -> None:
                     what="the Workload Finished")
     conds = {x["type"]: x for x in done[0]["status"]["conditions"]}
     assert conds["Finished"]["reason"] == "Failed" and conds["Admitted"]["status"] == "True"  # Kueue's kept
-    cluster.kubectl("delete", "ddj", "-n", JOBS, "doomed", "queued")
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "doomed")
 
 
-def test_rbac_no_refusal_and_every_kueue_verb_used(cluster: Cluster) -> None:
-    """Runs last: the chart's Workload rules were enough, and each was needed."""
-    entries = [json.loads(line) for line in Path(cluster.plane.audit_log).read_text().splitlines() if line.strip()]
-    ours = [e for e in entries if e.get("user", {}).get("username") == SERVICE_ACCOUNT]
-    refused = sorted({(e["verb"], e.get("requestURI")) for e in ours if e.get("responseStatus", {}).get("code") == 403})
-    assert not refused, f"the chart's RBAC refused the operator: {refused}"
+def test_rbac_no_refusal_and_every_kueue_verb_used(cluster: Cluster, admitted: str) -> None:
+    """The chart's Workload rules were enough, and each was needed: after a scenario of its own
+    that uses each (so it holds run alone or first), besides whatever ran before it: a Workload
+    created and applied, replaced when the admitted job grows (its delete), and the new one's
+    quota given back after an eviction (its status)."""
+    (old,) = workloads(cluster, admitted)
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, admitted,
+                        {"spec": {"learnerGroups": [{"name": "local", "replicas": 2}]}})
+    (new,) = wait_for(lambda: [w for w in workloads(cluster, admitted) if w["metadata"]["uid"] != old["metadata"]["uid"]],
+                      timeout=60, what="the Workload replaced")
+    kueue_admits(cluster, new)
+    wait_for(lambda: len(job_pods(cluster, admitted)) == 3, timeout=60, what="two learners and the syncer")
+    kueue_evicts(cluster, new)
+    wait_for(lambda: [w for w in workloads(cluster, admitted) if w["metadata"]["uid"] == new["metadata"]["uid"]
+                      and not kueue.holds_quota(w)], timeout=60, what="the quota released")
+    ours = audit(cluster)
+    assert not refused(cluster), f"the chart's RBAC refused the operator: {refused(cluster)}"
     used = set()
     for e in ours:
         ref = e.get("objectRef") or {}
