@@ -42,6 +42,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class VolumeMissing(Exception):
+    """A pod's ConfigMap or Secret is not there (yet, or any more: its job is being deleted). The
+    kubelet then retries the mount and the pod stays in ContainerCreating; it does not crash."""
+
+
 class ProcessRuntime(Runtime):
     def __init__(self, api: Kube, namespace: str, root: Path, cpus: int = 2, first_cpu: int = 0):
         """`first_cpu`: where this runtime's learners start pinning (two clusters share one machine)."""
@@ -105,7 +110,8 @@ class ProcessRuntime(Runtime):
             elif "secretKeyRef" in source:
                 ref = source["secretKeyRef"]
                 secret = self.api.get("Secret", self.namespace, ref["name"])
-                assert secret, f"Secret {ref['name']} is missing"
+                if not secret:
+                    raise VolumeMissing(f"Secret {ref['name']} is missing")
                 env[item["name"]] = base64.b64decode(secret["data"][ref["key"]]).decode()
         env["HOME"] = str(home)
         return env
@@ -119,14 +125,16 @@ class ProcessRuntime(Runtime):
                 path = pod_dir / mount["name"]
                 path.mkdir(parents=True, exist_ok=True)
                 cm = self.api.get("ConfigMap", self.namespace, vol["configMap"]["name"])
-                assert cm, f"ConfigMap {vol['configMap']['name']} is missing"
+                if not cm:
+                    raise VolumeMissing(f"ConfigMap {vol['configMap']['name']} is missing")
                 for key, text in cm["data"].items():
                     (path / key).write_text(text)
             elif "secret" in vol:  # the listed items only, as the kubelet projects them
                 path = pod_dir / mount["name"]
                 path.mkdir(parents=True, exist_ok=True)
                 secret = self.api.get("Secret", self.namespace, vol["secret"]["secretName"])
-                assert secret, f"Secret {vol['secret']['secretName']} is missing"
+                if not secret:
+                    raise VolumeMissing(f"Secret {vol['secret']['secretName']} is missing")
                 for item in vol["secret"].get("items") or [{"key": k, "path": k} for k in secret["data"]]:
                     (path / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
             elif "persistentVolumeClaim" in vol:  # outlives the pod, like a real volume

@@ -24,6 +24,7 @@ from typing import Any
 
 from diloco.operator.kube import ApiError, Kube
 from tests.kube.controllers import Runtime
+from tests.kube.processes import VolumeMissing
 
 NODE = "diloco-node-0"
 HEARTBEAT = 5.0  # seconds; the controller-manager's grace period is 20 s (tests/realapi/controlplane.py)
@@ -161,7 +162,10 @@ class Kubelet:
                 state.pull_error = f'failed to pull image "{image}": not found in the test-side kubelet\'s store'
                 self._report(pod, state)
                 return
-            self._start(pod, state)
+            try:
+                self._start(pod, state)
+            except VolumeMissing:  # retried next round, as the kubelet retries a mount
+                self.pods.pop(uid, None)
             return
         if state.pull_error:
             return
