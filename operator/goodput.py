@@ -19,12 +19,10 @@ The running sums live in `status.accounting`, so an operator restart continues t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from diloco.operator.observation import Observation
 from diloco.spec import JobSpec
-
-if TYPE_CHECKING:
-    from diloco.operator.status import Observation
 
 MAX_SAMPLE_GAP = 120.0  # seconds: a longer gap (the operator was down) is not counted
 

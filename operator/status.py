@@ -13,13 +13,17 @@ Every status written must fit `JobStatus` (diloco/spec/status.py), the CRD's sta
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator import capacity, failures, goodput, steps
 from diloco.operator import conditions as c
-from diloco.operator.access import Blocker
+
+# Re-exported: the status's inputs, read by its callers as st.Observation and st.SyncerView.
+from diloco.operator.observation import Observation as Observation
+from diloco.operator.observation import RegionView as RegionView
+from diloco.operator.observation import SyncerView as SyncerView
 from diloco.spec import JobSpec, JobStatus, Phase
 
 
@@ -32,49 +36,6 @@ def parse_time(value: str | None) -> float | None:
         return None
     parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
-
-
-@dataclass(frozen=True)
-class RegionView:
-    """One region as the syncer sees it, whichever cluster its learners run in."""
-
-    region: str
-    learners: int
-    active_learners: int
-    tokens_merged: int
-    bytes_received: int
-    contributions: int
-    mean_staleness: float
-    step_seconds: float = 0.0  # the median of its learners' step times (0: none reported yet)
-
-
-@dataclass(frozen=True)
-class SyncerView:
-    """The parts of the syncer's StatusReply the job status shows."""
-
-    incarnation: str
-    outer_version: int
-    tokens_merged: int
-    active_learners: int
-    readmissions: int  # re-joins the syncer saw: joins beyond each learner's first
-    regions: tuple[RegionView, ...] = ()
-    refused: int = 0  # pushes refused for what they held (stale, counters, outlier, ...): work thrown away
-
-
-@dataclass(frozen=True)
-class Observation:
-    now: float
-    ready: dict[str, int] = field(default_factory=dict)  # group -> ready pods
-    syncer_endpoint: str = ""
-    syncer_ready: bool = False
-    syncer_restarts: int = 0
-    syncer: SyncerView | None = None  # None: the Status RPC did not answer
-    syncer_error: str = ""  # its gRPC status code's name then (UNAVAILABLE, UNAUTHENTICATED, ...)
-    exposed_address: str = ""  # where other clusters dial this syncer, once known
-    blocker: Blocker | None = None  # why no pods run (a Secret the job names, a refused token)
-    unschedulable: tuple[capacity.Waiting, ...] = ()  # pods waiting for capacity, longest first
-    image_stuck: str | None = None  # a whole group unable to pull its image (failures.image_stuck)
-    finished: tuple[str, ...] = ()  # learners that reached spec.training.steps and exited 0 (steps.py)
 
 
 @dataclass(frozen=True)
