@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 # the syncer, the operator and the base commands in it (tests/test_slim.py). Rebuilt when the
 # package changes, since a non-editable install holds a copy.
 SLIM := .venv-slim
-$(SLIM)/.installed: pyproject.toml $(shell find diloco syncer operator -name '*.py' -o -name '*.proto')
+$(SLIM)/.installed: pyproject.toml $(shell find diloco syncer operator apps -name '*.py' -o -name '*.proto')
 	test -d $(SLIM) || $(PYTHON) -P -m venv $(SLIM)
 	$(SLIM)/bin/python -P -m pip install --quiet --upgrade pip
 	$(SLIM)/bin/python -P -m pip install --quiet .

@@ -1,6 +1,6 @@
 """The `diloco` command line: one entry point for users, containers and tests.
 
-diloco/commands.py registers the subcommands (the simulator's two in diloco/sim/cli.py); each
+apps/commands.py registers the subcommands (the simulator's two in apps/sim/cli.py); each
 handler imports its component when it runs, so `diloco --help` and `diloco validate` stay fast
 and the syncer image, which has no JAX, runs every command it needs.
 """
@@ -15,9 +15,9 @@ DISTRIBUTION = "decoupled-diloco"  # pyproject.toml's [project] name
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from diloco import commands
-    from diloco.plan import cli as plan_cli
-    from diloco.sim import cli as sim_cli
+    from diloco.apps import commands
+    from diloco.apps.plan import cli as plan_cli
+    from diloco.apps.sim import cli as sim_cli
 
     parser = argparse.ArgumentParser(
         prog="diloco",

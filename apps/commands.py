@@ -41,7 +41,7 @@ def _add_job_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live display")
-    p.set_defaults(func=lambda a: _call("diloco.local.runner", "main", a, needs=extras.LEARNER))
+    p.set_defaults(func=lambda a: _call("diloco.apps.local.runner", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("learner", help="run one learner (container entry point)")
     contract.add_learner_flags(p)
@@ -73,7 +73,7 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, metavar="JOB.yaml",
                    help="the job's manifest (default: the job.yaml `diloco run` writes beside CHECKPOINT_DIR)")
     p.add_argument("--force", action="store_true", help="replace an export already in OUT")
-    p.set_defaults(func=lambda a: _call("diloco.export", "main", a, needs=extras.LEARNER))
+    p.set_defaults(func=lambda a: _call("diloco.apps.export", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("sample", help="generate text from an exported model or a syncer checkpoint")
     p.add_argument("export_dir", nargs="?", default=None, metavar="EXPORT_DIR", help="a `diloco export` directory")
@@ -86,7 +86,7 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (temperature > 0)")
     p.add_argument("--tokenizer", default=None, metavar="tokenizer.json",
                    help="override the job's tokenizer (needed for pre-tokenized data with a vocabulary above 256)")
-    p.set_defaults(func=lambda a: _call("diloco.sample", "main", a, needs=extras.LEARNER))
+    p.set_defaults(func=lambda a: _call("diloco.apps.sample", "main", a, needs=extras.LEARNER))
 
     p = sub.add_parser("prepare-tokens", help="tokenize text, Parquet or JSON Lines into shards of ids (spec.data.source "
                                              "kind tokens), resumable, on every core")

@@ -2,7 +2,7 @@
 
 Syncer checkpoints hold Θ with the outer optimizer's momentum in our own checksummed format,
 one directory per syncer shard, and record no model config. An export is what leaves the job:
-`--format hf` writes a Hugging Face directory (diloco/export_hf.py) that transformers, vLLM and
+`--format hf` writes a Hugging Face directory (apps/export_hf.py) that transformers, vLLM and
 lm-eval-harness load; `safetensors` (or `orbax`) writes the flat fp32 tensors named as in the
 checkpoint with OUT/config.json holding `spec.model`, `spec.data.source` (the tokenizer) and the
 checkpoint's versions, so `diloco sample` needs nothing else (it reads HF directories too).
@@ -24,7 +24,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from diloco import export_hf
+from diloco.apps import export_hf
 from diloco.checkpoint import CheckpointStore, Loaded, params_of
 from diloco.core.fragments import owned_by, owner
 from diloco.hf import resolve

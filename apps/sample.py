@@ -18,10 +18,10 @@ from typing import Protocol
 
 import numpy as np
 
-from diloco.export import ExportError, TrainedModel, job_for, load_export, read_checkpoint
+from diloco.apps.export import ExportError, TrainedModel, job_for, load_export, read_checkpoint
 from diloco.spec import DataSource, TransformerModel
 
-log = logging.getLogger("diloco.sample")
+log = logging.getLogger("diloco.apps.sample")
 SUMMARY_BYTES = 200  # the run summary's sample: a few lines of verse, well under a second on CPU
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diloco.testing.relay import FaultProxy
+from diloco.apps.testing.relay import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "bench"
@@ -200,7 +200,7 @@ def run_job(m: dict[str, Any], out: Path, *, total_steps: int | None, max_second
     so a slow machine's late start still leaves an after-phase to measure.
     `proxies`: route every learner's connection through a byte-counting relay.
     `seconds_after_join`: stop that long after the first learner joined."""
-    from diloco.local.runner import LocalRun
+    from diloco.apps.local.runner import LocalRun
     from diloco.spec import parse_job
 
     job = parse_job(m)

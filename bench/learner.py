@@ -106,7 +106,7 @@ def free_port() -> int:
 
 def device_env(config: str) -> dict[str, str]:
     """The CPU devices `diloco run` would give this learner (its mesh's share)."""
-    from diloco.local.runner import cpu_devices
+    from diloco.apps.local.runner import cpu_devices
     from diloco.spec import load_job
 
     return dict(os.environ, **cpu_devices(load_job(config).spec, 1))
@@ -181,10 +181,10 @@ def take_turns(config: str, turns: int, seconds: float, host_cpus: str) -> dict:
         plain_lines = Lines(plain)
         info = plain_lines.wait_for(lambda e: "matmul_flops" in e, 300, "plain loop")
         port = free_port()
-        procs.append(subprocess.Popen(["taskset", "-c", "1", sys.executable, "-P", "-m", "diloco.cli", "syncer",
+        procs.append(subprocess.Popen(["taskset", "-c", "1", sys.executable, "-P", "-m", "diloco.apps.cli", "syncer",
                                        "--config", config, "--port", str(port)],
                                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", config, "--group",
+        learner = subprocess.Popen([sys.executable, "-P", "-m", "diloco.apps.cli", "learner", "--config", config, "--group",
                                     "local", "--index", "0", "--syncer", f"127.0.0.1:{port}", "--cpus", "0"]
                                    + (["--host-cpus", host_cpus] if host_cpus else []),
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -162,7 +162,7 @@ def run_prepare(glob: str, out: Path, tok_path: Path, workers: int | None,
     """(wall seconds, CPU seconds of the process tree, peak RSS MB of the tree, the summary line,
     the fraction of the input done when `limit` seconds stopped it, else None)."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", glob, "--out", str(out),
+    cmd = [sys.executable, "-P", "-m", "diloco.apps.cli", "prepare-tokens", glob, "--out", str(out),
            "--tokenizer", str(tok_path)] + (["--workers", str(workers)] if workers else [])
     t0, c0 = time.monotonic(), cpu_seconds(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -64,7 +64,7 @@ def prepare_data(out: Path, vocab: int) -> Path:
         vocab_size=vocab, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(out / "tokenizer.json"))
     print(f"tokenizer: {vocab} ids trained in {time.monotonic() - t0:.1f} s", file=sys.stderr)
-    subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", str(text / "*.txt"), "--out", str(tokens),
+    subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "prepare-tokens", str(text / "*.txt"), "--out", str(tokens),
                     "--tokenizer", str(out / "tokenizer.json"), "--held-out-fraction", "0.02"], check=True)
     return tokens
 
@@ -142,7 +142,7 @@ class PeakRss:
 def run_job(m: dict[str, Any], out: Path, kill: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, float]]:
     """The job under the product's runner, with one kill of KILLED at half time (unless not `kill`)."""
     from bench.common import _QuietView, fresh_run_dir
-    from diloco.local.runner import LocalRun
+    from diloco.apps.local.runner import LocalRun
     from diloco.spec import parse_job
 
     fresh_run_dir(out)
@@ -248,7 +248,7 @@ def analyse(events: list[dict[str, Any]], out: Path, tps: int, parameters: int) 
 def export(out: Path) -> dict[str, Any]:
     t0 = time.monotonic()
     target = out / "hf"
-    subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "export", str(out / "checkpoints"), str(target),
+    subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "export", str(out / "checkpoints"), str(target),
                     "--format", "hf", "--force"], check=True, capture_output=True)
     size = sum(p.stat().st_size for p in target.iterdir())
     return {"seconds": round(time.monotonic() - t0, 2), "bytes": size}

@@ -1,4 +1,4 @@
-"""Decoupled DiLoCo in the deterministic replay harness (diloco/sim/replay.py) with the real model.
+"""Decoupled DiLoCo in the deterministic replay harness (apps/sim/replay.py) with the real model.
 
     python bench/replay.py --arms decoupled,ablate-average --seeds 0,1,2
     python bench/replay.py --sweep-outer                  # outer lr x momentum for frequent syncs
@@ -49,7 +49,7 @@ def scripts_for(kind: str, learners: int, steps: int, seed: int) -> list[Any]:
     """Learner timelines in units of one step: out of phase by a random fraction of a step."""
     import numpy as np
 
-    from diloco.sim.replay import Script
+    from diloco.apps.sim.replay import Script
 
     rng = np.random.default_rng([seed, 7])
     starts = rng.random(learners) * 0.9
@@ -108,7 +108,7 @@ class JaxTrainer:
 def replay_arm(m: dict[str, Any], learners: int, steps: int, seed: int, scripts: str = "healthy",
                adoption: str = "rebase", shared: bool = True) -> dict[str, Any]:
     """One replayed run (called in a fresh process by arms.inproc)."""
-    from diloco.sim.replay import Replay
+    from diloco.apps.sim.replay import Replay
     from diloco.spec import parse_job
 
     spec = parse_job(m).spec

@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from diloco.sim.goodput import PAPER_GOODPUT, SimParams, sweep
+from diloco.apps.sim.goodput import PAPER_GOODPUT, SimParams, sweep
 
 CHIPS = [150_000, 300_000, 600_000, 1_200_000, 2_400_000]
 LEARNERS = [2, 4, 8, 16]

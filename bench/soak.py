@@ -46,8 +46,8 @@ def manifest(minutes: float, chaos: bool) -> dict[str, Any]:
 
 def job(args: argparse.Namespace) -> None:
     """Internal: one job with the product's runner, plus SIGSTOP hangs when chaos is on."""
+    from diloco.apps.local.runner import LocalRun
     from diloco.checkpoint import CheckpointStore
-    from diloco.local.runner import LocalRun
     from diloco.spec import parse_job
 
     m = manifest(args.minutes, args.chaos)

@@ -7,7 +7,7 @@
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
-generator (`diloco.testing.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
+generator (`diloco.apps.testing.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
 `--loadgen-processes` processes started on one clock, by default one per core it has), each
 shard pinned to a core of its own and the load generator to the rest while there are N + 1 cores
 (else none pinned), pushing precomputed int4 outer gradients on the shared schedule at one step
@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from diloco.testing.loadgen import seed
+from diloco.apps.testing.loadgen import seed
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {"5e5": (2, 128), "1e7": (6, 384), "1e8": (14, 768), "1e9": (24, 1856)}  # nominal size: (layers, dModel)
@@ -86,7 +86,7 @@ def shapes_of(layers: int, d_model: int) -> dict[str, list[int]]:
 def start_syncer(config: Path, token: str, log: Path, shard: int, cpu: list[int] | None) -> tuple[subprocess.Popen[str], str]:
     env = dict(os.environ, DILOCO_TOKEN=token)
     with open(log, "w") as err:  # the child keeps its own copy of the descriptor
-        proc = subprocess.Popen([*pinned(cpu), sys.executable, "-P", "-m", "diloco.cli", "syncer", "--config", str(config),
+        proc = subprocess.Popen([*pinned(cpu), sys.executable, "-P", "-m", "diloco.apps.cli", "syncer", "--config", str(config),
                                  "--port", "0", "--shard", str(shard)],
                                 stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=REPO)
     assert proc.stdout is not None
@@ -110,7 +110,7 @@ def trial(address: str, token: str, shapes: Path, learners: int, step: float, sl
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
-    cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes",
+    cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.apps.testing.loadgen", "--address", address, "--shapes",
            str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix,
            "--rejoin-every", str(rejoin_every), "--processes", str(processes)]
     before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()

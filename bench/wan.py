@@ -3,7 +3,7 @@
     sudo python bench/wan.py [--rates 50,10,2] [--seconds 25] [--budget 60]
 
 Two regions, one learner each, reach a "home" namespace over veth links shaped with tbf
-(diloco/testing/wan.py). Same model, same link, three ways to train:
+(apps/testing/wan.py). Same model, same link, three ways to train:
 
 - decoupled: the real `diloco syncer` (home) and `diloco learner`s, int4 both ways, P = 16;
 - dp: the data-parallel equivalent: every step each learner sends its bf16 gradients to a
@@ -153,7 +153,7 @@ def worker(mode: str, config: str, address: str, index: int, out: str) -> None:
 def run_arm(net, mode: str, config: Path, seconds: float, workdir: Path) -> tuple[float, Path | None]:
     """Tokens/s over `seconds` after warm-up; returns it and where the final weights went."""
     env = dict(os.environ, DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    cli = [sys.executable, "-P", "-m", "diloco.cli"]
+    cli = [sys.executable, "-P", "-m", "diloco.apps.cli"]
     me = [sys.executable, str(Path(__file__).resolve())]
     procs, readers = [], []
     weights = workdir / f"{mode}-final.npz"
@@ -216,8 +216,8 @@ def run_arm(net, mode: str, config: Path, seconds: float, workdir: Path) -> tupl
 def eval_loss(config: Path, final: Path) -> float:
     import numpy as np
 
+    from diloco.apps.local.report import evaluate
     from diloco.checkpoint import CheckpointStore, params_of
-    from diloco.local.report import evaluate
     from diloco.spec import load_job
 
     job = load_job(str(config))
@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=60.0, help="wall-clock budget for the loss comparison")
     parser.add_argument("--modes", default="decoupled,dp,sync")
     args = parser.parse_args()
-    from diloco.testing import wan
+    from diloco.apps.testing import wan
 
     reason = wan.available()
     if reason:

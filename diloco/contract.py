@@ -284,10 +284,10 @@ def add_syncer_flags(p: argparse.ArgumentParser) -> None:
 
 
 def diloco_argv(command: str, args: Sequence[str]) -> list[str]:
-    """`python -P -m diloco.cli COMMAND ...` for a child process of this interpreter; -P keeps
+    """`python -P -m diloco.apps.cli COMMAND ...` for a child process of this interpreter; -P keeps
     the working directory off sys.path, so a clone's top-level `operator/` folder can never
     shadow the standard library's `operator`."""
-    return [sys.executable, "-P", "-m", "diloco.cli", command, *args]
+    return [sys.executable, "-P", "-m", "diloco.apps.cli", command, *args]
 
 
 def container_command(command: str) -> list[str]:

@@ -4,7 +4,7 @@ The parts, each with one job: `Admission` (syncer/admission.py) decides which pu
 taken, the `RoundDriver` (syncer/round.py) runs a round: offer → close → merge → commit →
 publish, over the `RoundBook` (diloco/core/rounds.py), `GlobalModel` (syncer/state.py) and the
 `Publisher` (syncer/publisher.py), which encodes each version once for every subscriber; the
-replay (diloco/sim/replay.py) runs the same driver. Checkpoints and Recover are in
+replay (apps/sim/replay.py) runs the same driver. Checkpoints and Recover are in
 syncer/persistence.py, and the servicer (syncer/servicer.py) only translates RPCs.
 
 Threads: gRPC handlers admit contributions under `lock`; one merge thread closes rounds and

@@ -50,7 +50,7 @@ def learner_extra_blocked() -> str:
 def without_learner_extra() -> str:
     """A `python -c` program that runs the `diloco` command line (argv after -c) without the
     `learner` extra."""
-    return learner_extra_blocked() + "from diloco.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n"
+    return learner_extra_blocked() + "from diloco.apps.cli import main\nsys.argv = ['diloco', *sys.argv[1:]]\nsys.exit(main())\n"
 
 
 def diloco_run(manifest: dict[str, Any], folder: Path, timeout: float = 240) -> list[dict[str, Any]]:
@@ -60,7 +60,7 @@ def diloco_run(manifest: dict[str, Any], folder: Path, timeout: float = 240) -> 
 
     (folder / "job.yaml").write_text(yaml.safe_dump(manifest))
     out = folder / "out"
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(folder / "job.yaml"), "--out", str(out),
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(folder / "job.yaml"), "--out", str(out),
                           "--no-live"], capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
     return [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from diloco.apps.sim import cli
+from diloco.apps.sim.bandwidth import BITS_PER_PARAM, BandwidthParams, bandwidth_gb_s
 from diloco.core.codecs import encoded_size
-from diloco.sim import cli
-from diloco.sim.bandwidth import BITS_PER_PARAM, BandwidthParams, bandwidth_gb_s
 
 PAPER = {"dp": 104.0, "decoupled_bf16": 1.7, "decoupled_int4": 0.43}
 BASE = BandwidthParams()

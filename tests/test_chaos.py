@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from diloco.apps.local.runner import LocalRun
 from diloco.core.chaos import SYNCER, ChaosSchedule
-from diloco.local.runner import LocalRun
 from diloco.operator import chaos as operator_chaos
 from diloco.operator import naming as n
 from diloco.spec import Chaos, parse_job

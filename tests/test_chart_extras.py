@@ -231,7 +231,7 @@ def test_crd_apply_is_a_forced_server_side_apply(minor: str, no_cel: bool, cel: 
 
     fake = FakeKube(minor)
     monkeypatch.setattr(kube.Kube, "connect", classmethod(lambda cls: fake))
-    from diloco.cli import main as cli
+    from diloco.apps.cli import main as cli
 
     assert cli(["crd", "--apply", *(["--no-cel"] if no_cel else [])]) == 0
     method, path, body, params, ctype = fake.calls[-1]
@@ -251,7 +251,7 @@ def test_crd_apply_reports_a_refusal(monkeypatch: pytest.MonkeyPatch, capsys: py
             return super().request(method, path, *args, **kwargs)
 
     monkeypatch.setattr(kube.Kube, "connect", classmethod(lambda cls: Refusing("30")))
-    from diloco.cli import main as cli
+    from diloco.apps.cli import main as cli
 
     assert cli(["crd", "--apply"]) == 1
     assert "HTTP 403" in capsys.readouterr().err
@@ -363,7 +363,7 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
         env["KUBECONFIG"] = str(plane.kubeconfig(tmp_path / "hook.kubeconfig", token, "hook"))
 
         def diloco_crd_apply() -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "crd", "--apply"], capture_output=True,
+            return subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "crd", "--apply"], capture_output=True,
                                   text=True, timeout=60, cwd=ROOT / "tests", env=env)
 
         path = f"apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd.CRD_NAME}"
@@ -399,7 +399,7 @@ def test_crd_upgrade_hook_rbac_on_a_real_api_server(tmp_path: Path) -> None:
         # The manual path for servers before 1.23 (docs/KUBERNETES.md), over a stale CRD.
         make_stale()
         admin_env = {**env, "KUBECONFIG": str(plane.kubeconfig(tmp_path / "admin.kubeconfig", plane.admin_token))}
-        printed = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "crd", "--no-cel"], capture_output=True,
+        printed = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "crd", "--no-cel"], capture_output=True,
                                  text=True, timeout=60, cwd=ROOT / "tests", check=True).stdout
         done = subprocess.run([str(tool("kubectl")), "apply", "--server-side", "--force-conflicts", "-f", "-"],
                               input=printed, capture_output=True, text=True, timeout=60, env=admin_env)

@@ -64,7 +64,7 @@ def test_committed_crd_equals_generated() -> None:
     generated = crd.render_yaml()
     for path in COMMITTED:
         assert path.read_text() == generated, f"{path} is stale: run `diloco crd > {path.relative_to(ROOT)}`"
-    cli = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "crd"], capture_output=True, text=True, check=True,
+    cli = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "crd"], capture_output=True, text=True, check=True,
                          cwd=ROOT / "tests")
     assert cli.stdout == generated
 

@@ -234,7 +234,7 @@ def test_prepare_tokens_round_trips_through_load(tmp_path: Path) -> None:
     make_tokenizer(tmp_path / "tok.json")
     glob = write_texts(tmp_path / "t", TEXTS)
     out = tmp_path / "bins"
-    done = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", glob, "--out", str(out),
+    done = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "prepare-tokens", glob, "--out", str(out),
                            "--tokenizer", str(tmp_path / "tok.json"), "--held-out-fraction", "0.2"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -311,19 +311,19 @@ def test_missing_inputs_stop_run_and_validate_before_any_process(tmp_path: Path)
     """`diloco run` of a job whose data is not there: one line per missing input, naming the
     field, and exit 2 (not a learner's traceback); `validate --inputs` says the same."""
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(root / "examples" / "tokens.yaml"),
+    run = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(root / "examples" / "tokens.yaml"),
                           "--no-live"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 2, run.stderr
     assert lines[0].startswith("spec.data.source.path: no files match 'runs/data/tokens/train-*.bin'")
     assert lines[1].startswith("spec.data.source.heldOutPath: no files match")
     assert not (tmp_path / "runs").exists()  # nothing was started or written
-    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", "--inputs",
+    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "validate", "--inputs",
                                str(root / "examples" / "text.yaml")], cwd=tmp_path, capture_output=True, text=True,
                               timeout=60)
     assert validate.returncode == 2 and validate.stderr.startswith("spec.data.source.path: no files match")
     write_texts(tmp_path / "runs" / "data" / "text", TEXTS)
-    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", "--inputs",
+    validate = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "validate", "--inputs",
                                str(root / "examples" / "text.yaml")], cwd=tmp_path, capture_output=True, text=True,
                               timeout=60)
     assert validate.returncode == 0, validate.stderr

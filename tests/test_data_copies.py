@@ -128,7 +128,7 @@ def test_listing_names_files_relative_to_the_glob_s_fixed_prefix(tmp_path: Path)
 
 def validate(path: Path, capsys: pytest.CaptureFixture[str], inputs: bool = True) -> tuple[int, str]:
     """`diloco validate [--inputs]`: its exit code and stderr (stdout in VALID[0])."""
-    from diloco.commands import cmd_validate
+    from diloco.apps.commands import cmd_validate
 
     rc = cmd_validate(argparse.Namespace(file=str(path), gateway_api=False, inputs=inputs, no_kueue=False))
     got = capsys.readouterr()

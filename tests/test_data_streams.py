@@ -464,7 +464,7 @@ def test_the_learner_exits_2_with_the_line_before_it_connects(tmp_path: Path) ->
                     "data": {"source": {"kind": "parquet", "path": str(tmp_path / "x.parquet"),
                                         "heldOutPath": str(tmp_path / "x.parquet")}}}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "learner", "--config", str(tmp_path / "job.yaml"),
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "learner", "--config", str(tmp_path / "job.yaml"),
                           "--group", "local", "--index", "0", "--syncer", "127.0.0.1:9"], capture_output=True,
                          text=True, timeout=120, env={**os.environ, "DILOCO_TOKEN": "0123456789abcdef0123"})
     assert res.returncode == Exit.CONFIG, res.stderr[-2000:]

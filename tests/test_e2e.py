@@ -38,7 +38,7 @@ def manifest(name: str, chaos: dict[str, Any], seconds: int, replicas: int = 3) 
 def run(tmp_path: Path, m: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     path, out = tmp_path / "job.yaml", tmp_path / "out"
     path.write_text(yaml.safe_dump(m))
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(path), "--out", str(out), "--no-live"],
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(path), "--out", str(out), "--no-live"],
                          capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
@@ -140,7 +140,7 @@ def test_bad_manifest_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     m["spec"]["syncer"]["quorum"] = 9
     path, out = tmp_path / "job.yaml", tmp_path / "out"
     path.write_text(yaml.safe_dump(m))
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(path), "--out", str(out)],
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(path), "--out", str(out)],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert "spec.syncer.quorum: 9 exceeds the 3 learners" in res.stderr

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import yaml
 
-from diloco import cli
+from diloco.apps import cli
+from diloco.apps.export import ExportError, TrainedModel, export, job_for, load_export, read_checkpoint
+from diloco.apps.sample import ByteTokenizer, generate, sample_text, summary_sample, tokenizer_for
 from diloco.checkpoint import CheckpointStore
 from diloco.core.fragments import owned_by
-from diloco.export import ExportError, TrainedModel, export, job_for, load_export, read_checkpoint
-from diloco.sample import ByteTokenizer, generate, sample_text, summary_sample, tokenizer_for
 from diloco.spec import DataSource, DecoupledDiLoCoJob, TransformerModel
 from diloco.syncer.state import GlobalModel
 from diloco.trainer.data import eval_batches

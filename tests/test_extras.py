@@ -31,7 +31,7 @@ def test_the_operator_and_the_crd_need_no_jax() -> None:
     assert done.returncode == 0, done.stderr
     assert "kind: CustomResourceDefinition" in done.stdout
     program = learner_extra_blocked() + (
-        "import diloco.operator.main, diloco.syncer.main, diloco.commands\n"
+        "import diloco.operator.main, diloco.syncer.main, diloco.apps.commands\n"
         "assert 'jax' not in [m for m in sys.modules if sys.modules[m] is not None]\n")
     imported = subprocess.run([sys.executable, "-P", "-c", program], capture_output=True, text=True, timeout=120)
     assert imported.returncode == 0, imported.stderr

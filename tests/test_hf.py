@@ -1,4 +1,4 @@
-"""Hugging Face in and out (diloco/hf.py, diloco/export_hf.py, trainer/pretrained.py), checked
+"""Hugging Face in and out (diloco/hf.py, apps/export_hf.py, trainer/pretrained.py), checked
 against transformers itself: a model transformers made is our Θ₀ with the same logits, and our
 export is a model transformers loads with the same logits. Logits agree when their largest
 difference is within 1e-4 of their largest magnitude (fp32; measured: about 2e-6).
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from diloco import hf
-from diloco.export import ExportError, TrainedModel, export, load_export
-from diloco.export_hf import byte_tokenizer
+from diloco.apps.export import ExportError, TrainedModel, export, load_export
+from diloco.apps.export_hf import byte_tokenizer
 from diloco.spec import DataSource, DecoupledDiLoCoJob, SpecError, TransformerModel, parse_job
 from diloco.trainer import model, pretrained
 

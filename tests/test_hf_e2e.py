@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from diloco import hf
-from diloco.export import read_checkpoint
+from diloco.apps.export import read_checkpoint
 from diloco.spec import load_job
 from diloco.trainer import data, model
 from tests.test_hf import assert_close, hf_logits, make_llama, our_logits
@@ -69,7 +69,7 @@ def test_a_transformers_llama_trains_under_diloco_and_goes_home(tmp_path: Path, 
     theirs = make_llama(src, kv_heads=kv_heads, tied=tied, positions=2048)
     pretrain(theirs, src)
     out = tmp_path / "runs" / "continue"
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "run", str(EXAMPLE), "--no-live"],
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(EXAMPLE), "--no-live"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
@@ -91,7 +91,7 @@ def test_a_transformers_llama_trains_under_diloco_and_goes_home(tmp_path: Path, 
     assert summary["final_eval_loss"] < expected - 0.05, summary  # it trained on
 
     hf_out = tmp_path / "runs" / "continue-hf"  # the commands docs/CHECKPOINTS.md gives
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "export", "runs/continue/checkpoints",
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "export", "runs/continue/checkpoints",
                           "runs/continue-hf", "--format", "hf"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     trained = read_checkpoint(job, out / "checkpoints")

@@ -15,13 +15,14 @@ from diloco import extras
 
 ROOT = Path(__file__).resolve().parent.parent
 # Import name -> folder (pyproject.toml's package-dir).
-FOLDERS = {"diloco.trainer": "trainer", "diloco.syncer": "syncer", "diloco.operator": "operator", "diloco": "diloco"}
+FOLDERS = {"diloco.trainer": "trainer", "diloco.syncer": "syncer", "diloco.operator": "operator", "diloco.apps": "apps",
+           "diloco": "diloco"}
 # The entry points of the syncer image's commands: the command line (its parsers and handlers),
 # the syncer and the operator.
-ENTRIES = ("diloco.cli", "diloco.syncer.main", "diloco.operator.main")
+ENTRIES = ("diloco.apps.cli", "diloco.syncer.main", "diloco.operator.main")
 FORBIDDEN = ("diloco.trainer", "jaxlib", *extras.modules(extras.LEARNER))
 # `diloco simulate --plot` draws with matplotlib and, without it, names the install (test_extras.py).
-ALLOWED = {("diloco.sim.plot", "matplotlib"), ("diloco.sim.plot", "matplotlib.pyplot")}
+ALLOWED = {("diloco.apps.sim.plot", "matplotlib"), ("diloco.apps.sim.plot", "matplotlib.pyplot")}
 
 
 def source_of(module: str) -> Path | None:
@@ -77,7 +78,7 @@ def forbidden(name: str) -> bool:
 
 def test_the_syncer_images_commands_import_no_trainer_and_no_jax() -> None:
     graph = reachable(ENTRIES)
-    assert {"diloco.operator.render", "diloco.syncer.servicer", "diloco.commands", "diloco.spec"} <= set(graph)
+    assert {"diloco.operator.render", "diloco.syncer.servicer", "diloco.apps.commands", "diloco.spec"} <= set(graph)
     found = [f"{source_of(m).relative_to(ROOT)}:{line} imports {name}"  # type: ignore[union-attr]
              for m, names in sorted(graph.items()) for name, line in names
              if forbidden(name) and (m, name) not in ALLOWED]

@@ -36,7 +36,7 @@ def example(name: str, steps: int, **training: Any) -> dict[str, Any]:
 def start(tmp_path: Path, m: dict[str, Any]) -> tuple[subprocess.Popen[str], Path]:
     path, out = tmp_path / "job.yaml", tmp_path / "out"
     path.write_text(yaml.safe_dump(m))
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "run", str(path), "--out", str(out), "--no-live"],
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "diloco.apps.cli", "run", str(path), "--out", str(out), "--no-live"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     return proc, out
 
@@ -68,7 +68,7 @@ def test_an_example_trains(tmp_path: Path, name: str) -> None:
     if name != "llama.yaml":
         write_text_data(tmp_path / "runs" / "data" / "text")
     if name == "tokens.yaml":
-        subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", "runs/data/text/*.txt",
+        subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "prepare-tokens", "runs/data/text/*.txt",
                         "--out", "runs/data/tokens"], cwd=tmp_path, check=True, capture_output=True, timeout=120)
     summary = finish(*start(tmp_path, example(name, steps=120)))
     assert summary["final_eval_loss"] < summary["initial_eval_loss"] - 1.5, summary  # ~5.5 -> below 4

@@ -1,4 +1,4 @@
-"""Where `diloco run` puts its learners' processes (diloco/local/runner.py `core_plan`)."""
+"""Where `diloco run` puts its learners' processes (apps/local/runner.py `core_plan`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from diloco.local import runner
-from diloco.local.runner import LocalRun, core_plan
+from diloco.apps.local import runner
+from diloco.apps.local.runner import LocalRun, core_plan
 from diloco.spec import parse_job
 
 

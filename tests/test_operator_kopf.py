@@ -294,7 +294,7 @@ def test_operator_process_serves_liveness_and_metrics(api: Kube, tmp_path: Path)
     metrics, health = free_port(), free_port()
     env = {**os.environ, "DILOCO_OPERATOR_METRICS_PORT": str(metrics), "DILOCO_OPERATOR_HEALTH_PORT": str(health),
            "DILOCO_STATUS_INTERVAL_SECONDS": "0.5"}
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "diloco.cli", "operator", "--standalone"], env=env,
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "diloco.apps.cli", "operator", "--standalone"], env=env,
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         api.create(manifest())

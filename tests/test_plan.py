@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from diloco.cli import main
-from diloco.plan import figures as F
-from diloco.plan.model import shard_load
+from diloco.apps.cli import main
+from diloco.apps.plan import figures as F
+from diloco.apps.plan.model import shard_load
 
 US = ["--region", "name=us-central,chips=4096,wan-gbps=5,latency-ms=5",
       "--region", "name=us-east,chips=4096,wan-gbps=2,latency-ms=20",
@@ -63,7 +63,7 @@ def test_the_chain_model_reproduces_its_two_measurements() -> None:
 
 
 def test_manifests_validate_and_render_on_the_operator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from diloco.commands import cmd_validate
+    from diloco.apps.commands import cmd_validate
     from diloco.operator import render
     from diloco.spec import load_job
 
@@ -132,7 +132,7 @@ def test_regions_from_yaml_and_a_manifest_model(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_command_line_end_to_end() -> None:
-    done = subprocess.run([sys.executable, "-m", "diloco.cli", "plan", *PAPER_5B], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "diloco.apps.cli", "plan", *PAPER_5B], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "data-parallel 100" in done.stdout and "figures used:" in done.stdout and "Traceback" not in done.stderr

@@ -113,7 +113,7 @@ def test_progress_on_stderr_and_no_jax(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     for i in range(6):
         (tmp_path / "t" / f"{i}.txt").write_text("\n".join(LINES) * 20)
-    script = ("import sys; from diloco.trainer import prepare; prepare.REPORT_SECONDS = 0.0; from diloco.cli import main; "
+    script = ("import sys; from diloco.trainer import prepare; prepare.REPORT_SECONDS = 0.0; from diloco.apps.cli import main; "
               f"rc = main(['prepare-tokens', {str(tmp_path / 't' / '*.txt')!r}, '--out', {str(tmp_path / 'o')!r}, "
               "'--workers', '2', '--shard-size', '2000']); assert 'jax' not in sys.modules, 'JAX imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)
@@ -238,7 +238,7 @@ def test_a_killed_run_resumes_to_the_same_shards(tmp_path: Path) -> None:
     for i in range(1500):
         (tmp_path / "t" / f"{i:04d}.txt").write_text(f"file {i} " + "words and more words " * (i % 17))
     glob, out, fresh = str(tmp_path / "t" / "*.txt"), tmp_path / "o", tmp_path / "fresh"
-    cmd = [sys.executable, "-P", "-m", "diloco.cli", "prepare-tokens", glob, "--shard-size", "2000", "--workers", "2"]
+    cmd = [sys.executable, "-P", "-m", "diloco.apps.cli", "prepare-tokens", glob, "--shard-size", "2000", "--workers", "2"]
     proc = subprocess.Popen([*cmd, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline, recorded = time.monotonic() + 100, []
     while time.monotonic() < deadline and proc.poll() is None:

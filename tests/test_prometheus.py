@@ -47,7 +47,7 @@ from typing import Any
 import pytest
 import yaml
 
-from diloco.local.procs import free_port
+from diloco.apps.local.procs import free_port
 from tests.faults.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from diloco.sim.replay import Replay, Script, toy_trainer
+from diloco.apps.sim.replay import Replay, Script, toy_trainer
 from diloco.spec import Syncer
 
 SHAPES = {"embed/w": (16, 8), "l0/a": (8, 8), "l0/b": (8,), "l1/a": (8, 8), "head/w": (8, 16)}

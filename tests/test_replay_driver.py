@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from diloco.sim.replay import Replay, Script, Sent, toy_trainer
+from diloco.apps.sim.replay import Replay, Script, Sent, toy_trainer
 from diloco.spec import Syncer
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.service import SyncerCore

@@ -206,5 +206,5 @@ def test_a_syncer_process_without_jax_is_seeded_and_serves(tmp_path: Path) -> No
     assert CheckpointStore(tmp_path / "ckpt").load_latest()[0] is not None  # the seeded Θ₀ is durable
     log = proc.stderr.read() if proc.stderr else ""
     # Its head-room reserved once seeded, and protobuf's pure-Python backend, whose upb would
-    # hand that back to the kernel with malloc_trim (diloco/commands.py cmd_syncer).
+    # hand that back to the kernel with malloc_trim (apps/commands.py cmd_syncer).
     assert "MB of heap for republished fragments" in log and "protobuf: python" in log, log[-2000:]

@@ -180,7 +180,7 @@ def test_diloco_status_adds_up_the_shards(shards: list[sh.Harness]) -> None:
 
     assert shards[1].push(1, shards[1].fragment_tensors(1)).accepted
     shards[1].core.merge_ready(flush=True)
-    res = subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "status", "--syncer",
+    res = subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "status", "--syncer",
                           ",".join(address(h) for h in shards)], capture_output=True, text=True, timeout=60,
                          env=dict(os.environ, **{TOKEN_ENV: sh.TOKEN}))
     assert res.returncode == 0, res.stderr

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.sim import cli
-from diloco.sim.goodput import (
+from diloco.apps.sim import cli
+from diloco.apps.sim.goodput import (
     DAY,
     PAPER_GOODPUT,
     Interruptions,
@@ -264,7 +264,7 @@ def test_cli_rejects_bad_options_naming_them(argv, option, capsys) -> None:
 
 
 def test_cli_import_does_not_load_matplotlib() -> None:
-    probe = "import sys, diloco.sim.cli; print('matplotlib' in sys.modules)"
+    probe = "import sys, diloco.apps.sim.cli; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -49,7 +49,7 @@ def run_slim(python: Path, *argv: str, cwd: Path, env: dict[str, str] | None = N
 
 
 def diloco(python: Path, *argv: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_slim(python, "-m", "diloco.cli", *argv, cwd=cwd, env=env)
+    return run_slim(python, "-m", "diloco.apps.cli", *argv, cwd=cwd, env=env)
 
 
 def test_the_slim_venv_is_the_image_install(slim: Path, tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def test_a_syncer_serves_and_status_reads_it_without_jax(slim: Path, tmp_path: P
                                                          stopped_at_exit: list[subprocess.Popen[str]]) -> None:
     port = free_port()
     env = {**os.environ, TOKEN_ENV: TOKEN}
-    syncer = subprocess.Popen([str(slim), "-P", "-m", "diloco.cli", "syncer", "--config",
+    syncer = subprocess.Popen([str(slim), "-P", "-m", "diloco.apps.cli", "syncer", "--config",
                                str(ROOT / "examples" / "quickstart.yaml"), "--port", str(port),
                                "--checkpoint-dir", str(tmp_path / "ckpt")],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -208,7 +208,7 @@ def test_the_operator_from_the_slim_install_reconciles_a_job_on_a_real_api_serve
                        "DILOCO_WEBHOOK_CERT_DIR": str(tmp_path / "webhook"), "DILOCO_OPERATOR_NAMESPACE": "slim",
                        "DILOCO_WEBHOOK_SERVICE": "slim-webhook", "DILOCO_WEBHOOK_SECRET": "slim-webhook-tls"}
         operator = subprocess.Popen(
-            [str(slim), "-P", "-m", "diloco.cli", "operator", "--standalone", "--namespace", "slim"],
+            [str(slim), "-P", "-m", "diloco.apps.cli", "operator", "--standalone", "--namespace", "slim"],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, **env, "DILOCO_OPERATOR_METRICS_PORT": str(free_port()),
                  "DILOCO_OPERATOR_HEALTH_PORT": str(free_port()), "DILOCO_STATUS_INTERVAL_SECONDS": "1",

@@ -70,7 +70,7 @@ def test_duplicate_group_and_wrong_kind() -> None:
 
 
 def run_validate(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-P", "-m", "diloco.cli", "validate", str(path)], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "validate", str(path)], capture_output=True, text=True, timeout=60)
 
 
 def test_cli_validate_exit_codes(tmp_path: Path) -> None:

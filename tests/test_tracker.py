@@ -2,7 +2,7 @@
 
 import pytest
 
-from diloco.local.tracker import RunTracker
+from diloco.apps.local.tracker import RunTracker
 
 
 def ev(t, event, source, **kw):

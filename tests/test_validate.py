@@ -20,7 +20,7 @@ TPU = yaml.safe_load((ROOT / "examples" / "k8s-tpu.yaml").read_text())
 
 
 def diloco(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-P", "-m", "diloco.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", *args], capture_output=True, text=True,
                           timeout=60, cwd=ROOT)
 
 

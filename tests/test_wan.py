@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diloco.testing import wan
+from diloco.apps.testing import wan
 from tests.helpers import TINY_MODEL
 
 REASON = wan.available()
@@ -47,7 +47,7 @@ def test_two_regions_train_over_throttled_links(tmp_path: Path) -> None:
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(manifest()))
     env = dict(os.environ, DILOCO_TOKEN=secrets.token_hex(16), PYTHONUNBUFFERED="1")
-    cli = [sys.executable, "-P", "-m", "diloco.cli"]
+    cli = [sys.executable, "-P", "-m", "diloco.apps.cli"]
     procs: list[subprocess.Popen] = []
     with wan.Wan(["us-east", "eu-west"], mbit=20) as net:
         try:

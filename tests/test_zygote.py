@@ -1,4 +1,4 @@
-"""The learners' zygote (diloco/local/zygote.py): forked commands behave as started ones do:
+"""The learners' zygote (apps/local/zygote.py): forked commands behave as started ones do:
 their own output and exit code, their own process group, our children (the runner reaps and
 signals them), and a zygote that dies leaves the runner starting learners without it."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from diloco.apps.local.procs import Child, Supervisor
+from diloco.apps.local.zygote import Forked, Zygote, become_subreaper
 from diloco.contract import Exit, diloco_argv
-from diloco.local.procs import Child, Supervisor
-from diloco.local.zygote import Forked, Zygote, become_subreaper
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_CHILD_SUBREAPER is Linux's")

@@ -1,7 +1,7 @@
 """Child processes of a local run: start, read JSON events, kill, restart.
 
 The syncer is started with `subprocess`; learners are forked from a zygote that has imported
-their code (diloco/local/zygote.py; never a fork after JAX starts), so a restart costs its own
+their code (apps/local/zygote.py; never a fork after JAX starts), so a restart costs its own
 start, not the imports, or with `subprocess` where the zygote is not available. Each learner is
 pinned to one core so learners share the machine fairly (docs/DEVELOPMENT.md). A learner of
 several hosts (hostsPerLearner) is one child of several processes that start, die and restart
@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from diloco.apps.local.zygote import Zygote, become_subreaper
 from diloco.contract import read_events
-from diloco.local.zygote import Zygote, become_subreaper
 
 
 class Process(Protocol):

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from diloco.apps.local.tracker import RunTracker
 from diloco.checkpoint import CheckpointStore, params_of
-from diloco.local.tracker import RunTracker
 from diloco.shards import checkpoint_dir
 from diloco.spec import DecoupledDiLoCoJob
 
@@ -77,7 +77,7 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
     if failure:
         summary["failure"] = failure
     if final_params is not None:  # what the model learned, at a glance; never fails the run
-        from diloco.sample import summary_sample
+        from diloco.apps.sample import summary_sample
 
         if (sample := summary_sample(job.spec.model, job.spec.data.source, final_params)) is not None:
             summary["sample"] = sample

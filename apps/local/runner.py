@@ -19,6 +19,8 @@ from typing import Any
 import grpc
 import yaml
 
+from diloco.apps.local.procs import Child, Supervisor, free_port
+from diloco.apps.local.tracker import RunTracker
 from diloco.contract import (
     CACHE_EVERY_PROGRAM,
     TOKEN_ENV,
@@ -30,8 +32,6 @@ from diloco.contract import (
 )
 from diloco.core.chaos import SYNCER, ChaosSchedule, Kill
 from diloco.launch import load_config
-from diloco.local.procs import Child, Supervisor, free_port
-from diloco.local.tracker import RunTracker
 from diloco.shards import aggregate, checkpoint_dir, syncer_name
 from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
@@ -219,7 +219,7 @@ class LocalRun:
         self.events.close()
         for channel in self.channels:
             channel.close()
-        from diloco.local.report import write_report
+        from diloco.apps.local.report import write_report
 
         return write_report(self.job, self.out, self.tracker, wall, self.failure)
 
@@ -255,7 +255,7 @@ def cpu_devices(spec: JobSpec, hosts: int) -> dict[str, str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from diloco.local.view import make_view
+    from diloco.apps.local.view import make_view
 
     job = load_config(args.file, inputs=True)  # every input there, or exit 2 before any process
     out = Path(args.out or Path("runs") / job.metadata.name)

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from diloco.local.tracker import RunTracker
+from diloco.apps.local.tracker import RunTracker
 from diloco.spec import DecoupledDiLoCoJob
 
 

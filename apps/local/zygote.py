@@ -40,7 +40,7 @@ PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 # What `diloco learner` imports before it trains (trainer/learner.py), so a fork has it all.
 PRELOAD = (
     "numpy", "jax", "jax.numpy", "flax.linen", "optax", "grpc", "prometheus_client",
-    "diloco.cli", "diloco.commands", "diloco.launch", "diloco.spec", "diloco.shards",
+    "diloco.apps.cli", "diloco.apps.commands", "diloco.launch", "diloco.spec", "diloco.shards",
     "diloco.core.fragments", "diloco.core.ledger", "diloco.core.schedule", "diloco.core.seed",
     "diloco.trainer.learner", "diloco.trainer.client", "diloco.trainer.data", "diloco.trainer.hosts",
     "diloco.trainer.metrics", "diloco.trainer.model", "diloco.trainer.recipe", "diloco.trainer.sharded_client",
@@ -96,7 +96,7 @@ class Zygote:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "diloco.local.zygote", "--fd", str(child.fileno())],
+                [sys.executable, "-P", "-m", "diloco.apps.local.zygote", "--fd", str(child.fileno())],
                 pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 start_new_session=True)
         child.close()
@@ -203,7 +203,7 @@ def fork_learner(sock: socket.socket, args: list[str], fds: list[int]) -> int:
 
 def run_child(args: list[str], fds: list[int]) -> None:
     """The learner: its own session (the runner signals its process group), the given stdout
-    and stderr, nothing else inherited; then exactly what `python -m diloco.cli ARGS` does."""
+    and stderr, nothing else inherited; then exactly what `python -m diloco.apps.cli ARGS` does."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     for target, fd in ((0, devnull), (1, fds[0]), (2, fds[1])):
@@ -212,7 +212,7 @@ def run_child(args: list[str], fds: list[int]) -> None:
     sys.argv = ["diloco", *args]
     code = 1
     try:
-        from diloco.cli import main
+        from diloco.apps.cli import main
 
         code = main(args)
     except SystemExit as exc:

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diloco.plan.model import MIN_FRAGMENTS, PlanInput, Region
+from diloco.apps.plan.model import MIN_FRAGMENTS, PlanInput, Region
 
 if TYPE_CHECKING:
     from diloco.spec import TransformerModel
@@ -105,8 +105,8 @@ def load_regions(path: str) -> list[Region]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from diloco.plan import render, sizing
-    from diloco.plan.model import make_plan
+    from diloco.apps.plan import render, sizing
+    from diloco.apps.plan.model import make_plan
     from diloco.spec import SpecError
 
     base: dict[str, Any] | None = None
@@ -168,8 +168,8 @@ def _write(plan: Any, cfg: Any, args: argparse.Namespace, base: dict[str, Any] |
     """Check every manifest as `diloco validate` does, then write them; (problems, paths)."""
     import yaml
 
+    from diloco.apps.plan import render
     from diloco.operator import admission
-    from diloco.plan import render
     from diloco.spec import SpecError, parse_job
 
     docs = render.manifests(plan, cfg, args.name, base)

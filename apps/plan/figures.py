@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from diloco.sim.bandwidth import BITS_PER_PARAM
+from diloco.apps.sim.bandwidth import BITS_PER_PARAM
 
 
 @dataclass(frozen=True)

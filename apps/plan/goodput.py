@@ -1,7 +1,7 @@
 """A region's goodput at its failure rate: the goodput simulator run on that region's chips.
 
 Each region's learners fail on their own chips, at that region's rate, so the simulator
-(diloco/sim/goodput.py) runs once per region with the region's chips, learners, interruption
+(apps/sim/goodput.py) runs once per region with the region's chips, learners, interruption
 rate and the time a re-admitted learner needs to pull the model over its link. It models the
 learners only: the syncer and the WAN are assumed to keep up, which the rest of the plan checks.
 """
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from diloco.plan import figures as F
-from diloco.sim.goodput import DAY, SimParams, sample_interruptions, simulate_decoupled
+from diloco.apps.plan import figures as F
+from diloco.apps.sim.goodput import DAY, SimParams, sample_interruptions, simulate_decoupled
 
 if TYPE_CHECKING:
-    from diloco.plan.model import PlanInput, Region
+    from diloco.apps.plan.model import PlanInput, Region
 
 YEAR_S = 365.25 * DAY
 MAX_LEARNERS = 64  # searched up to here: beyond the 48 learners a shard was measured with (BENCHMARKS §5)

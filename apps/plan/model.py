@@ -1,7 +1,7 @@
 """The plan: from a model and its regions to learners, fragments, syncer shards, WAN and goodput.
 
-Pure arithmetic over the measured figures in diloco/plan/figures.py, the bandwidth model
-(diloco/sim/bandwidth.py) and the goodput simulator (diloco/sim/goodput.py); no I/O, randomness
+Pure arithmetic over the measured figures in apps/plan/figures.py, the bandwidth model
+(apps/sim/bandwidth.py) and the goodput simulator (apps/sim/goodput.py); no I/O, randomness
 only through the simulator's seeded generators, so the same inputs give the same plan.
 """
 
@@ -11,9 +11,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diloco.plan import figures as F
-from diloco.plan.goodput import RegionGoodput, choose_learners, region_goodput
-from diloco.sim.bandwidth import BandwidthParams, bandwidth_gb_s
+from diloco.apps.plan import figures as F
+from diloco.apps.plan.goodput import RegionGoodput, choose_learners, region_goodput
+from diloco.apps.sim.bandwidth import BandwidthParams, bandwidth_gb_s
 
 # The plan's P when the links allow it: every measured figure (BENCHMARKS §2, §5, §9) is at P = 24.
 MIN_FRAGMENTS = 24

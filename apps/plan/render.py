@@ -11,8 +11,8 @@ import math
 import re
 from typing import Any
 
-from diloco.plan import figures as F
-from diloco.plan.model import Plan
+from diloco.apps.plan import figures as F
+from diloco.apps.plan.model import Plan
 from diloco.spec import TransformerModel
 
 GBIT = 1e9 / 8
@@ -61,7 +61,7 @@ def text(plan: Plan, model: str) -> str:
               "",
               f"the paper's comparison at this size (P = {(plan.folded_from or (plan.fragments,))[0]}, "
               f"{max(2, len(p.regions))} sites, "
-              f"{p.utilization:.0%} utilization; diloco/sim/bandwidth.py), GB/s per site:",
+              f"{p.utilization:.0%} utilization; apps/sim/bandwidth.py), GB/s per site:",
               f"  data-parallel {plan.paper['dp']:.3g}, Decoupled bf16 {plan.paper['decoupled_bf16']:.3g}, "
               f"int4 {plan.paper['decoupled_int4']:.3g}   (paper at 5B, 1 s, 2 sites, P unstated: "
               f"{F.PAPER_BANDWIDTH_GB_S['dp']:g}, {F.PAPER_BANDWIDTH_GB_S['decoupled_bf16']:g}, "

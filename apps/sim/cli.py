@@ -9,8 +9,8 @@ import argparse
 import json
 import sys
 
-from diloco.sim.bandwidth import BandwidthParams
-from diloco.sim.goodput import DAY, HOUR, SYSTEMS, SimParams
+from diloco.apps.sim.bandwidth import BandwidthParams
+from diloco.apps.sim.goodput import DAY, HOUR, SYSTEMS, SimParams
 
 _SIM = SimParams()
 _BW = BandwidthParams()
@@ -115,7 +115,7 @@ def _error(message: str) -> int:
 
 def run_simulate(args: argparse.Namespace) -> int:
     from diloco import extras
-    from diloco.sim.goodput import PAPER_GOODPUT, n_slices, sweep
+    from diloco.apps.sim.goodput import PAPER_GOODPUT, n_slices, sweep
 
     if args.plot and "matplotlib" in extras.missing(extras.LEARNER):  # before minutes of sweeping, not after
         print(extras.missing_message("simulate --plot", extras.LEARNER, ["matplotlib"]), file=sys.stderr)
@@ -147,7 +147,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                   f" {100 * r.uptime:7.2f}% {'' if paper is None else f'{100 * paper:.0f}%':>6}"
                   f" {r.interruptions:18.0f}")
     if args.plot:
-        from diloco.sim.plot import plot_goodput
+        from diloco.apps.sim.plot import plot_goodput
 
         print(f"wrote {plot_goodput(rows, args.plot)}", file=sys.stderr)
     return 0
@@ -173,7 +173,7 @@ def add_bandwidth_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_bandwidth(args: argparse.Namespace) -> int:
-    from diloco.sim.bandwidth import bandwidth_gb_s
+    from diloco.apps.sim.bandwidth import bandwidth_gb_s
 
     result = bandwidth_gb_s(BandwidthParams(
         params=args.params, step_s=args.step_seconds, sites=args.sites,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from diloco.sim.goodput import PAPER_GOODPUT, Row
+from diloco.apps.sim.goodput import PAPER_GOODPUT, Row
 
 
 def _label(system: str, learners: int | None) -> str:

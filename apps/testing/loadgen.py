@@ -9,7 +9,7 @@ fragments, one to each shard, side by side, as learners do (core/schedule.py); a
 reached it when every shard's part has. `bench/syncer_scale.py` runs this in its own process against a syncer
 process to measure how many learners one syncer really sustains.
 
-    python -m diloco.testing.loadgen --address 127.0.0.1:PORT --shapes shapes.json \\
+    python -m diloco.apps.testing.loadgen --address 127.0.0.1:PORT --shapes shapes.json \\
         --learners 8 --step-seconds 1 --slots 48      # the job token in $DILOCO_TOKEN
 
 Last line: JSON (see `Report`).
@@ -153,7 +153,7 @@ def _start_rejoins(address: str, shapes_file: str, start: float, every: float, c
                    prefix: str) -> subprocess.Popen[str]:
     """`rejoins` in a process of its own (receiving a whole model through Python gRPC takes
     seconds of CPU, which would otherwise delay this process's pushes)."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes", shapes_file,
+    return subprocess.Popen([sys.executable, "-P", "-m", "diloco.apps.testing.loadgen", "--address", address, "--shapes", shapes_file,
                              "--rejoins", str(count), "--rejoin-every", str(every), "--rejoin-start", repr(start),
                              "--prefix", prefix], stdout=subprocess.PIPE, text=True)
 
@@ -331,7 +331,7 @@ def _start_workers(address: str, shapes_file: str, payloads: str, learners: int,
     if not shapes_file:
         raise ValueError("processes > 1 needs the shapes file")
     shares = [learners // processes + (k < learners % processes) for k in range(processes)]
-    return [subprocess.Popen([sys.executable, "-P", "-m", "diloco.testing.loadgen", "--address", address, "--shapes", shapes_file,
+    return [subprocess.Popen([sys.executable, "-P", "-m", "diloco.apps.testing.loadgen", "--address", address, "--shapes", shapes_file,
                               "--learners", str(m), "--step-seconds", str(step_seconds), "--slots", str(slots),
                               "--prefix", f"{prefix}-p{k}", "--worker", payloads], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for k, m in enumerate(shares) if m > 0]

@@ -1,6 +1,6 @@
 """A real Decoupled DiLoCo job as local processes, for fault-injection tests.
 
-`Cluster` starts one syncer and N learners with `python -m diloco.cli syncer|learner`
+`Cluster` starts one syncer and N learners with `python -m diloco.apps.cli syncer|learner`
 (the container entry points), each in its own process group, learners pinned to one core
 each. It reads every learner's stdout JSON events on a thread, polls the syncer's Status
 RPC on another, and lets a test wait on any condition over those with a deadline
@@ -31,9 +31,9 @@ from typing import IO, Any, TypeVar
 import grpc
 import yaml
 
+from diloco.apps.local.procs import free_port
+from diloco.apps.testing.relay import FaultProxy
 from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv, read_events
-from diloco.local.procs import free_port
-from diloco.testing.relay import FaultProxy
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests.helpers import TINY_MODEL
 
