@@ -38,21 +38,21 @@ besides, as Kueue's own job integrations (its JobFramework) do for theirs:
   tolerations into theirs, with the admission checks' podSetUpdates and, for a topology
   assignment, Kueue's scheduling gate; a clash (a node label the pods already select otherwise)
   keeps the job suspended, as Kueue keeps its own jobs.
-Pure, except `finish` (one status write) and `lookup` (the reads of the cluster-scoped objects
-above).
+Pure: what the admission puts into the pods is kueue_placement.py; the reads of the
+cluster-scoped objects above and the Finished write are kueue_io.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from diloco.operator import access, drift, learners, render
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
-from diloco.operator.kube import KUEUE_GROUP, KUEUE_VERSIONS, ApiError, Kube
+from diloco.operator.kube import KUEUE_GROUP, KUEUE_VERSIONS
 from diloco.operator.parts import Owner, meta
 from diloco.spec import DecoupledDiLoCoJob
 
@@ -334,185 +334,3 @@ def condition(conds: list[dict[str, Any]], g: Gate | None, now: str, generation:
         return [x for x in conds if x.get("type") != JOB_ADMITTED]
     return c.set_condition(conds, JOB_ADMITTED, g.admitted, reason=g.reason, message=g.message, now=now,
                            generation=generation)
-
-
-@dataclass(frozen=True)
-class PodSetInfo:
-    """What an admitted PodSet's pods get (Kueue's podset.PodSetInfo): merged into its pod template."""
-
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = field(default_factory=list)
-    scheduling_gates: list[str] = field(default_factory=list)
-
-
-def flavor_names(wl: Mapping[str, Any] | None) -> list[str]:
-    """The ResourceFlavors Kueue assigned the Workload's PodSets."""
-    admission = ((wl or {}).get("status") or {}).get("admission") or {}
-    return sorted({str(f) for a in admission.get("podSetAssignments") or [] for f in (a.get("flavors") or {}).values()})
-
-
-def _merge(into: dict[str, str], more: Mapping[str, str] | None, what: str, problems: list[str]) -> None:
-    for k, v in (more or {}).items():
-        if k in into and into[k] != v:
-            problems.append(f"{what} {k}={v!r} clashes with {into[k]!r}")
-        else:
-            into[k] = v
-
-
-def _add(into: list[Any], more: Any) -> None:
-    into.extend(x for x in more or [] if x not in into)
-
-
-def placement(wl: Mapping[str, Any], flavors: Mapping[str, Mapping[str, Any] | None],
-              ) -> tuple[dict[str, PodSetInfo], list[str]]:
-    """What each PodSet of the admitted Workload `wl` puts into its pods, by PodSet name, as
-    Kueue's JobFramework takes it from the admission (getPodSetsInfoFromStatus): the assigned
-    flavors' nodeLabels and tolerations (`flavors`: each ResourceFlavor by name, None if gone),
-    Kueue's podset label, with a topology assignment its scheduling gate and the Workload's
-    name, then each admission check's podSetUpdates; and what prevents it (a missing flavor, an
-    update that contradicts the rest). A flavor not in `flavors` at all is skipped."""
-    status = wl.get("status") or {}
-    requests = {p.get("name"): p.get("topologyRequest") or {} for p in (wl.get("spec") or {}).get("podSets") or []}
-    out: dict[str, PodSetInfo] = {}
-    problems: list[str] = []
-    for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
-        name = str(assignment.get("name"))
-        info = PodSetInfo(labels={POD_SET_LABEL: name})
-        found: list[str] = []
-        for flavor in dict.fromkeys((assignment.get("flavors") or {}).values()):
-            if flavor not in flavors:
-                continue  # not looked up (unreadable): its caller says why
-            obj = flavors[flavor]
-            if obj is None:
-                found.append(f"ResourceFlavor {flavor} not found")
-                continue
-            info.node_selector.update((obj.get("spec") or {}).get("nodeLabels") or {})
-            _add(info.tolerations, (obj.get("spec") or {}).get("tolerations"))
-        if assignment.get("topologyAssignment") is not None:
-            if not {"required", "preferred", "unconstrained"} & set(requests.get(name) or {}):
-                info.annotations[UNCONSTRAINED] = "true"
-            info.annotations[WORKLOAD_ANNOTATION] = str(wl.get("metadata", {}).get("name", ""))
-            info.scheduling_gates.append(TOPOLOGY_GATE)
-        for check in status.get("admissionChecks") or []:
-            for update in check.get("podSetUpdates") or []:
-                if update.get("name") != name:
-                    continue
-                where = f"admission check {check.get('name')}:"
-                _merge(info.labels, update.get("labels"), f"{where} label", found)
-                _merge(info.annotations, update.get("annotations"), f"{where} annotation", found)
-                _merge(info.node_selector, update.get("nodeSelector"), f"{where} nodeSelector", found)
-                _add(info.tolerations, update.get("tolerations"))
-        problems += [f"PodSet {name}: {p}" for p in found]
-        out[name] = info
-    return out, problems
-
-
-def clashes(infos: Mapping[str, PodSetInfo], pod_sets_: list[dict[str, Any]]) -> list[str]:
-    """Where the admission contradicts a PodSet's own pod template (a node label or pod label it
-    sets otherwise): Kueue refuses to start such a job, and so does the operator."""
-    out = []
-    for pod_set in pod_sets_:
-        info = infos.get(pod_set["name"])
-        if info is None:
-            continue
-        template = pod_set.get("template") or {}
-        for what, ours, theirs in (
-                ("nodeSelector", (template.get("spec") or {}).get("nodeSelector") or {}, info.node_selector),
-                ("label", (template.get("metadata") or {}).get("labels") or {}, info.labels)):
-            for k, v in sorted(theirs.items()):
-                if k in ours and ours[k] != v:
-                    out.append(f"PodSet {pod_set['name']}: the admission's {what} {k}={v!r} clashes with the pods' "
-                               f"{ours[k]!r}")
-    return out
-
-
-def pod_set_of(template: Mapping[str, Any]) -> str | None:
-    """The PodSet a rendered pod template belongs to: its learner group's, or the syncer's."""
-    labels = (template.get("metadata") or {}).get("labels") or {}
-    if labels.get(n.COMPONENT) == n.LEARNER:
-        return labels.get(n.GROUP)
-    return SYNCER_POD_SET if labels.get(n.COMPONENT) == n.SYNCER else None
-
-
-def place(objs: list[dict[str, Any]], infos: Mapping[str, PodSetInfo]) -> list[dict[str, Any]]:
-    """The rendered children with each admitted PodSet's info merged into its workloads' pod
-    templates (Kueue's podset.Merge: maps added, tolerations and gates appended once)."""
-    if not infos:
-        return objs
-    out = []
-    for obj in objs:
-        template = (obj.get("spec") or {}).get("template") if obj["kind"] in ("StatefulSet", "Deployment") else None
-        info = infos.get(pod_set_of(template) or "") if template else None
-        if template is None or info is None:
-            out.append(obj)
-            continue
-        tm, ts = dict(template.get("metadata") or {}), dict(template["spec"])
-        tm["labels"] = {**(tm.get("labels") or {}), **info.labels}
-        if info.annotations:
-            tm["annotations"] = {**(tm.get("annotations") or {}), **info.annotations}
-        if info.node_selector:
-            ts["nodeSelector"] = {**(ts.get("nodeSelector") or {}), **info.node_selector}
-        if info.tolerations:
-            tolerations = list(ts.get("tolerations") or [])
-            _add(tolerations, info.tolerations)
-            ts["tolerations"] = tolerations
-        if info.scheduling_gates:
-            gates = list(ts.get("schedulingGates") or [])
-            _add(gates, [{"name": g} for g in info.scheduling_gates])
-            ts["schedulingGates"] = gates
-        out.append({**obj, "spec": {**obj["spec"], "template": {**template, "metadata": tm, "spec": ts}}})
-    return out
-
-
-def lookup_flavors(kube: Kube, wl: Mapping[str, Any]) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """The ResourceFlavors the admission names (cluster-scoped), None for one that is gone; and
-    those the operator may not read (its RBAC: the chart's <release>-kueue ClusterRole)."""
-    found: dict[str, dict[str, Any] | None] = {}
-    refused = []
-    for name in flavor_names(wl):
-        try:
-            found[name] = kube.get("ResourceFlavor", None, name)
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-            refused.append(f"ResourceFlavor {name} cannot be read: {exc.detail}")
-    return found, refused
-
-
-def lookup_priority(kube: Kube, job: DecoupledDiLoCoJob) -> tuple[Priority | None, str]:
-    """The job's priority class and its value; or why it has none ("" when it names no class)."""
-    found = priority_class(job)
-    if found is None:
-        return None, ""
-    kind, name = found
-    try:
-        obj = kube.get(kind, None, name)
-    except ApiError as exc:
-        if exc.status != 403:
-            raise
-        return None, f"{kind} {name} cannot be read: {exc.detail}"
-    if obj is None:
-        where = f"the job's {PRIORITY_LABEL} label" if kind == "WorkloadPriorityClass" else "a pod template"
-        return None, f"{kind} {name} (named by {where}) not found"
-    return Priority(kind, name, int(obj.get("value") or 0)), ""
-
-
-def finish(kube: Kube, live: Mapping[str, Any], *, succeeded: bool, message: str, now: str) -> None:
-    """Mark a finished job's Workload Finished (Kueue then frees its quota). The other
-    conditions are Kueue's: the list is written whole, guarded by its resourceVersion, and a
-    conflict waits for the next pass."""
-    if finished(live):
-        return
-    md = live["metadata"]
-    conds = c.set_condition(list((live.get("status") or {}).get("conditions") or []), FINISHED, True,
-                            reason="Succeeded" if succeeded else "Failed", message=message, now=now,
-                            generation=int(md.get("generation") or 0))
-    try:
-        kube.patch(KIND, md["namespace"], md["name"],
-                   {"metadata": {"resourceVersion": md.get("resourceVersion")}, "status": {"conditions": conds}},
-                   sub="status")
-    except ApiError as exc:
-        if exc.status not in (404, 409):
-            raise

@@ -18,7 +18,7 @@ for Kueue's built-in kinds; for this CRD the operator is the integration):
 - `Finished` when the job ends (its quota goes back at once).
 
 Each write replaces the condition list whole, guarded by the Workload's resourceVersion (the other
-conditions are Kueue's); a conflict waits for the next pass. Pure but for `write`.
+conditions are Kueue's); a conflict waits for the next pass. Pure: kueue_io.write writes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from diloco.operator import conditions as c
 from diloco.operator import kueue
 from diloco.operator import naming as n
 from diloco.operator import pods as p
-from diloco.operator.kube import ApiError, Kube
+from diloco.operator.kueue_placement import pod_set_of
 
 REQUEUED, PODS_READY = "Requeued", "PodsReady"
 # Kueue's eviction reasons after which it queues the Workload again by itself (Requeued True);
@@ -92,7 +92,7 @@ def pods_ready(wl: Mapping[str, Any], ready: bool, now: str) -> dict[str, Any] |
 
 def pod_set(pod: Mapping[str, Any]) -> str | None:
     """The PodSet a pod of the job counts for: its learner group's, or the syncer's."""
-    return kueue.pod_set_of({"metadata": pod.get("metadata") or {}})
+    return pod_set_of({"metadata": pod.get("metadata") or {}})
 
 
 def all_ready(admitted: Mapping[str, int], job_pods: list[dict[str, Any]]) -> bool:
@@ -110,15 +110,11 @@ def stopped(job_pods: list[dict[str, Any]]) -> bool:
                    for pod in job_pods)
 
 
-def write(kube: Kube, wl: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
-    """Write `status` on the Workload, guarded by its resourceVersion; False on a conflict or when
-    it is gone (the next pass reads it again)."""
-    md = wl["metadata"]
-    try:
-        kube.patch(kueue.KIND, md["namespace"], md["name"],
-                   {"metadata": {"resourceVersion": md.get("resourceVersion")}, "status": dict(status)}, sub="status")
-    except ApiError as exc:
-        if exc.status not in (404, 409):
-            raise
-        return False
-    return True
+def finish(wl: Mapping[str, Any], *, succeeded: bool, message: str, now: str) -> dict[str, Any] | None:
+    """The status marking a finished job's Workload Finished (Kueue then frees its quota); None
+    when it already is. The other conditions are Kueue's: the list is written whole."""
+    if kueue.finished(wl):
+        return None
+    conds = c.set_condition(_conds(wl), kueue.FINISHED, True, reason="Succeeded" if succeeded else "Failed",
+                            message=message, now=now, generation=_generation(wl))
+    return {"conditions": conds}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from diloco.operator import access, children, kueue, kueue_lifecycle, kueue_slices, render
+from diloco.operator import access, children, kueue, kueue_io, kueue_lifecycle, kueue_placement, kueue_slices, render
 from diloco.operator.context import Context, post
 from diloco.operator.kube import ApiError
 from diloco.spec import KIND, DecoupledDiLoCoJob
@@ -25,7 +25,7 @@ class Queued:
     job: DecoupledDiLoCoJob  # as it runs now: spec.suspend from the gate, replicas as admitted
     gate: kueue.Gate
     workloads: list[dict[str, Any]] = field(default_factory=list)  # to apply
-    placed: dict[str, kueue.PodSetInfo] = field(default_factory=dict)  # what the admission puts into the pods
+    placed: dict[str, kueue_placement.PodSetInfo] = field(default_factory=dict)  # what the admission puts into the pods
     current: dict[str, Any] | None = None  # the live Workload the job follows: held, else waiting
     admitted: dict[str, int] = field(default_factory=dict)  # pods each PodSet may run
 
@@ -43,7 +43,7 @@ def queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: 
             raise
         gate = kueue.Gate(True, False, "KueueNotServed", f"suspended: {where} cannot be written, {exc.detail}")
         return Queued(_suspend(ctx, ref, job, owner=owner, gate=gate, finished=finished), gate)
-    priority, missing = kueue.lookup_priority(ctx.api, job)
+    priority, missing = kueue_io.lookup_priority(ctx.api, job)
     desired = kueue.workload(job, owner, queue_name, link, version=version, priority=priority)
     keys = [k for k in live if k[0] == kueue.KIND]
     plan = kueue_slices.plan(desired, [live[k] for k in keys], generation=generation)
@@ -63,11 +63,11 @@ def queue(ctx: Context, ref: dict[str, Any], job: DecoupledDiLoCoJob, *, owner: 
     gate = kueue.gate(current, name, queue_name)
     if missing and current is None:
         gate = kueue.Gate(True, False, "PriorityClassNotFound", f"suspended: {where} is not written while {missing}")
-    placed: dict[str, kueue.PodSetInfo] = {}
+    placed: dict[str, kueue_placement.PodSetInfo] = {}
     if gate.admitted and current is not None:
-        flavors, unreadable = kueue.lookup_flavors(ctx.api, current)
-        placed, problems = kueue.placement(current, flavors)
-        problems = [*unreadable, *problems, *kueue.clashes(placed, desired["spec"]["podSets"])]
+        flavors, unreadable = kueue_io.lookup_flavors(ctx.api, current)
+        placed, problems = kueue_placement.placement(current, flavors)
+        problems = [*unreadable, *problems, *kueue_placement.clashes(placed, desired["spec"]["podSets"])]
         if problems:
             placed = {}
             gate = kueue.Gate(True, False, "PlacementFailed", f"Kueue admitted {where}, but its admission cannot be "
@@ -112,7 +112,7 @@ def settle(ctx: Context, ref: dict[str, Any], queued: Queued, job_pods: list[dic
         return
     if kueue.evicted(wl):
         status = kueue_lifecycle.release(wl, now) if kueue_lifecycle.stopped(job_pods) else None
-        if status is not None and kueue_lifecycle.write(ctx.api, wl, status):
+        if status is not None and kueue_io.write(ctx.api, wl, status):
             reason, message = kueue_lifecycle.evicted_reason(wl)
             again = "Kueue queues it again" if reason in kueue_lifecycle.REQUEUED_BY_KUEUE else \
                 "it is queued again when Kueue allows"
@@ -121,4 +121,4 @@ def settle(ctx: Context, ref: dict[str, Any], queued: Queued, job_pods: list[dic
         return
     status = kueue_lifecycle.pods_ready(wl, kueue_lifecycle.all_ready(queued.admitted, job_pods), now)
     if status is not None:
-        kueue_lifecycle.write(ctx.api, wl, status)
+        kueue_io.write(ctx.api, wl, status)

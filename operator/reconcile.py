@@ -25,6 +25,8 @@ from diloco.operator import (
     goodput,
     immutable,
     kueue,
+    kueue_io,
+    kueue_placement,
     learners,
     pod_refusals,
     pods,
@@ -164,7 +166,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
                            generation=generation)
         job = q.job
     gate, queued, placed = (q.gate, q.workloads, q.placed) if q is not None else (None, [], {})
-    desired = kueue.place(render.children(job, owner, token, started=st.started(status), finished=was_finished,
+    desired = kueue_placement.place(render.children(job, owner, token, started=st.started(status), finished=was_finished,
                                           blocked=blocker is not None, link=link, outcome=policies.outcome(status),
                                           expose_annotations=ctx.config.expose_annotations, peers=ctx.config.peers),
                           placed) + queued
@@ -198,7 +200,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         post(ref, "SpecImmutable", "; ".join(refused), warning=True)
     if ended is not None:
         # The pods spec.runPolicy.cleanPodPolicy names go; the checkpoint volume, config and token stay.
-        desired = kueue.place(render.children(job, owner, token, started=True, finished=True, link=link,
+        desired = kueue_placement.place(render.children(job, owner, token, started=True, finished=True, link=link,
                                               outcome=policies.outcome(new), peers=ctx.config.peers), placed) + queued
         _, cleaned = children.sync(ctx.api, namespace, name, owner_uid=owner.uid, desired=desired,
                                    kinds=ctx.config.managed_kinds)
@@ -217,7 +219,7 @@ def _reconcile(ctx: Context, body: dict[str, Any], now: float) -> None:
         post(ref, blocker.reason, blocker.message, warning=True)
     if q is not None and q.current is not None and st.finished(new):
         # Kueue frees a finished job's quota.
-        kueue.finish(ctx.api, q.current, succeeded=c.is_true(new["conditions"], c.SUCCEEDED),
+        kueue_io.finish(ctx.api, q.current, succeeded=c.is_true(new["conditions"], c.SUCCEEDED),
                      message="the job finished", now=st.rfc3339(now))
     elif q is not None:
         queueing.settle(ctx, ref, q, job_pods, finished=was_finished, now=st.rfc3339(now))

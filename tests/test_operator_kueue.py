@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from diloco.operator import kueue, render
+from diloco.operator import kueue, kueue_io, kueue_placement, render
 from diloco.operator import naming as n
 from diloco.operator.children import KUEUE_KINDS, MANAGED_KINDS, PRUNABLE
 from diloco.operator.context import Config
@@ -185,7 +185,7 @@ def test_finish_keeps_kueues_conditions_and_guards_the_version() -> None:
     live = {**wl(("QuotaReserved", "True"), ("Admitted", "True")),
             "metadata": {"name": "w", "namespace": "ns", "resourceVersion": "7", "generation": 1}}
     kube = Recorder()
-    kueue.finish(kube, live, succeeded=True, message="the job finished",  # type: ignore[arg-type]
+    kueue_io.finish(kube, live, succeeded=True, message="the job finished",  # type: ignore[arg-type]
                  now="2026-01-01T00:00:00Z")
     ((args, kwargs),) = kube.calls
     assert args[:3] == ("Workload", "ns", "w") and kwargs == {"sub": "status"}
@@ -194,10 +194,10 @@ def test_finish_keeps_kueues_conditions_and_guards_the_version() -> None:
     assert [(x["type"], x["status"]) for x in body["status"]["conditions"]] == \
         [("QuotaReserved", "True"), ("Admitted", "True"), ("Finished", "True")]
     done = {**live, "status": {"conditions": body["status"]["conditions"]}}
-    kueue.finish(kube, done, succeeded=True, message="again", now="2026-01-01T00:00:01Z")  # type: ignore[arg-type]
+    kueue_io.finish(kube, done, succeeded=True, message="again", now="2026-01-01T00:00:01Z")  # type: ignore[arg-type]
     assert len(kube.calls) == 1  # already Finished: nothing written
     # the next pass retries
-    kueue.finish(Recorder(409), live, succeeded=False, message="x", now="t")  # type: ignore[arg-type]
+    kueue_io.finish(Recorder(409), live, succeeded=False, message="x", now="t")  # type: ignore[arg-type]
 
 
 def test_chart_kueue_enabled_reaches_the_operator_with_rbac_for_workloads(monkeypatch: pytest.MonkeyPatch,
@@ -328,15 +328,15 @@ def test_the_admitted_flavors_go_into_their_pod_sets_pods() -> None:
     held = admitted_wl([{"name": "tpu", "flavors": {"google.com/tpu": "spot", "cpu": "spot"}, "count": 12},
                         {"name": "gpu", "flavors": {"nvidia.com/gpu": "h100"}, "count": 2},
                         {"name": "syncer", "flavors": {"cpu": "default"}, "count": 1}])
-    assert kueue.flavor_names(held) == ["default", "h100", "spot"]
-    infos, problems = kueue.placement(held, {"h100": H100, "spot": SPOT, "default": {"metadata": {"name": "default"}}})
-    assert problems == [] and kueue.clashes(infos, held["spec"]["podSets"]) == []
+    assert kueue_placement.flavor_names(held) == ["default", "h100", "spot"]
+    infos, problems = kueue_placement.placement(held, {"h100": H100, "spot": SPOT, "default": {"metadata": {"name": "default"}}})
+    assert problems == [] and kueue_placement.clashes(infos, held["spec"]["podSets"]) == []
     assert infos["gpu"].node_selector == H100["spec"]["nodeLabels"] and infos["gpu"].tolerations == H100["spec"][
         "tolerations"]
     assert infos["tpu"].node_selector == SPOT["spec"]["nodeLabels"] and len(infos["tpu"].tolerations) == 1  # once
-    assert infos["syncer"] == kueue.PodSetInfo(labels={kueue.POD_SET_LABEL: "syncer"})
+    assert infos["syncer"] == kueue_placement.PodSetInfo(labels={kueue.POD_SET_LABEL: "syncer"})
     desired = render.children(job(), OWNER, "t" * 43, started=True, finished=False)
-    placed = {(o["kind"], o["metadata"]["name"]): o for o in kueue.place(desired, infos)}
+    placed = {(o["kind"], o["metadata"]["name"]): o for o in kueue_placement.place(desired, infos)}
     gpu = placed[("StatefulSet", "demo-gpu")]["spec"]["template"]
     assert gpu["spec"]["nodeSelector"] == H100["spec"]["nodeLabels"]
     assert gpu["spec"]["tolerations"] == H100["spec"]["tolerations"]
@@ -359,27 +359,27 @@ def test_a_topology_assignment_gates_the_pods_and_admission_checks_update_them()
                        admissionChecks=[{"name": "prov", "state": "Ready", "podSetUpdates": [
                            {"name": "gpu", "annotations": {"cluster-autoscaler.kubernetes.io/consume-provisioning-request":
                                                            "prov-1"}, "nodeSelector": {"reservation": "r1"}}]}])
-    infos, problems = kueue.placement(held, {"h100": H100})
+    infos, problems = kueue_placement.placement(held, {"h100": H100})
     assert problems == []
     gpu = infos["gpu"]
     assert gpu.scheduling_gates == [kueue.TOPOLOGY_GATE]
     assert gpu.annotations == {kueue.UNCONSTRAINED: "true", kueue.WORKLOAD_ANNOTATION: "diloco-demo-abcde",
                                "cluster-autoscaler.kubernetes.io/consume-provisioning-request": "prov-1"}
     assert gpu.node_selector == {**H100["spec"]["nodeLabels"], "reservation": "r1"}
-    placed = kueue.place(render.children(job(), OWNER, "t" * 43, started=True, finished=False), infos)
+    placed = kueue_placement.place(render.children(job(), OWNER, "t" * 43, started=True, finished=False), infos)
     (sts,) = [o for o in placed if o["metadata"]["name"] == "demo-gpu" and o["kind"] == "StatefulSet"]
     assert sts["spec"]["template"]["spec"]["schedulingGates"] == [{"name": kueue.TOPOLOGY_GATE}]
 
 
 def test_what_keeps_an_admitted_job_from_starting() -> None:
     held = admitted_wl([{"name": "gpu", "flavors": {"nvidia.com/gpu": "gone"}, "count": 2}])
-    _, problems = kueue.placement(held, {"gone": None})
+    _, problems = kueue_placement.placement(held, {"gone": None})
     assert problems == ["PodSet gpu: ResourceFlavor gone not found"]
     other = {**SPOT, "spec": {"nodeLabels": {"cloud.google.com/gke-tpu-topology": "2x2"}}}
     tpu = admitted_wl([{"name": "tpu", "flavors": {"google.com/tpu": "other"}, "count": 12}])
-    infos, problems = kueue.placement(tpu, {"other": other})
+    infos, problems = kueue_placement.placement(tpu, {"other": other})
     assert problems == []
-    (clash,) = kueue.clashes(infos, tpu["spec"]["podSets"])
+    (clash,) = kueue_placement.clashes(infos, tpu["spec"]["podSets"])
     assert clash == ("PodSet tpu: the admission's nodeSelector cloud.google.com/gke-tpu-topology='2x2' clashes with "
                      "the pods' '4x4'")
 
@@ -396,12 +396,12 @@ class Forbidding:
 
 def test_what_the_operator_may_not_read_is_named_not_a_failed_pass() -> None:
     held = admitted_wl([{"name": "gpu", "flavors": {"nvidia.com/gpu": "h100"}, "count": 2}])
-    flavors, refused = kueue.lookup_flavors(Forbidding(), held)  # type: ignore[arg-type]
+    flavors, refused = kueue_io.lookup_flavors(Forbidding(), held)  # type: ignore[arg-type]
     assert flavors == {} and refused == ['ResourceFlavor h100 cannot be read: resourceflavors "h100" is forbidden']
-    assert kueue.placement(held, flavors)[1] == []  # not also "not found"
+    assert kueue_placement.placement(held, flavors)[1] == []  # not also "not found"
     labelled = parse_job({**job().model_dump(by_alias=True, exclude_none=True),
                           "metadata": {"name": "demo", "labels": {kueue.PRIORITY_LABEL: "high"}}})
-    assert kueue.lookup_priority(Forbidding(), labelled) == (  # type: ignore[arg-type]
+    assert kueue_io.lookup_priority(Forbidding(), labelled) == (  # type: ignore[arg-type]
         None, 'WorkloadPriorityClass high cannot be read: workloadpriorityclasses "high" is forbidden')
 
 # -- against the emulated API server (kmock): each served Workload version ----------------------
