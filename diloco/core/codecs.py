@@ -9,7 +9,7 @@ int4 and int8 are block-wise absmax: each block of `block_size` values shares on
 fp32 scale; int4 writes values in [-7, 7] (symmetric, so zero is exact) and packs two
 per byte, value j of a block with value j + block/2. A decoded -8 nibble is harmless
 (|value| <= 8/7 of the block's absmax), so the decoder accepts the full nibble range
-rather than spend a pass checking it. The loops are compiled (`diloco/core/kernels.py`).
+rather than spend a pass checking it. The loops are compiled (`diloco/core/loops.py`).
 """
 
 from __future__ import annotations
@@ -26,24 +26,24 @@ import numpy as np
 from diloco.core.choices import CODECS, Codec
 
 
-class _Kernels:
-    """diloco/core/kernels.py, imported at the first int codec's use: it imports numba (0.25 s,
+class _Loops:
+    """diloco/core/loops.py, imported at the first int codec's use: it imports numba (0.25 s,
     and 0.4 s more to load the kernels), which a learner's join (fp32) never needs; a
     restarted learner loads them once it has joined."""
 
     module: ModuleType | None = None
 
     def __getattr__(self, name: str) -> Any:
-        if _Kernels.module is None:
-            from diloco.core import kernels as loaded
+        if _Loops.module is None:
+            from diloco.core import loops as loaded
 
-            _Kernels.module = loaded
-        return getattr(_Kernels.module, name)
+            _Loops.module = loaded
+        return getattr(_Loops.module, name)
 
 
-kernels = _Kernels()
+loops = _Loops()
 
-MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see kernels
+MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see loops
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
 MAX_NDIM = 8
 BUNDLE_MAGIC = b"DDB1"
@@ -133,7 +133,7 @@ def _encode_into(arr: np.ndarray, codec: Codec, block: int, out: memoryview) -> 
         nblocks, full = -(-flat.size // block), flat.size // block
         scales = np.frombuffer(body[: 4 * nblocks], np.float32)
         codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
-        encode_blocks = kernels.block_kernels(block).int4_encode if codec == "int4" else kernels.block_kernels(block).int8_encode
+        encode_blocks = loops.block_kernels(block).int4_encode if codec == "int4" else loops.block_kernels(block).int8_encode
         per_block = block // 2 if codec == "int4" else block
         encode_blocks(flat[: full * block], scales[:full], codes[: full * per_block])
         if full < nblocks:  # the last, partial block, zero-padded (zero encodes exactly)
@@ -170,9 +170,9 @@ class Packed:
         elif self.codec == "bf16":
             flat.view(np.uint32)[:] = self.values.astype(np.uint32) << 16
         elif self.codec == "int4":
-            kernels.block_kernels(self.block).int4_decode(self.scales, self.values, flat)
+            loops.block_kernels(self.block).int4_decode(self.scales, self.values, flat)
         else:
-            kernels.block_kernels(self.block).int8_decode(self.scales, self.values, flat)
+            loops.block_kernels(self.block).int8_decode(self.scales, self.values, flat)
         return out
 
     def accumulate(self, c: float | np.floating, acc: np.ndarray, start: int = 0) -> None:
@@ -186,10 +186,10 @@ class Packed:
         known = self.__dict__.get("_sumsq")
         if known is None:
             if self.codec in ("int4", "int8"):
-                k = kernels.block_kernels(self.block)
+                k = loops.block_kernels(self.block)
                 known = float((k.int4_sumsq if self.codec == "int4" else k.int8_sumsq)(self.scales, self.values))
             else:
-                known = float(kernels.sumsq(self.values if self.codec == "fp32" else self.decode().reshape(-1)))
+                known = float(loops.sumsq(self.values if self.codec == "fp32" else self.decode().reshape(-1)))
             self.__dict__["_sumsq"] = known  # a frozen dataclass: the cache bypasses __setattr__
         return known
 
@@ -206,12 +206,12 @@ def weighted_sum_into(sources: Sequence[Packed], coeffs: np.ndarray, acc: np.nda
         b = first.block
         per = b // 2 if first.codec == "int4" else b  # code bytes per block
         spans = [a for p in sources for a in (p.scales[start // b : -(-end // b)], p.values[start // b * per : -(-end // b) * per])]
-        k = kernels.block_kernels(b)
+        k = loops.block_kernels(b)
         (k.int4_weighted_sum if first.codec == "int4" else k.int8_weighted_sum)(*spans, *spans[:2] * (4 - len(sources)), c, acc, init)
         return
     values = [p.values[start:end] if p.codec == "fp32" else (p.values[start:end].astype(np.uint32) << 16).view(np.float32)
               for p in sources]
-    kernels.weighted_sum(*values, *values[:1] * (4 - len(values)), c, acc, init)
+    loops.weighted_sum(*values, *values[:1] * (4 - len(values)), c, acc, init)
 
 
 def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None) -> Packed:
@@ -250,7 +250,7 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
     body = buf[offset:]
     nblocks = -(-count // block) if count and codec in ("int4", "int8") else 0
     scales = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
-    if nblocks and not kernels.valid_scales(scales):  # fp32 and bf16 carry none
+    if nblocks and not loops.valid_scales(scales):  # fp32 and bf16 carry none
         raise CodecError("payload carries a negative or non-finite block scale")
     dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}[codec]
     return Packed(codec, tuple(shape), block, scales, np.frombuffer(body[4 * nblocks :], dtype=dtype))
@@ -362,7 +362,7 @@ def _encode_difference(target: Mapping[str, np.ndarray], base: Mapping[str, np.n
         return blob, ({n: base[n] + decoded[n] for n in target} if add_base else decoded)
     pairs = {n: (_checked_input(target[n], codec, block_size), _checked_input(base[n], codec, block_size)) for n in target}
     new = {n: np.empty_like(t) for n, (t, _) in pairs.items()}
-    k = kernels.block_kernels(block_size)
+    k = loops.block_kernels(block_size)
     fused = k.int4_encode_delta if codec == "int4" else k.int8_encode_delta
     per_block = block_size // 2 if codec == "int4" else block_size
 
