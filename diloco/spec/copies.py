@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from pydantic import Field
 
 from diloco.spec.base import Model
 
 if TYPE_CHECKING:
-    from diloco.spec import LearnerGroup
     from diloco.spec.learner import Data
 
 PLACEHOLDER: Final = "{region}"
@@ -39,11 +38,22 @@ class GroupData(Model):
     held_out_path: str | None = Field(None, min_length=1, max_length=4096)
 
 
+class Group(Protocol):
+    """What these rules read of a learner group (`diloco.spec.LearnerGroup`): a protocol, so this
+    module, which the package imports, never imports the package back."""
+
+    @property
+    def region(self) -> str: ...
+
+    @property
+    def data(self) -> GroupData | None: ...
+
+
 def _fill(pattern: str | None, region: str) -> str | None:
     return None if pattern is None else pattern.replace(PLACEHOLDER, region)
 
 
-def group_data(data: Data, group: LearnerGroup) -> Data:
+def group_data(data: Data, group: Group) -> Data:
     """`spec.data` as learners of `group` read it: their group's data.path / heldOutPath where
     set, else the job's, with {region} replaced by the group's region."""
     src = data.source
@@ -55,7 +65,7 @@ def group_data(data: Data, group: LearnerGroup) -> Data:
     return data.model_copy(update={"source": src.model_copy(update={"path": path, "held_out_path": held_out})})
 
 
-def path_field(data: Data, group: LearnerGroup, index: int, held_out: bool = False) -> str:
+def path_field(data: Data, group: Group, index: int, held_out: bool = False) -> str:
     """The manifest field a group's (training or held-out) path comes from, for messages."""
     own = group.data
     if own is not None and (own.held_out_path if held_out else own.path) is not None:
@@ -67,7 +77,7 @@ def path_field(data: Data, group: LearnerGroup, index: int, held_out: bool = Fal
     return field
 
 
-def copy_problems(data: Data, groups: Sequence[LearnerGroup]) -> Iterable[str]:
+def copy_problems(data: Data, groups: Sequence[Group]) -> Iterable[str]:
     """The spec's own rules on copies: only {region} is filled in, a region that fills a path is
     a plain name, and a group's path needs a source that reads files."""
     src = data.source
