@@ -1,27 +1,20 @@
 """A learner (re)joining: the checks its model passes, its session and the global model it
 starts from (Join), and the optimizer state a peer may share with it (ShareState).
 
-The syncer core holds the lock and the learners' records; these are its Join and ShareState.
+The checks and the Join's reply; the syncer core runs them holding its lock where they say so.
 """
 
 from __future__ import annotations
-
-import logging
-from typing import TYPE_CHECKING
 
 import grpc
 
 from diloco import copies
 from diloco.core.codecs import Pieces
+from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import MAX_ID, Refused
 from diloco.syncer.counters import SLACK_CYCLES
 from diloco.syncer.state import GlobalModel
 from diloco.wire import pb
-
-if TYPE_CHECKING:
-    from diloco.syncer.service import SyncerCore
-
-log = logging.getLogger("diloco.syncer")
 
 
 def check_join(model: GlobalModel, request: pb.JoinRequest) -> None:
@@ -67,49 +60,34 @@ def check_data(model: GlobalModel, request: pb.JoinRequest) -> None:
     admit_data(model, data_listing(request), request.learner)
 
 
-def join(core: SyncerCore, request: pb.JoinRequest) -> tuple[pb.JoinHeader, Pieces]:
-    """Admit a (re)joining learner whose model is this job's: its session, and the global
-    model as every subscriber holds it (the broadcast view), so its subscription continues
-    the shared delta chain."""
-    check_join(core.model, request)
-    listing = data_listing(request)
-    with core.lock:
-        admit_data(core.model, listing, request.learner)
-    learner, region = request.learner, request.region
-    secret = core.open_session(learner, request.process, request.supersede)
-    info, slot, job_tokens = core.joined(learner, region)
-    held, blob, tagged = core.publisher.snapshot()
-    num = core.model.plan.num_fragments
-    versions = [held.get(p, 0) for p in range(num)]
-    tags = [tagged.get(p, b"") for p in range(num)]
-    core.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
-    log.info("learner %s joined (%s, join #%d)", learner, region, info.joins)
-    header = pb.JoinHeader(
-        incarnation=core.incarnation, versions=versions, total_bytes=blob.size,
-        fragments=[pb.FragmentNames(names=list(f)) for f in core.model.plan.fragments],
-        codec=core.spec.compression, block_size=core.spec.block_size, slot=slot, tags=tags,
-        session_secret=secret, shard=core.shard, shards=core.spec.shards,
-        resume_tokens=core.model.credited_to(learner), job_tokens=job_tokens,
+def join_header(model: GlobalModel, spec: SyncerSpec, view: tuple[dict[int, int], Pieces, dict[int, bytes]], *,
+                incarnation: str, shard: int, learner: str, secret: bytes, slot: int, job_tokens: int) -> pb.JoinHeader:
+    """A Join's reply header over the global model as every subscriber holds it (`view`: the
+    publisher's snapshot), so the learner's subscription continues the shared delta chain."""
+    held, blob, tagged = view
+    num = model.plan.num_fragments
+    return pb.JoinHeader(
+        incarnation=incarnation, versions=[held.get(p, 0) for p in range(num)], total_bytes=blob.size,
+        fragments=[pb.FragmentNames(names=list(f)) for f in model.plan.fragments],
+        codec=spec.compression, block_size=spec.block_size, slot=slot, tags=[tagged.get(p, b"") for p in range(num)],
+        session_secret=secret, shard=shard, shards=spec.shards,
+        resume_tokens=model.credited_to(learner), job_tokens=job_tokens,
     )
-    return header, blob
 
 
-def share_state(core: SyncerCore, header: pb.StateHeader) -> bool:
-    """A donor's optimizer-state upload (its header): False if it declined. Its AdamW step
-    count, which sets the joiner's bias correction, must lie within the steps the job's
-    accepted pushes vouch for; not the donor's own: a re-admitted learner carries on the
-    count of the peer whose moments it adopted."""
-    core.check_session(header.learner, header.session_secret)
-    if header.declined:
-        core.relay.decline(header.learner)
-        return False
-    if not 0 < header.total_bytes <= core.max_state_bytes:
+def check_state_size(header: pb.StateHeader, max_state_bytes: int) -> None:
+    """A donor's optimizer-state upload must be one to `max_state_bytes` (two moments of this model)."""
+    if not 0 < header.total_bytes <= max_state_bytes:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"optimizer state of {header.total_bytes} bytes: "
-                      f"expected 1 to {core.max_state_bytes} (two moments of this model)")
-    with core.lock:
-        bound = core.model.tokens_trained() // max(core.tokens_per_step, 1) + SLACK_CYCLES * core.spec.fragments
+                      f"expected 1 to {max_state_bytes} (two moments of this model)")
+
+
+def check_state_count(header: pb.StateHeader, tokens_trained: int, tokens_per_step: int, cycle: int) -> None:
+    """A donor's AdamW step count, which sets the joiner's bias correction, must lie within the
+    steps the job's accepted pushes vouch for (`tokens_trained`); not the donor's own: a
+    re-admitted learner carries on the count of the peer whose moments it adopted."""
+    bound = tokens_trained // max(tokens_per_step, 1) + SLACK_CYCLES * cycle
     if not 0 < (count := int(header.count)) <= bound:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                       f"optimizer state at step {count}: the job's learners have trained at most {bound} steps "
                       f"as their pushes report (learner {header.learner!r})", "counters")
-    return True

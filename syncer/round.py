@@ -1,13 +1,14 @@
 """One round, in order: offer → close → merge → commit → publish, with the clock injected.
 
-The syncer (syncer/service.py) and the replay (diloco/sim/replay.py) both run their rounds
+The syncer (syncer/service.py) and the replay (apps/sim/replay.py) both run their rounds
 through a `RoundDriver`: the syncer with its lock, its publish lease and the real publisher,
 on the monotonic clock; the replay with no lock and a virtual clock, publishing straight to
 its learners. So the replay runs the round the syncer runs, not a copy of it.
 
 What the driver does not do: transport, sessions and headers (syncer/admission.py
 `check_header`, checked once before a push's body is read), the counters' bounds
-(syncer/counters.py) and learner bookkeeping. Those stay with the syncer core.
+(syncer/counters.py) and learner bookkeeping. Those stay with the syncer core, which counts
+each round from what `rounds` returns.
 """
 
 from __future__ import annotations
@@ -98,11 +99,10 @@ class RoundDriver:
     it, published outside it. `merging` keeps merges, Recover and checkpoints one at a time."""
 
     def __init__(self, *, model: GlobalModel, admission: Admission, publish: Publish,
-                 clock: Callable[[], float], lock: Guard | None = None, lease: PublishLease | None = None,
-                 on_commit: Callable[[Round], None] | None = None):
+                 clock: Callable[[], float], lock: Guard | None = None, lease: PublishLease | None = None):
         self.model, self.admission, self.publish, self.clock = model, admission, publish, clock
         self.lock: Guard = lock if lock is not None else NoLock()
-        self.lease, self.on_commit = lease, on_commit
+        self.lease = lease
         self.book: RoundBook[Outer] = model.round_book()
         self.published_slot = list(self.book.closed_slot)  # per fragment: newest slot merged
         self.in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
@@ -136,7 +136,11 @@ class RoundDriver:
     def merge_ready(self, active: Callable[[], set[str]], *, flush: bool = False) -> list[Round]:
         """Close and apply every round that is due (with `flush`: every round holding anything,
         before the final checkpoint), in turn; returns the rounds published."""
-        done: list[Round] = []
+        return list(self.rounds(active, flush=flush))
+
+    def rounds(self, active: Callable[[], set[str]], *, flush: bool = False) -> Iterator[Round]:
+        """`merge_ready` one round at a time: each is yielded once published, holding no lock,
+        so a caller counts it (the syncer's tallies) before the next is closed."""
         while True:
             with self.lock:  # one round at a time, standing aside for a waiting checkpoint or Recover
                 while self.exclusive_waiting:
@@ -144,8 +148,8 @@ class RoundDriver:
             with self.merging:
                 merged = self.merge_next(active, flush=flush)
             if merged is None:
-                return done
-            done.append(merged)
+                return
+            yield merged
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -196,8 +200,6 @@ class RoundDriver:
             self.published_slot[p] = closed.slot
             values = self.model.fragment(p)
             done = Round(closed, result, now, deadline)
-            if self.on_commit is not None:
-                self.on_commit(done)
             self.lock.notify_all()
         self.publish(p, result.version, values, closed.slot)
         self.book.published(self.clock() - t0)

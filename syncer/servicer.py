@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from diloco.syncer import readmission
 from diloco.syncer.admission import Refused
 from diloco.syncer.pacing import Pacer
 from diloco.syncer.publisher import Update
@@ -105,7 +104,7 @@ class SyncerServicer:
     def Join(self, request: pb.JoinRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         self._auth(context)
         with self._refusals(context):
-            header, model = readmission.join(self.core, request)
+            header, model = self.core.join(request)
         self.core.count_sent(model.size)
         first = pb.JoinChunk(header=header).SerializeToString()
         for i, span in enumerate(model.spans(CHUNK_BYTES)):  # framed by hand: one copy, no upb arena per chunk
@@ -169,7 +168,7 @@ class SyncerServicer:
         first = next(request_iterator, None)
         if first is None or not first.HasField("header"):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a seed starts with a header")
-        if self.core.model.init_hash and first.header.init_hash != self.core.model.init_hash:
+        if not self.core.seeded_with(first.header.init_hash):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, ANOTHER_SEED)
         return pb.SeedReply(adopted=False)
 
@@ -177,7 +176,7 @@ class SyncerServicer:
         self._auth(context)
         with self._refusals(context):
             self.core.check_session(request.learner, request.session_secret)
-        got = self.core.relay.fetch(request.learner, request.wait_seconds, context.is_active)
+        got = self.core.fetch_state(request.learner, request.wait_seconds, context.is_active)
         if got is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no peer shared its optimizer state in time")
             return
@@ -194,10 +193,10 @@ class SyncerServicer:
         first = self._opening(request_iterator, context, "state upload")
         header = first.header
         with self._refusals(context):
-            if not readmission.share_state(self.core, header):
+            if not self.core.share_state(header):
                 return pb.ShareStateReply(relayed=False)
             blob = _assemble(first, request_iterator, header.total_bytes, "optimizer state")
-        return pb.ShareStateReply(relayed=self.core.relay.offer(header.learner, int(header.count), bytes(blob)))
+        return pb.ShareStateReply(relayed=self.core.relay_state(header.learner, int(header.count), bytes(blob)))
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         self._auth(context)

@@ -74,7 +74,7 @@ def test_a_push_with_counters_out_of_bounds_is_refused_and_nothing_moves(syncer:
     params, versions, merged, job_tokens = job_state(syncer)
     honest = JobProgress(learners=2, tokens_per_step=TPS, tokens=job_tokens)
     position = honest.position()
-    bound = syncer.core.counters.steps_bound(("liar-0", 1), 0, versions[0], syncer.clock.now)
+    bound = syncer.core.registry.counters.steps_bound(("liar-0", 1), 0, versions[0], syncer.clock.now)
     assert bound == pytest.approx(40 / (0.05 / SPEED) + SLACK_CYCLES * P, abs=1)
     if steps == PAST:
         steps, tokens = bound + 1, (bound + 1) * TPS

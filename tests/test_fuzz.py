@@ -154,7 +154,7 @@ def restore(h: sh.Harness, snap: Any) -> None:
         core.model.versions[:] = versions
         for p in range(2):
             core.book.reset(p)
-        core.counters.max_ratio_seen = 0.0
+        core.registry.counters.max_ratio_seen = 0.0
 
 
 def same_state(h: sh.Harness, snap: Any) -> bool:
@@ -251,7 +251,7 @@ def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
             assert 0 <= snap[1][h.fragment] - h.base_version <= 2
             # Its counters within the bounds (syncer/admission.py Counters): no weight, budget or
             # learning-rate position to steer.
-            assert syncer.core.counters.max_ratio_seen <= 1.0 and h.tokens <= h.steps * sh.TOKENS_PER_STEP
+            assert syncer.core.registry.counters.max_ratio_seen <= 1.0 and h.tokens <= h.steps * sh.TOKENS_PER_STEP
             assert h.learner in syncer.core.book.contributors(h.fragment)
         else:  # stale or from the future: refused with a reason, nothing changed
             assert reply.reason
@@ -314,7 +314,7 @@ def recover_requests(draw: st.DrawFn, model: GlobalModel) -> list[pb.RecoverChun
 @given(data=st.data())
 def test_recover_requests(syncer: sh.Harness, data: st.DataObject) -> None:
     msgs = data.draw(recover_requests(syncer.core.model))
-    syncer.core.lease.ceilings = [LEASED, LEASED]  # a predecessor published up to here; offers go to 9
+    syncer.core.persistence.lease.ceilings = [LEASED, LEASED]  # a predecessor published up to here; offers go to 9
     snap = snapshot(syncer)
     try:
         reply = syncer.stub.Recover(iter(msgs), metadata=auth_metadata(sh.TOKEN), timeout=10)

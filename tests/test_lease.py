@@ -24,7 +24,7 @@ def test_the_ceiling_is_written_before_a_version_passes_it_and_survives_a_restar
             h.clock.now += 10
             assert h.core.merge_ready() == [0]
         assert h.core.model.versions == [3, 0]
-        assert h.core.lease.ceilings == [AHEAD + 1, 0]  # one write, at the first publish
+        assert h.core.persistence.lease.ceilings == [AHEAD + 1, 0]  # one write, at the first publish
         h.core.checkpoint()
     finally:
         h.close()
@@ -47,7 +47,7 @@ def test_a_restarted_syncer_adopts_published_versions_and_refuses_any_above_the_
         genuine = first.core.model.tag(0, 1, published)
     finally:
         first.close()
-    loaded, _ = first.core.store.load_latest()  # type: ignore[union-attr]
+    loaded, _ = first.core.persistence.store.load_latest()  # type: ignore[union-attr]
     assert loaded is not None
     model = GlobalModel.from_state(SyncerSpec(fragments=2), loaded.arrays, loaded.meta, expect=sh.SHAPES)
     second = sh.start(SyncerSpec(fragments=2), checkpoint_dir=str(tmp_path), model=model)

@@ -140,6 +140,6 @@ def test_replay_merges_equal_the_syncers_bit_for_bit(timeline: str) -> None:
         assert values.keys() == theirs.keys() and all(np.array_equal(values[n], theirs[n]) for n in values)
     assert core.model.versions == replay.model.versions
     assert all(np.array_equal(core.model.params[n], result.params[n]) for n in SHAPES)
-    assert core.model.tokens_merged == result.tokens_merged and core.refused == result.refused
+    assert core.model.tokens_merged == result.tokens_merged and core.tallies.refused == result.refused
     if timeline == "stale pushes refused":
         assert result.refused > 0

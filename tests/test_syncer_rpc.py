@@ -176,7 +176,7 @@ def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
     syncer.core.model.versions[:] = [3, 5]  # as if restored from a checkpoint at these versions
     for p in (0, 1):
         syncer.core.publisher.reset(p, syncer.core.model.versions[p], syncer.core.model.fragment(p))
-    syncer.core.lease.ceilings = [9, 9]  # a predecessor published up to version 9
+    syncer.core.persistence.lease.ceilings = [9, 9]  # a predecessor published up to version 9
     offered = {n: np.full(s, 7.0, np.float32) for n, s in sh.SHAPES.items()}
     reply = recover(syncer, [0, 1], [4, 5], offered)  # fragment 0 is newer, fragment 1 is not
     assert list(reply.adopted) == [0] and list(reply.versions) == [4, 5]
@@ -202,7 +202,7 @@ def test_recover_refuses_bad_offers(syncer: sh.Harness) -> None:
 def test_recover_refuses_what_this_syncer_never_published(syncer: sh.Harness) -> None:
     """A token holder offering made-up values at a high version (the attack the tags stop):
     refused with PERMISSION_DENIED, Θ bit for bit as before."""
-    syncer.core.lease.ceilings = [9, 9]  # a predecessor published up to version 9
+    syncer.core.persistence.lease.ceilings = [9, 9]  # a predecessor published up to version 9
     before = snapshot(syncer)
     made_up = {n: np.full(s, 3.0, np.float32) for n, s in sh.SHAPES.items()}
     genuine = [syncer.core.model.tag(p, 9, made_up) for p in (0, 1)]
@@ -222,7 +222,7 @@ def test_recover_refuses_what_this_syncer_never_published(syncer: sh.Harness) ->
 
 
 def test_status_breaks_down_by_region(syncer: sh.Harness) -> None:
-    syncer.core.regions = frozenset({"us-east", "eu-west"})
+    syncer.core.registry.regions = frozenset({"us-east", "eu-west"})
     for learner, region in (("a-0", "us-east"), ("b-0", "eu-west"), ("x-0", "mars")):
         req = pb.JoinRequest(learner=learner, region=region,
                              tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
