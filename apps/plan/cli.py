@@ -11,7 +11,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from diloco.apps.plan.model import MIN_FRAGMENTS, PlanInput, Region
+from diloco.apps.plan.inputs import PlanInput, Region
+from diloco.apps.plan.model import MIN_FRAGMENTS
 
 if TYPE_CHECKING:
     from diloco.spec import TransformerModel

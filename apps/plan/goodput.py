@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from diloco.apps.plan import figures as F
+from diloco.apps.plan.inputs import PlanInput, Region
 from diloco.apps.sim.goodput import DAY, SimParams, sample_interruptions, simulate_decoupled
-
-if TYPE_CHECKING:
-    from diloco.apps.plan.model import PlanInput, Region
 
 YEAR_S = 365.25 * DAY
 MAX_LEARNERS = 64  # searched up to here: beyond the 48 learners a shard was measured with (BENCHMARKS §5)

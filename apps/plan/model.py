@@ -13,48 +13,18 @@ from dataclasses import dataclass, field
 
 from diloco.apps.plan import figures as F
 from diloco.apps.plan.goodput import RegionGoodput, choose_learners, region_goodput
+from diloco.apps.plan.inputs import SPEC_MAX_FRAGMENTS, PlanInput, Region
 from diloco.apps.sim.bandwidth import BandwidthParams, bandwidth_gb_s
 
 # The plan's P when the links allow it: every measured figure (BENCHMARKS §2, §5, §9) is at P = 24.
 MIN_FRAGMENTS = 24
 SPEC_MAX_SHARDS = 64  # spec.syncer.shards' upper bound (diloco/spec/syncer.py)
-SPEC_MAX_FRAGMENTS = 4096  # spec.syncer.fragments' upper bound
 DEFAULT_CHECKPOINT_S = 30.0  # spec.syncer.checkpointIntervalSeconds' default
 # A checkpoint writer busy at most a quarter of the time leaves the disk to the rest of the job.
 CHECKPOINT_BUSY = 0.25
 
 # Largest fragment (parameters) of a plan of n fragments; from the model's real tensors.
 FragmentSizer = Callable[[int], float]
-
-
-@dataclass(frozen=True)
-class Region:
-    """One region's learners and link to the syncer's region, as the user gives them."""
-
-    name: str
-    step_s: float = 1.0  # the paper's example step
-    wan_gbps: float = 2.5  # the middle of the paper's 2-5 Gbit/s links
-    latency_ms: float = 30.0  # a US cross-region round trip's one way, roughly
-    failure_rate: float = 1.0  # interruptions per chip-year: the paper's assumption
-    learners: int | None = None  # None: as few as reach the target goodput
-    chips: int | None = None  # None: one 256-chip slice (the simulator's) per learner
-
-
-@dataclass(frozen=True)
-class PlanInput:
-    params: float
-    regions: tuple[Region, ...]
-    utilization: float = 0.9  # the paper's compute-utilization target (its bandwidth example)
-    fragments: int | None = None  # P fixed by the user; None: the smallest the links carry
-    link_share: float = 0.8  # plan a link to at most 80%: other traffic and TCP need the rest
-    tau: int = 2  # spec.syncer.graceWindow.tau's default
-    host_cores: int = 32  # a common CPU host
-    host_memory_gb: float = 256.0  # the same host's memory
-    cores_per_shard: int = 1  # BENCHMARKS §5 measured one shard per core
-    syncer_region: str | None = None  # None: the first region hosts the syncer
-    days: float = 7.0  # simulated days: long enough for failures at a few thousand chips
-    seeds: int = 2  # the simulator's runs per figure (common random numbers keep them steady)
-    max_fragments: int = SPEC_MAX_FRAGMENTS  # P x shards cannot exceed the model's tensors
 
 
 @dataclass(frozen=True)
