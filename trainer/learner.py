@@ -19,9 +19,11 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from diloco.contract import TERMINATION_LOG_ENV, Event, Exit, Finished, LearnerId
 from diloco.trainer.startup import Timeline
@@ -35,13 +37,14 @@ if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and lear
     from diloco.trainer.fragment_sync import Fragments
     from diloco.trainer.hosts import Hosts, MirroredClient
     from diloco.trainer.link import SyncerLink
-    from diloco.trainer.messages import JoinState
+    from diloco.trainer.messages import JoinState, Updates
     from diloco.trainer.metrics import LearnerMetrics
     from diloco.trainer.peer_state import PeerStates
     from diloco.trainer.recipe import Recipe
     from diloco.wire import pb
 
 log = logging.getLogger("diloco.learner")
+T = TypeVar("T")
 FLUSH_SECONDS = 10.0  # at the end, time to get the last pushes accepted (one round trip each)
 
 
@@ -350,6 +353,30 @@ def _next_batch(batches: Batches, k: int) -> np.ndarray | None:
         return None
 
 
+def _around_step(fragments: Fragments, updates: Updates, dispatch: Callable[[], T], *, overlap: bool) -> T:
+    """A step boundary's host work (adopt `updates`, send the last step's due pushes: the loop's
+    one place where pushes go out) and the next step's dispatch: the host work first where it
+    would only wait for the step on its core, behind the dispatched step where the devices would
+    otherwise idle through it (`_overlaps`)."""
+    ahead = [dispatch()] if overlap else []
+    fragments.send(fragments.at_boundary(updates))
+    return ahead[0] if ahead else dispatch()
+
+
+def _dispatch(fragments: Fragments, batches: Batches, k: int, opt_state: Any) -> tuple[Any, Any, float] | None:
+    """Batch k's inner step, dispatched to the devices: the optimizer state after it, its loss
+    (not yet read) and when it went; None when batch k's input is bad (`_next_batch`)."""
+    batch = _next_batch(batches, k)
+    if batch is None:
+        return None
+    t0 = time.monotonic()
+    fragments.progress.dispatched(t0)
+    fragments.theta, opt_state, loss = fragments.recipe.step(fragments.theta, opt_state, batch,
+                                                             fragments.job.position())
+    fragments.job.stepped()
+    return opt_state, loss, t0
+
+
 def _termination_message(text: str) -> None:
     """Write `text` to $DILOCO_TERMINATION_LOG (the container's terminationMessagePath), if set.
     The exit at spec.training.steps writes contract.Finished; bad input mid-run, its line; the start writes
@@ -402,32 +429,22 @@ def run(args: argparse.Namespace) -> int:
     peers = _begin(me, fragments, metrics, real=real, stop=stop, started=t_process, join_began=t_join,
                    batch=next_batch)  # the join's event; the sender and subscriber start; SIGTERM stops us
 
-    pr, job, finished, last_report = fragments.progress, fragments.job, False, time.monotonic()
+    pr, finished, last_report = fragments.progress, False, time.monotonic()
     bad_data = False  # a batch's input was found bad (_next_batch): flushed, then Exit.CONFIG
     overlap = _overlaps(args.host_cpus)
     while True:
-        # 1. Adopt what the syncer published (θ_p += Θ_p − A_p − the progress Θ_p already holds)
-        #    and send the last step's due pushes: before the step where it would only wait for
-        #    them on its core, behind it where the devices would idle through that host work.
+        # 1. Adopt what the syncer published (θ_p += Θ_p − A_p − the progress Θ_p already holds),
+        #    send the last step's due pushes, and (2.) dispatch one inner step on our shard, in the
+        #    order `overlap` says (_around_step). What follows until the step's loss is read runs
+        #    while the devices compute it; so does sharing our optimizer state with a re-joining peer.
         updates = link.take_updates()
-        if not overlap:
-            fragments.send(fragments.at_boundary(updates))
-
-        # 2. One inner step on our shard. What follows until its loss is read runs while the
-        #    devices compute it; so does sharing our optimizer state with a re-joining peer.
-        batch = _next_batch(batches, next_batch)
-        if batch is None:  # the boundary step 1 left to the step still happens: then flush and end
-            if overlap:
-                fragments.send(fragments.at_boundary(updates))
+        dispatched = _around_step(fragments, updates, partial(_dispatch, fragments, batches, next_batch, opt_state),
+                                  overlap=overlap)
+        if dispatched is None:  # bad input: the boundary still happened; flush and end
             bad_data = True
             break
         next_batch += 1
-        t0 = time.monotonic()
-        pr.dispatched(t0)
-        fragments.theta, opt_state, loss = recipe.step(fragments.theta, opt_state, batch, job.position())
-        job.stepped()
-        if overlap:
-            fragments.send(fragments.at_boundary(updates))
+        opt_state, loss, t0 = dispatched
         opt_state = peers.at_boundary(opt_state, updates.share_state)
         stopping = link.stop_requested or link.stopping.is_set()
 
