@@ -27,6 +27,7 @@ from diloco.core.ledger import Arrival
 from diloco.core.seed import InitialModel
 from diloco.trainer import session as s
 from diloco.trainer.global_copy import GlobalCopy, recovery
+from diloco.trainer.link import SyncerLink
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
@@ -233,3 +234,5 @@ class SyncerClient:
             self.turn.notify_all()
         self.channel.close()
 
+
+_conforms: type[SyncerLink] = SyncerClient  # mypy fails here when the class drifts from its protocol

@@ -32,12 +32,11 @@ import numpy as np
 from diloco.contract import COORDINATOR_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV, ordinal
 from diloco.core.codecs import CODECS
 from diloco.core.ledger import Arrival
-from diloco.trainer.messages import JoinRefused, JoinState, Unauthenticated, Updates
+from diloco.trainer.link import LearnerLink, SyncerLink
+from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
 
 if TYPE_CHECKING:
     from diloco.core.seed import InitialModel
-    from diloco.trainer.link import SyncerLink
-    from diloco.trainer.messages import Outgoing
 
 HEADER = 32  # int64 words of every shared record: its length, then up to 31 values inline
 Shapes = Sequence[tuple[str, tuple[int, ...]]]
@@ -400,3 +399,6 @@ class MirroredClient:
     @property
     def acked_train_seconds(self) -> float:
         return float(self._counter("acked_train_seconds"))
+
+
+_conforms: type[LearnerLink] = MirroredClient  # mypy fails here when the class drifts from its protocol

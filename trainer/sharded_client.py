@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from diloco.core.fragments import owner
 from diloco.core.seed import InitialModel
 from diloco.trainer.client import JoinState, Outgoing, SyncerClient, Updates
+from diloco.trainer.link import SyncerLink
 
 
 class ShardedClient:
@@ -90,6 +91,9 @@ class ShardedClient:
     def close(self) -> None:
         for c in self.shards:
             c.close()
+
+
+_conforms: type[SyncerLink] = ShardedClient  # mypy fails here when the class drifts from its protocol
 
 
 def merge_states(states: Sequence[JoinState]) -> JoinState:
