@@ -312,7 +312,7 @@ def _main() -> None:
     args = parser.parse_args()
     m, kw = json.loads(args.manifest), json.loads(args.options)
     if args.kind == "replay":
-        from replay import replay_arm
+        from replay_arm import replay_arm
 
         print(json.dumps(replay_arm(m, **kw)), flush=True)
         return
