@@ -14,13 +14,14 @@ import logging
 import math
 import os
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
 from diloco.core.codecs import CodecError, Packed, parse_tensors
+from diloco.core.fragments import owner
 from diloco.core.schedule import due_fragments
 from diloco.wire import pb
 
@@ -69,6 +70,13 @@ def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int], 
                    f"{h.fragment} (slot s is due for fragment{'s' if shards > 1 else ''} {_rule(num, shards)})")
     if problem:
         raise Refused(code, problem)
+
+
+def check_owned(fragment: int, owned: Sequence[int], shard: int, shards: int) -> None:
+    """Raise Refused (`misrouted`) for a push of a fragment another syncer shard owns."""
+    if fragment not in owned:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {fragment} belongs to syncer shard "
+                      f"{owner(fragment, shards)}, not to this one ({shard})", "misrouted")
 
 
 def _listed(due: range) -> str:

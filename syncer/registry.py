@@ -10,12 +10,13 @@ each in one call. It takes no lock: the syncer core calls it holding its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from diloco.syncer.admission import Admission
 from diloco.syncer.counters import Counters
 from diloco.syncer.peer_state import StateRelay
+from diloco.syncer.round import Round
 from diloco.wire import pb
 
 LIVE_SECONDS = 30.0  # a learner seen this recently (or subscribed) is live: its id is taken
@@ -105,12 +106,12 @@ class LearnerRegistry:
         info.bytes_received += size
         info.staleness += lag
 
-    def merged(self, origins: Iterable[tuple[tuple[str, int], float]], fragment: int, version: int,
-               credits: dict[str, int]) -> None:
-        """A round of `fragment` merged into `version`: its processes' counters start over from
-        their pushes, and each learner is credited its new tokens."""
-        self.counters.merged_into(list(origins), fragment, version)
-        for learner, credit in credits.items():
+    def merged(self, done: Round) -> None:
+        """A round merged, as the round driver returned it: its processes' counters start over
+        from their pushes, and each learner is credited its new tokens."""
+        origins = [(c.origin, c.received_at) for c in done.closed.contributions]
+        self.counters.merged_into(origins, done.fragment, done.result.version)
+        for learner, credit in done.result.credits.items():
             self.learners[learner].tokens += credit
 
     def subscribe(self, learner: str, delta: int) -> None:

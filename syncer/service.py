@@ -27,16 +27,14 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 
-import grpc
-
 from diloco.checkpoint import CheckpointStore
 from diloco.core.codecs import Pieces, encoded_size
-from diloco.core.fragments import owned_by, owner
+from diloco.core.fragments import owned_by
 from diloco.core.merge import Source
 from diloco.core.rounds import RoundBook, Verdict
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer import readmission
-from diloco.syncer.admission import Admission, Refused, check_header, outer_gradient
+from diloco.syncer.admission import Admission, check_header, check_owned, outer_gradient
 from diloco.syncer.counters import RESTART_WINDOW, Counters
 from diloco.syncer.lease import PublishLease
 from diloco.syncer.metrics import SyncerMetrics
@@ -99,8 +97,7 @@ class SyncerCore:
         # A syncer that has merged nothing (a fresh job) has no learners whose counters began before it.
         counters = Counters(self.tokens_per_step, self.spec.fragments,
                             started=self.clock() - (RESTART_WINDOW if self.model.outer_steps == 0 else 0.0))
-        self.registry = LearnerRegistry(admission=self.admission, counters=counters, clock=self.clock,
-                                        regions=regions)
+        self.registry = LearnerRegistry(admission=self.admission, counters=counters, clock=self.clock, regions=regions)
         self.tallies = Tallies(metrics=self.metrics, clock=self.clock)
         self.max_push_bytes = push_bounds(self.model)
         self.metrics.outer_version.set(sum(self.model.versions))
@@ -125,9 +122,7 @@ class SyncerCore:
         """Check a push's header and session, then read its body (`body`) and offer it to its
         round; state changes only if accepted. Peers are asked for their optimizer state here."""
         check_header(header, self.incarnation, self.max_push_bytes, self.spec.shards)
-        if header.fragment not in self.owned:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"fragment {header.fragment} belongs to syncer shard "
-                          f"{owner(header.fragment, self.spec.shards)}, not to this one ({self.shard})", "misrouted")
+        check_owned(header.fragment, self.owned, self.shard, self.spec.shards)
         self.check_session(header.learner, header.session_secret)
         blob = body()
         tensors, norm = outer_gradient(blob, header.fragment, self.model.shapes(header.fragment))
@@ -159,10 +154,9 @@ class SyncerCore:
                                 late=offer.late)
 
     def job_tokens(self) -> int:
-        """The job's trained tokens as accepted pushes report them: the merged count plus what
-        pushes in open rounds carry beyond it. Learners set their learning-rate schedule by it
-        (diloco/core/schedule.py, JobProgress); the merged count alone trails training by the
-        merge's latency, 4-7 steps measured, and that lag cost about 1% of held-out loss."""
+        """The job's trained tokens as accepted pushes report them: the merged count plus what pushes in
+        open rounds carry beyond it. Learners set their learning-rate schedule by it (core/schedule.py
+        JobProgress); the merged count alone trails by the merge's latency (4-7 steps, ~1% of held-out loss)."""
         with self.lock:
             return self.model.tokens_trained()
 
@@ -194,12 +188,10 @@ class SyncerCore:
         return True
 
     def relay_state(self, donor: str, count: int, blob: bytes) -> bool:
-        """Hand a donor's uploaded state to the learner waiting for it (syncer/peer_state.py)."""
-        return self.registry.relay.offer(donor, count, blob)
+        return self.registry.relay.offer(donor, count, blob)  # to the learner waiting (syncer/peer_state.py)
 
     def fetch_state(self, learner: str, wait: float, alive: Callable[[], bool]) -> Donated | None:
-        """A peer's optimizer state for a re-joining learner, waiting up to `wait` seconds."""
-        return self.registry.relay.fetch(learner, wait, alive)
+        return self.registry.relay.fetch(learner, wait, alive)  # a peer's, waiting up to `wait` seconds
 
     def open_session(self, learner: str, process: int, supersede: bool) -> bytes:
         """The joining process's session secret (`LearnerRegistry.open_session`)."""
@@ -210,8 +202,7 @@ class SyncerCore:
         with self.lock:
             self.registry.check_session(learner, secret)
 
-    def seeded_with(self, init_hash: bytes) -> bool:
-        """A Seed's Θ₀ is this model's (or the model records none)."""
+    def seeded_with(self, init_hash: bytes) -> bool:  # a Seed's Θ₀ is this model's (or it records none)
         return not self.model.init_hash or init_hash == self.model.init_hash
 
     def count_refusal(self, outcome: str) -> None:
@@ -219,19 +210,15 @@ class SyncerCore:
             self.tallies.refusal(outcome)
 
     def recover(self, header: pb.RecoverHeader, body: Callable[[], bytes | memoryview]) -> list[int]:
-        """Adopt newer fragments a learner hands back (syncer/persistence.py)."""
-        return self.persistence.recover(header, body)
+        return self.persistence.recover(header, body)  # newer fragments a learner hands back
 
-    def checkpoint(self) -> bool:
-        """Write a checkpoint (syncer/persistence.py); False if none was written."""
+    def checkpoint(self) -> bool:  # False if none was written (syncer/persistence.py)
         return self.persistence.checkpoint()
 
-    def headroom(self) -> int:
-        """What this shard's heap grows by past seeding, at most (`headroom`)."""
+    def headroom(self) -> int:  # what this shard's heap grows by past seeding, at most (`headroom`)
         return headroom(self.spec, self.model, self.owned)
 
-    def rounds_running(self) -> bool:
-        """Learners are pushing to this syncer (one did in the last ROUNDS_RUNNING_SECONDS)."""
+    def rounds_running(self) -> bool:  # learners are pushing (one did in the last ROUNDS_RUNNING_SECONDS)
         return self.registry.rounds_running()
 
     def merge_ready(self, flush: bool = False) -> list[int]:
@@ -239,21 +226,16 @@ class SyncerCore:
         done = []
         for r in self.driver.rounds(self.registry.active, flush=flush):
             with self.lock:
-                self.registry.merged([(c.origin, c.received_at) for c in r.closed.contributions], r.fragment,
-                                     r.result.version, r.result.credits)
-                self.tallies.merged(r, grace=self.book.timings.grace(self.book.policy),
-                                    step_seconds=self.book.timings.step.get(), version_sum=sum(self.model.versions),
-                                    region_of=self.registry.region_of)
+                self.registry.merged(r)
+                self.tallies.merged(r, self.book, sum(self.model.versions), self.registry.region_of)
             done.append(r.fragment)
         return done
 
-    def wait_for_round(self, longest: float = 0.5) -> None:
-        """Sleep until a round may be due (the merge thread)."""
+    def wait_for_round(self, longest: float = 0.5) -> None:  # the merge thread's sleep until a round may be due
         self.driver.wait_for_round(self.registry.active, longest)
 
     def updates(self, known: list[int], exact: bool, alive: Callable[[], bool]) -> Iterator[Update]:
-        """A subscription's messages (syncer/publisher.py): each version encoded once for all."""
-        return self.publisher.updates(known, exact, alive)
+        return self.publisher.updates(known, exact, alive)  # a subscription's: each version encoded once for all
 
     def stop(self) -> None:
         """Shutting down: subscriptions end, the final merges and checkpoint follow."""

@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from diloco.core.rounds import RoundBook
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.round import Round
+from diloco.syncer.state import Outer
 
 
 @dataclass(kw_only=True)
@@ -49,9 +51,8 @@ class Tallies:
         self.bytes_sent += n
         self.metrics.bytes_sent.inc(n)
 
-    def merged(self, done: Round, *, grace: float, step_seconds: float, version_sum: int,
-               region_of: Callable[[str], str]) -> None:
-        """A merged round as the driver returned it; `grace` and `step_seconds`: the book's now."""
+    def merged(self, done: Round, book: RoundBook[Outer], version_sum: int, region_of: Callable[[str], str]) -> None:
+        """A merged round as the driver returned it; `book`: its round book (the grace window and step time)."""
         result, closed = done.result, done.closed
         for learner, credit in result.credits.items():
             self.metrics.region_tokens.labels(region_of(learner)).inc(credit)
@@ -59,9 +60,9 @@ class Tallies:
         self.metrics.merges.inc()
         self.metrics.tokens.inc(result.tokens)
         self.metrics.quorum_size.observe(len(closed.contributions))
-        self.metrics.grace_wait.observe(max(0.0, done.closed_at - (done.deadline - grace)))
+        self.metrics.grace_wait.observe(max(0.0, done.closed_at - (done.deadline - book.timings.grace(book.policy))))
         self.metrics.outer_version.set(version_sum)
-        self.metrics.step_seconds.set(step_seconds)
+        self.metrics.step_seconds.set(book.timings.step.get())
         self.metrics.last_publish.set(time.time())
 
     def active(self, active: set[str], regions: Iterable[str], region_of: Callable[[str], str]) -> None:
