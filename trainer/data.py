@@ -6,26 +6,22 @@ without importing it: it pulls in heavy dependencies); `text` and `tokens` read 
 (trainer/sources.py). The last `held_out_fraction` of the data is the evaluation split unless
 `heldOutPath` names files of its own. Token files stay memory-mapped: a `Tokens` view joins
 files and shard chunks without copying them, and only the windows of a batch are read.
-Batches are plain numpy, not `grain`: its MapDataset (range, shuffle, map, batch) gives the same
-random access but measured 5-8x slower (0.15-0.2 ms against 0.03 ms per 8 x 129 batch, 3.6-4.9 ms
-against 0.5 ms per 64 x 2049, grain 0.2.18 on CPU: ~50 us per index shuffle call), and a seeded
-per-epoch permutation is all we need of it.
+`Tokens` and `Batches` are defined in trainer/batches.py and re-exported here.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, TypeVar
 
 import numpy as np
 
 from diloco.trainer import sources
+from diloco.trainer.batches import Batches, Tokens  # noqa: F401  (Batches re-exported: data.Batches)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -58,50 +54,6 @@ def corpus_tokens(tok: Tokenizer) -> np.ndarray:
     ids = np.concatenate([np.concatenate([sep, d]) if i else d
                           for i, d in enumerate(sources.encode(corpus_plays(), tok))])
     return ids.astype(np.uint16) if ids.max() < 1 << 16 else ids
-
-
-class Tokens:
-    """A 1-D sequence of token ids made of segments (files, a shard's chunks) read as one
-    without concatenating them: a slice is another view, only windows are copied. Segments
-    are arrays (memmaps of local files) or Spans of files on object storage, read when a
-    window needs them or when `materialized` reads a learner's whole shard at once."""
-
-    def __init__(self, segments: Sequence[sources.Segment]) -> None:
-        self.segments = tuple(s for s in segments if len(s))
-        self.ends = list(accumulate(len(s) for s in self.segments))  # a list: bisect beats searchsorted per window
-
-    def __len__(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-    def __getitem__(self, key: slice) -> Tokens:
-        start, stop, step = key.indices(len(self))
-        if step != 1:
-            raise ValueError("Tokens slices are contiguous (step 1)")
-        out = []
-        for i in range(bisect_right(self.ends, start), len(self.segments)):
-            base = self.ends[i] - len(self.segments[i])
-            if base >= stop:
-                break
-            out.append(self.segments[i][max(start - base, 0) : stop - base])
-        return Tokens(out)
-
-    def window(self, start: int, length: int) -> np.ndarray:
-        """Ids [start, start + length): a view when it lies in one segment, as it nearly always does."""
-        i = bisect_right(self.ends, start)
-        if i < len(self.segments) and start + length <= self.ends[i]:
-            offset = start - self.ends[i] + len(self.segments[i])
-            return sources.ids(self.segments[i][offset : offset + length])
-        return self[start : start + length].array()
-
-    def array(self) -> np.ndarray:
-        """The ids as one array: the segment itself when there is one (a memmap stays one)."""
-        if len(self.segments) == 1:
-            return sources.ids(self.segments[0])
-        return np.concatenate([sources.ids(s) for s in self.segments]) if self.segments else np.zeros(0, np.uint16)
-
-    def materialized(self) -> Tokens:
-        """The same ids with every Span read (by byte range); memmaps stay as they are."""
-        return Tokens([sources.ids(s) for s in self.segments])
 
 
 Ids = TypeVar("Ids", np.ndarray, Tokens)
@@ -155,53 +107,6 @@ def eval_batches(held_out: np.ndarray | Tokens, *, batches: int, batch: int, len
     if vocab_size is not None:
         sources.check_ids(out, vocab_size, "the held-out data")
     return out
-
-
-class Batches:
-    """One shard's training batches, batch k a pure function of (seed, shard_index, k): a
-    restarted learner asks for the batch after the last one merged and continues its shard
-    instead of replaying or reshuffling it. Windows lie on a grid of stride length - 1 (every
-    id is a target once per epoch), visited in an order drawn afresh each epoch. Over a Stream
-    (Parquet, JSON Lines), a StreamBatches: the same contract, its shard read as it trains."""
-
-    def __new__(cls, tokens: Tokens | np.ndarray | Stream, *args: object, **kwargs: object) -> Batches:
-        if cls is Batches and not isinstance(tokens, Tokens | np.ndarray):
-            from diloco.trainer.streams import StreamBatches
-
-            return super().__new__(StreamBatches)
-        return super().__new__(cls)
-
-    def __init__(self, tokens: Tokens | np.ndarray | Stream, batch: int, length: int, *, seed: int,
-                 shard_index: int) -> None:
-        if not isinstance(tokens, Tokens | np.ndarray):  # __new__ gave a Stream its StreamBatches
-            raise TypeError("Batches reads ids in memory; a Stream is read by StreamBatches")
-        self.tokens = tokens if isinstance(tokens, Tokens) else Tokens([tokens])
-        self.batch_size, self.length, self.seed, self.shard_index = batch, length, seed, shard_index
-        if len(self.tokens) < length:
-            raise ValueError(f"spec.data: shard {shard_index} has {len(self.tokens)} tokens, fewer than one window "
-                             f"(spec.model.context + 1 = {length}); add training data, lower spec.model.context "
-                             "or use fewer shards (spec.data.shards, the learners)")
-        self.windows = (len(self.tokens) - length) // (length - 1) + 1
-        self._order: tuple[int, np.ndarray] = (-1, np.zeros(0, np.int64))  # the last epoch's order, reused
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The window indices of `epoch`, in the order they are visited."""
-        if self._order[0] != epoch:
-            # seed % 2**64: SeedSequence wants non-negative entropy; distinct for any sane seed.
-            rng = np.random.default_rng([self.seed % (1 << 64), self.shard_index, epoch])
-            self._order = (epoch, rng.permutation(self.windows))
-        return self._order[1]
-
-    def batch(self, k: int) -> np.ndarray:
-        """Batch k (from 0) as int32 (batch, length)."""
-        epochs, at = np.divmod(np.arange(k * self.batch_size, (k + 1) * self.batch_size), self.windows)
-        picks = np.concatenate([self.order(int(e))[at[epochs == e]] for e in np.unique(epochs)])
-        stride = self.length - 1
-        return np.stack([self.tokens.window(int(i) * stride, self.length) for i in picks]).astype(np.int32)
-
-    def epoch(self, k: int) -> float:
-        """How many passes over the shard batches 0..k-1 make."""
-        return k * self.batch_size / self.windows
 
 
 @dataclass(frozen=True)

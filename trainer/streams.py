@@ -1,7 +1,7 @@
 """A learner's shard of Parquet or JSON Lines records as training batches, streamed: its units
 (trainer/records.py) read in a seeded order each epoch, documents tokenized on a background
 thread a block ahead of the step, and batch k a pure function of (seed, shard, k), as for token
-files (trainer/data.py `Batches`), so a restarted learner resumes exactly where it stopped.
+files (trainer/batches.py `Batches`), so a restarted learner resumes exactly where it stopped.
 
 The epoch's stream is its units' documents in order, each followed by the separator text files
 are joined with (`sources.separator`); windows of `length` ids lie on a grid of stride length - 1
@@ -29,7 +29,7 @@ import numpy as np
 
 from diloco.contract import STEP_CACHE_ENV
 from diloco.trainer import cache_file, sources
-from diloco.trainer.data import Batches
+from diloco.trainer.batches import Batches
 from diloco.trainer.records import DataError, Reader, Unit, log
 
 if TYPE_CHECKING:
@@ -58,6 +58,11 @@ class Stream:
             stored = cache_file.read(self.index_path, "token-count index")
             if stored is not None and stored.get("counts", np.zeros(0)).shape == self.counts.shape:
                 self.counts = stored["counts"].astype(np.int64)
+
+    @property
+    def batches(self) -> type[StreamBatches]:
+        """What `Batches(stream, ...)` gives (batches.Streamed): a shard read as it trains."""
+        return StreamBatches
 
     def _index_path(self, where: str) -> Path:
         tok = "bytes" if self.tok is None else hashlib.sha256(self.tok.to_str().encode()).hexdigest()
