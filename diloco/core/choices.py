@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Codec = Literal["fp32", "bf16", "int8", "int4"]  # diloco/core/codecs.py
-CODECS: tuple[Codec, ...] = ("fp32", "bf16", "int8", "int4")  # a codec's id on the wire is its index here
+Codec = Literal["fp32", "bf16", "int8", "int4", "nf4"]  # diloco/core/codecs.py
+CODECS: tuple[Codec, ...] = ("fp32", "bf16", "int8", "int4", "nf4")  # a codec's id on the wire is its index here
 MergeMethod = Literal["rda", "average"]  # diloco/core/merge.py
 Adoption = Literal["rebase", "overwrite"]  # diloco/core/ledger.py

@@ -9,11 +9,14 @@ int4 and int8 are block-wise absmax: each block of `block_size` values shares on
 fp32 scale; int4 writes values in [-7, 7] (symmetric, so zero is exact) and packs two
 per byte, value j of a block with value j + block/2. A decoded -8 nibble is harmless
 (|value| <= 8/7 of the block's absmax), so the decoder accepts the full nibble range
-rather than spend a pass checking it. The loops are compiled (`diloco/core/loops.py`).
+rather than spend a pass checking it. nf4 has int4's bytes with levels that follow a
+normal distribution instead of a line (`diloco/core/nf4.py`), which is what the syncer's
+broadcast wants. The loops are compiled (`diloco/core/loops.py`, `nf4.py`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,6 +45,36 @@ class _Loops:
 
 
 loops = _Loops()
+
+BLOCKWISE: tuple[Codec, ...] = ("int8", "int4", "nf4")  # an fp32 scale per block, then the codes
+
+
+@dataclass(frozen=True)
+class _Blockwise:
+    """One block-wise codec's loops at one block size (signatures: diloco/core/loops.py's int4)."""
+
+    encode: Any
+    encode_delta: Any
+    decode: Any
+    weighted_sum: Any
+    sumsq: Any
+    per_block: int  # code bytes per block
+    dtype: type[np.generic]  # the codes' type
+
+
+@functools.cache
+def _blockwise(codec: Codec, block: int) -> _Blockwise:
+    if codec == "nf4":
+        from diloco.core import nf4  # numba, like `loops`: at the first use
+
+        n = nf4.block_kernels(block)
+        return _Blockwise(n.encode, n.encode_delta, n.decode, n.weighted_sum, n.sumsq, block // 2, np.uint8)
+    k = loops.block_kernels(block)
+    if codec == "int4":
+        return _Blockwise(k.int4_encode, k.int4_encode_delta, k.int4_decode, k.int4_weighted_sum, k.int4_sumsq,
+                          block // 2, np.uint8)
+    return _Blockwise(k.int8_encode, k.int8_encode_delta, k.int8_decode, k.int8_weighted_sum, k.int8_sumsq,
+                      block, np.int8)
 
 MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see loops
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
@@ -95,7 +128,7 @@ def encode(x: np.ndarray, codec: Codec, block_size: int = 64) -> Blob:
 def _checked_input(x: np.ndarray, codec: Codec, block_size: int) -> np.ndarray:
     if codec not in CODECS:
         raise CodecError(f"unknown codec {codec!r}; use one of {', '.join(CODECS)}")
-    if codec in ("int4", "int8") and (block_size < 2 or block_size % 2):
+    if codec in BLOCKWISE and (block_size < 2 or block_size % 2):
         raise CodecError(f"block size must be an even number >= 2, got {block_size}")
     arr = np.ascontiguousarray(x, dtype=np.float32)
     if arr.ndim > MAX_NDIM:
@@ -131,10 +164,10 @@ def _encode_into(arr: np.ndarray, codec: Codec, block: int, out: memoryview) -> 
         np.frombuffer(body, np.uint16)[:] = _to_bf16(flat)
     else:
         nblocks, full = -(-flat.size // block), flat.size // block
+        k = _blockwise(codec, block)
         scales = np.frombuffer(body[: 4 * nblocks], np.float32)
-        codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
-        encode_blocks = loops.block_kernels(block).int4_encode if codec == "int4" else loops.block_kernels(block).int8_encode
-        per_block = block // 2 if codec == "int4" else block
+        codes = np.frombuffer(body[4 * nblocks :], k.dtype)
+        encode_blocks, per_block = k.encode, k.per_block
         encode_blocks(flat[: full * block], scales[:full], codes[: full * per_block])
         if full < nblocks:  # the last, partial block, zero-padded (zero encodes exactly)
             padded = np.zeros(block, np.float32)
@@ -169,10 +202,8 @@ class Packed:
             flat[:] = self.values
         elif self.codec == "bf16":
             flat.view(np.uint32)[:] = self.values.astype(np.uint32) << 16
-        elif self.codec == "int4":
-            loops.block_kernels(self.block).int4_decode(self.scales, self.values, flat)
         else:
-            loops.block_kernels(self.block).int8_decode(self.scales, self.values, flat)
+            _blockwise(self.codec, self.block).decode(self.scales, self.values, flat)
         return out
 
     def accumulate(self, c: float | np.floating, acc: np.ndarray, start: int = 0) -> None:
@@ -185,9 +216,8 @@ class Packed:
         Remembered: admission measures a push's norm, and the merge needs it again."""
         known = self.__dict__.get("_sumsq")
         if known is None:
-            if self.codec in ("int4", "int8"):
-                k = loops.block_kernels(self.block)
-                known = float((k.int4_sumsq if self.codec == "int4" else k.int8_sumsq)(self.scales, self.values))
+            if self.codec in BLOCKWISE:
+                known = float(_blockwise(self.codec, self.block).sumsq(self.scales, self.values))
             else:
                 known = float(loops.sumsq(self.values if self.codec == "fp32" else self.decode().reshape(-1)))
             self.__dict__["_sumsq"] = known  # a frozen dataclass: the cache bypasses __setattr__
@@ -202,12 +232,11 @@ def weighted_sum_into(sources: Sequence[Packed], coeffs: np.ndarray, acc: np.nda
     first, end, c = sources[0], start + acc.size, coeffs.astype(np.float32, copy=False)
     if len(sources) > 4 or len(c) != len(sources) or any((p.codec, p.block) != (first.codec, first.block) for p in sources):
         raise ValueError("weighted_sum_into takes one to four payloads of one codec and block size, and a factor each")
-    if first.codec in ("int4", "int8"):
-        b = first.block
-        per = b // 2 if first.codec == "int4" else b  # code bytes per block
+    if first.codec in BLOCKWISE:
+        b, k = first.block, _blockwise(first.codec, first.block)
+        per = k.per_block
         spans = [a for p in sources for a in (p.scales[start // b : -(-end // b)], p.values[start // b * per : -(-end // b) * per])]
-        k = loops.block_kernels(b)
-        (k.int4_weighted_sum if first.codec == "int4" else k.int8_weighted_sum)(*spans, *spans[:2] * (4 - len(sources)), c, acc, init)
+        k.weighted_sum(*spans, *spans[:2] * (4 - len(sources)), c, acc, init)
         return
     values = [p.values[start:end] if p.codec == "fp32" else (p.values[start:end].astype(np.uint32) << 16).view(np.float32)
               for p in sources]
@@ -229,7 +258,7 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
     if ndim > MAX_NDIM:
         raise CodecError(f"payload claims {ndim} dimensions; at most {MAX_NDIM}")
     codec = CODECS[codec_id]
-    if codec in ("int4", "int8") and (block < 2 or block % 2):
+    if codec in BLOCKWISE and (block < 2 or block % 2):
         raise CodecError(f"payload has invalid block size {block}")
     offset = _HEADER.size + 8 * ndim
     if len(buf) < offset:
@@ -248,11 +277,11 @@ def parse(payload: bytes | memoryview, expect_shape: Sequence[int] | None = None
             f"for {count} values (truncated or oversized)"
         )
     body = buf[offset:]
-    nblocks = -(-count // block) if count and codec in ("int4", "int8") else 0
+    nblocks = -(-count // block) if count and codec in BLOCKWISE else 0
     scales = np.frombuffer(body[: 4 * nblocks], dtype=np.float32)
     if nblocks and not loops.valid_scales(scales):  # fp32 and bf16 carry none
         raise CodecError("payload carries a negative or non-finite block scale")
-    dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8}[codec]
+    dtype = {"fp32": np.float32, "bf16": np.uint16, "int8": np.int8, "int4": np.uint8, "nf4": np.uint8}[codec]
     return Packed(codec, tuple(shape), block, scales, np.frombuffer(body[4 * nblocks :], dtype=dtype))
 
 
@@ -356,15 +385,14 @@ def encode_difference(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], 
 
 def _encode_difference(target: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray], codec: Codec,
                        block_size: int, add_base: bool) -> tuple[Blob, dict[str, np.ndarray]]:
-    if codec not in ("int4", "int8"):
+    if codec not in BLOCKWISE:
         blob = encode_tensors({n: target[n] - base[n] for n in target}, codec, block_size)
         decoded = decode_tensors(blob)
         return blob, ({n: base[n] + decoded[n] for n in target} if add_base else decoded)
     pairs = {n: (_checked_input(target[n], codec, block_size), _checked_input(base[n], codec, block_size)) for n in target}
     new = {n: np.empty_like(t) for n, (t, _) in pairs.items()}
-    k = loops.block_kernels(block_size)
-    fused = k.int4_encode_delta if codec == "int4" else k.int8_encode_delta
-    per_block = block_size // 2 if codec == "int4" else block_size
+    k = _blockwise(codec, block_size)
+    fused, per_block = k.encode_delta, k.per_block
 
     def write(name: str, out: memoryview) -> None:
         t, b = (a.reshape(-1) for a in pairs[name])
@@ -374,7 +402,7 @@ def _encode_difference(target: Mapping[str, np.ndarray], base: Mapping[str, np.n
         body = _write_header(out, pairs[name][0].shape, codec, block_size)
         nblocks, full = -(-t.size // block_size), t.size // block_size
         scales = np.frombuffer(body[: 4 * nblocks], np.float32)
-        codes = np.frombuffer(body[4 * nblocks :], np.uint8 if codec == "int4" else np.int8)
+        codes = np.frombuffer(body[4 * nblocks :], k.dtype)
         cut = full * block_size
         fused(t[:cut], b[:cut], scales[:full], codes[: full * per_block], n[:cut], add_base)
         if full < nblocks:  # the last, partial block, zero-padded like `encode`

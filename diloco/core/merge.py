@@ -17,7 +17,7 @@ import numpy as np
 
 from diloco.core import loops
 from diloco.core.choices import MergeMethod
-from diloco.core.codecs import Packed, weighted_sum_into
+from diloco.core.codecs import BLOCKWISE, Packed, weighted_sum_into
 
 
 def token_weights(tokens: Sequence[float], steps: Sequence[float], enabled: bool = True) -> np.ndarray:
@@ -87,7 +87,7 @@ def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int,
     if not live:
         acc[:] = 0.0
         return acc, 0.0
-    blocks = [src.block for src, _ in live if isinstance(src, Packed) and src.codec in ("int4", "int8")]
+    blocks = [src.block for src, _ in live if isinstance(src, Packed) and src.codec in BLOCKWISE]
     step = CHUNK if not blocks else max(1, CHUNK // math.lcm(*blocks)) * math.lcm(*blocks)
     runs: list[tuple[list[Source], list[float]]] = []  # up to four contributions of one kind in a row
     for src, c in live:

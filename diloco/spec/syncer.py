@@ -105,7 +105,7 @@ class Syncer(Model):
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
     # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
     broadcast_compression: Codec = "int8"
-    block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4/int8
+    block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4, nf4 and int8
     # The outer step for frequent syncs (each fragment every P steps), measured (docs/BENCHMARKS.md,
     # "The outer step"): lr 0.6 with inner lr 9e-3 is the best pair of the replay's grid and beats
     # 0.8 by 2.5% in the real job; 0.8 was best only with an inner lr of 3e-3, and an lr of 1 or
