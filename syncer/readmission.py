@@ -71,7 +71,7 @@ def join_header(model: GlobalModel, spec: SyncerSpec, view: tuple[dict[int, int]
         fragments=[pb.FragmentNames(names=list(f)) for f in model.plan.fragments],
         codec=spec.compression, block_size=spec.block_size, slot=slot, tags=[tagged.get(p, b"") for p in range(num)],
         session_secret=secret, shard=shard, shards=spec.shards,
-        resume_tokens=model.credited_to(learner), job_tokens=job_tokens,
+        resume_tokens=model.credits.credited_to(learner), job_tokens=job_tokens,
     )
 
 

@@ -16,19 +16,19 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Protocol
 
 import numpy as np
 
 from diloco.checkpoint import process_key
-from diloco.core.merge import Source
+from diloco.core.merge import Source, values_of
 from diloco.core.rounds import Closed, Contribution, Offer, RoundBook, Verdict
 from diloco.syncer.admission import Admission
 from diloco.syncer.counters import credit_limit
 from diloco.syncer.lease import PublishLease
-from diloco.syncer.state import GlobalModel, MergeResult, Outer
+from diloco.syncer.state import GlobalModel, MergeResult, Outer, round_policy
 from diloco.wire import pb
 
 Publish = Callable[[int, int, Mapping[str, np.ndarray], int], None]  # (fragment, version, values, slot)
@@ -92,6 +92,24 @@ class Round:
         return self.closed.fragment
 
 
+def round_book(model: GlobalModel) -> RoundBook[Outer]:
+    """The round book the model's spec asks for (the syncer's and the replay's), from the
+    schedule it was checkpointed with."""
+    policy = round_policy(model.spec, model.spec.fragments)  # P: the slots of a cycle
+    book: RoundBook[Outer] = RoundBook(model.plan.num_fragments, policy, combine)
+    if model.schedule:
+        book.load_schedule(model.schedule)
+    return book
+
+
+def combine(old: Contribution[Outer], new: Contribution[Outer]) -> Contribution[Outer]:
+    """Two pushes of one learner process in one round carry disjoint progress: add them."""
+    payload = {n: values_of(old.payload[n]) + values_of(new.payload[n]) for n in old.payload}
+    return replace(new, base_version=min(old.base_version, new.base_version), steps=old.steps + new.steps,
+                   tokens=old.tokens + new.tokens, payload=payload,
+                   trained_tokens=max(old.trained_tokens, new.trained_tokens))
+
+
 class RoundDriver:
     """The round book of every fragment and the sequence that turns a closed round into a
     published version. A round is closed under `lock`, merged outside it (the RDA and the outer
@@ -103,7 +121,7 @@ class RoundDriver:
         self.model, self.admission, self.publish, self.clock = model, admission, publish, clock
         self.lock: Guard = lock if lock is not None else NoLock()
         self.lease = lease
-        self.book: RoundBook[Outer] = model.round_book()
+        self.book: RoundBook[Outer] = round_book(model)
         self.published_slot = list(self.book.closed_slot)  # per fragment: newest slot merged
         self.in_merge: int | None = None  # the fragment whose closed round is being merged outside the lock
         # One merge at a time; Recover and checkpoints take it too (they read or replace Θ and momentum).
@@ -119,7 +137,7 @@ class RoundDriver:
         p, key = h.fragment, process_key(h.learner, h.session)
         c = Contribution(h.learner, p, int(h.base_version), int(h.steps), int(h.tokens), dict[str, Source](tensors),
                          session=int(h.session), push_id=int(h.push_id), slot=int(h.slot) if h.push_id else None,
-                         trained_tokens=credit_limit(int(h.trained_tokens), self.model.known_tokens(key), int(h.tokens)),
+                         trained_tokens=credit_limit(int(h.trained_tokens), self.model.credits.known(key), int(h.tokens)),
                          received_at=received_at)
         ratio = self.admission.check_norm(p, norm, h.learner)
         if step_time is not None:
@@ -130,7 +148,7 @@ class RoundDriver:
         # The open round closes into the next version, or the one after if p is being merged now.
         merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
         self.admission.taken(c.origin, c.push_id, p=p, norm=norm, merged_into=merged_into)
-        self.model.report(key, c.trained_tokens)
+        self.model.credits.report(key, c.trained_tokens)
         return Taken(offer, merged_into, ratio)
 
     def merge_ready(self, active: Callable[[], set[str]], *, flush: bool = False) -> list[Round]:

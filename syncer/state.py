@@ -1,4 +1,6 @@
-"""The global model Θ on the syncer: fragments, versions, outer optimizers and merging.
+"""The global model Θ on the syncer: fragments, versions, outer optimizers and merging; the
+job's token count is its `TokenCredits` (syncer/credits.py), a checkpoint's metadata is read in
+syncer/model_meta.py, and its round book is built in syncer/round.py.
 
 No networking and no clock here: the service feeds contributions in and asks for
 merges; tests drive it directly.
@@ -8,18 +10,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from diloco import copies
-from diloco.checkpoint import PARAM, momentum_key, params_of, process_key
+from diloco.checkpoint import PARAM, momentum_key, params_of
 from diloco.core.fragments import FragmentPlan, is_embedding, plan_fragments, specs_from_shapes
-from diloco.core.merge import Source, merge_updates, token_weights, values_of
+from diloco.core.merge import Source, merge_updates, token_weights
 from diloco.core.outer import NesterovSGD
-from diloco.core.rounds import Closed, Contribution, RoundBook, RoundPolicy, checked_schedule
+from diloco.core.rounds import Closed, RoundPolicy
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer import provenance
+from diloco.syncer.credits import TokenCredits
+from diloco.syncer.model_meta import checkpoint_shapes, read_meta
 
 Tensors = dict[str, np.ndarray]
 Outer = dict[str, Source]  # a contribution's outer gradient, per tensor: fp32 values or still encoded
@@ -63,16 +67,7 @@ class GlobalModel:
     optimizers: list[NesterovSGD] = field(init=False)
     tokens_merged: int = 0
     outer_steps: int = 0
-    # Trained tokens already credited per learner process ("learner/session"): each push
-    # carries its process's cumulative count, so a token is credited by the first merge
-    # of any fragment that follows it, exactly once.
-    credited: dict[str, int] = field(default_factory=dict)
-    # Per learner process, its newest accepted push's cumulative trained tokens (not
-    # checkpointed: a restarted syncer learns them again from the next pushes), and the sum of
-    # what they carry beyond `credited`, kept up to date instead of summed over every process
-    # the job ever had on each publish.
-    reported: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
-    _unmerged: int = field(default=0, init=False, compare=False, repr=False)
+    credits: TokenCredits = field(default_factory=TokenCredits)  # the job's trained tokens (syncer/credits.py)
     schedule: dict[str, object] = field(default_factory=dict)  # the round book's, as last checkpointed
     # The MAC key of provenance tags (syncer/provenance.py): checkpointed, so a restarted syncer
     # recognises what its predecessors published.
@@ -125,32 +120,9 @@ class GlobalModel:
         held = self.held()
         self.params = {n: v if n in held else placeholder(v.shape) for n, v in self.params.items()}
 
-    def report(self, key: str, trained_tokens: int) -> None:
-        """An accepted push of process `key` ("learner/session") says it has trained this many."""
-        if trained_tokens > self.reported.get(key, 0):
-            self._unmerged += self._beyond_credit(key, trained_tokens) - self._beyond_credit(key, self.reported.get(key, 0))
-            self.reported[key] = trained_tokens
-
-    def known_tokens(self, key: str) -> int:
-        """A learner process's trained tokens as far as this syncer has taken them (credited in a
-        merge, or reported by an accepted push)."""
-        return max(self.credited.get(key, 0), self.reported.get(key, 0))
-
     def tokens_trained(self) -> int:
-        """The job's trained tokens: those merged, plus what accepted pushes carry beyond their
-        process's credit."""
-        return self.tokens_merged + self._unmerged
-
-    def _beyond_credit(self, key: str, tokens: int) -> int:
-        return max(0, tokens - self.credited.get(key, 0))
-
-    def reported_by(self, learner: str) -> int:
-        """Trained tokens every process that was `learner` reported in its newest accepted push."""
-        return sum(v for k, v in self.reported.items() if k.rpartition("/")[0] == learner)
-
-    def credited_to(self, learner: str) -> int:
-        """Tokens credited to every process that was `learner` (where its data resumes)."""
-        return sum(v for k, v in list(self.credited.items()) if k.rpartition("/")[0] == learner)
+        """The job's trained tokens: those merged, plus what accepted pushes carry beyond their credit."""
+        return self.tokens_merged + self.credits.unmerged()
 
     def held(self) -> set[str]:
         """The tensors this syncer (shard) holds and checkpoints."""
@@ -209,38 +181,13 @@ class GlobalModel:
 
     def commit(self, m: Merged) -> MergeResult:
         """Θ_p ← the merge's tensors, version + 1, and each learner's new tokens credited once."""
-        closed, p = m.closed, m.closed.fragment
+        p = m.closed.fragment
         self.params.update(m.values)
         self.versions[p] += 1
-        credits: dict[str, int] = {}
-        for c in closed.contributions:
-            key = process_key(c.learner, c.session)
-            credit = max(0, c.trained_tokens - self.credited.get(key, 0))
-            if credit:
-                before = self._beyond_credit(key, self.reported.get(key, 0))
-                self.credited[key] = c.trained_tokens
-                self._unmerged += self._beyond_credit(key, self.reported.get(key, 0)) - before
-                credits[c.learner] = credits.get(c.learner, 0) + credit
-        tokens = sum(credits.values())
-        self.tokens_merged += tokens
+        credits = self.credits.credit(m.closed.contributions)
+        self.tokens_merged += (tokens := sum(credits.values()))
         self.outer_steps += 1
         return MergeResult(p, self.versions[p], m.learners, tokens, m.update_norm, credits)
-
-    def round_book(self) -> RoundBook[Outer]:
-        """The round book this model's spec asks for (the syncer's and the replay's)."""
-        policy = round_policy(self.spec, self.spec.fragments)  # P: the slots of a cycle
-        book: RoundBook[Outer] = RoundBook(self.plan.num_fragments, policy, GlobalModel.combine)
-        if self.schedule:
-            book.load_schedule(self.schedule)
-        return book
-
-    @staticmethod
-    def combine(old: Contribution[Outer], new: Contribution[Outer]) -> Contribution[Outer]:
-        """Two pushes of one learner process in one round carry disjoint progress: add them."""
-        payload = {n: values_of(old.payload[n]) + values_of(new.payload[n]) for n in old.payload}
-        return replace(new, base_version=min(old.base_version, new.base_version), steps=old.steps + new.steps,
-                       tokens=old.tokens + new.tokens, payload=payload,
-                       trained_tokens=max(old.trained_tokens, new.trained_tokens))
 
     # -- checkpoint state ----------------------------------------------------------
 
@@ -250,7 +197,7 @@ class GlobalModel:
         for p, opt in enumerate(self.optimizers):
             arrays.update({momentum_key(p, n): b for n, b in opt.state_dict().items()})
         meta = {"versions": list(self.versions), "tokens_merged": self.tokens_merged,
-                "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credited),
+                "outer_steps": self.outer_steps, "plan": self.plan.to_dict(), "credited": dict(self.credits.credited),
                 "schedule": dict(self.schedule), "publish_key": self.publish_key.hex(),
                 "init_hash": self.init_hash.hex(), "shapes": {n: list(v.shape) for n, v in self.params.items()}}
         if self.owned is not None:
@@ -270,7 +217,7 @@ class GlobalModel:
         mismatch = "checkpoint tensors do not match the job's model (different spec.model?)"
         got = {k: tuple(v.shape) for k, v in params.items()}
         if expect is None:
-            expect = _checkpoint_shapes(meta, got)
+            expect = checkpoint_shapes(meta, got)
         if any(tuple(expect.get(k, ())) != s for k, s in got.items()):
             raise ValueError(mismatch)
         model = cls(spec, placeholders(expect), [0] * spec.plan_size)
@@ -296,36 +243,11 @@ class GlobalModel:
             if any(n not in model.plan.fragments[p] or v.shape != model.params[n].shape for n, v in buffers.items()):
                 raise ValueError(f"checkpoint momentum of fragment {p} does not match its tensors")
             opt.load_state_dict(buffers)
-        for key in ("tokens_merged", "outer_steps"):
-            value = meta.get(key, 0)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"checkpoint {key} is malformed")
-            setattr(model, key, value)
-        credited = meta.get("credited", {})
-        if not isinstance(credited, dict) or any(
-                not isinstance(k, str) or not isinstance(v, int) or v < 0 for k, v in credited.items()):
-            raise ValueError("checkpoint credited is malformed")
-        model.credited = dict(credited)
-        schedule = meta.get("schedule", {})
-        checked_schedule(schedule, model.plan.num_fragments)
-        model.schedule = dict(schedule)  # type: ignore[call-overload]
-        init_hash = meta.get("init_hash", "")
-        if not isinstance(init_hash, str) or len(init_hash) not in (0, 64):
-            raise ValueError("checkpoint init_hash is malformed")
-        model.init_hash = bytes.fromhex(init_hash)
-        listing = meta.get("data_listing")
-        if listing is not None:  # absent: a checkpoint older than the check, or no learner with files yet
-            if not isinstance(listing, Mapping):
-                raise ValueError("checkpoint data_listing is malformed")
-            model.data_listing = copies.from_dict(listing)
-        stored = meta.get("publish_key")
-        if stored is not None:  # a checkpoint older than provenance tags: keep the fresh key
-            if not isinstance(stored, str) or len(stored) != 2 * provenance.KEY_BYTES:
-                raise ValueError("checkpoint publish_key is malformed")
-            try:
-                model.publish_key = bytes.fromhex(stored)
-            except ValueError:
-                raise ValueError("checkpoint publish_key is malformed") from None
+        stored_meta = read_meta(meta, model.plan.num_fragments)
+        model.tokens_merged, model.outer_steps = stored_meta.tokens_merged, stored_meta.outer_steps
+        model.credits, model.schedule = stored_meta.credits, stored_meta.schedule
+        model.init_hash, model.data_listing = stored_meta.init_hash, stored_meta.data_listing
+        model.publish_key = stored_meta.publish_key or model.publish_key  # none stored: keep the fresh key
         return model
 
     def tag_matches(self, p: int, version: int, values: Mapping[str, np.ndarray], presented: bytes) -> bool:
@@ -341,19 +263,3 @@ def round_policy(spec: SyncerSpec, num_fragments: int) -> RoundPolicy:
     """The rounds' rules, from spec.syncer: the one place the spec's names meet the core's."""
     g, st = spec.grace_window, spec.staleness
     return RoundPolicy(spec.quorum, g.gamma, g.tau, g.cap_seconds, st.max_versions, st.policy, num_fragments)
-
-
-def _checkpoint_shapes(meta: Mapping[str, object], held: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape as the checkpoint recorded it; an older one, which did not, holds all
-    its tensors (unsharded) and its arrays say."""
-    shapes = meta.get("shapes")
-    if shapes is None:
-        if meta.get("owned") is not None:
-            raise ValueError("this shard's checkpoint predates recorded shapes; restore it with a syncer "
-                             "of the release that wrote it, or start the job afresh")
-        return dict(held)
-    if not isinstance(shapes, dict) or any(
-            not isinstance(k, str) or not isinstance(v, list) or not all(isinstance(d, int) and d > 0 for d in v)
-            for k, v in shapes.items()):
-        raise ValueError("checkpoint shapes are malformed")
-    return {k: tuple(v) for k, v in shapes.items()}

@@ -18,7 +18,7 @@ def status_reply(*, now: float, incarnation: str, model: GlobalModel, registry: 
     learners = [
         pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
                          tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
-                         bytes_received=i.bytes_received, tokens_trained=model.reported_by(n))
+                         bytes_received=i.bytes_received, tokens_trained=model.credits.reported_by(n))
         for n, i in sorted(registry.learners.items())
     ]
     return pb.StatusReply(

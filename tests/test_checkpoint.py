@@ -252,12 +252,12 @@ def test_the_jobs_trained_tokens_are_merged_plus_what_pushes_report_beyond_their
     newest: dict[str, int] = {}
     for key, thousands, merge in events:
         tokens = 1000 * thousands
-        model.report(key, tokens)
+        model.credits.report(key, tokens)
         newest[key] = max(newest.get(key, 0), tokens)
         if merge:
             learner, _, session = key.partition("/")
             delta = {n: np.full(s, 0.01, np.float32) for n, s in model.shapes(0).items()}
             c = Contribution(learner, 0, model.versions[0], 4, 1000, delta, session=int(session), trained_tokens=tokens)
             model.apply(Closed(0, model.versions[0], [c], [1.0], 0.0))
-        expected = model.tokens_merged + sum(max(0, t - model.credited.get(k, 0)) for k, t in newest.items())
+        expected = model.tokens_merged + sum(max(0, t - model.credits.credited.get(k, 0)) for k, t in newest.items())
         assert model.tokens_trained() == expected
