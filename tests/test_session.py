@@ -111,6 +111,9 @@ ROWS: list[tuple[str, tuple[s.Event, ...], s.Event, list[s.Action], Phase]] = [
      s.StreamBroken("FAILED_PRECONDITION", "", "inc-2"), [s.Rejoin()], Phase.REJOINING),
     ("a refused re-join stops us", LIVE + (s.PushFailed("FAILED_PRECONDITION", "", 0, "inc-1"),),
      s.RejoinFailed("stopped before joining"), [s.Fatal("stopped before joining")], Phase.STOPPED),
+    ("a re-join broken off by an error lets the next notice try again",
+     LIVE + (s.PushFailed("FAILED_PRECONDITION", "", 0, "inc-1"), s.RejoinAborted()),
+     s.StreamBroken("FAILED_PRECONDITION", "", "inc-1"), [s.Rejoin()], Phase.REJOINING),
     ("a stopped session re-joins nothing", LIVE + (s.RejoinFailed("refused"),),
      s.PushFailed("FAILED_PRECONDITION", "", 0, "inc-1"), [], Phase.STOPPED),
 ]

@@ -31,8 +31,8 @@ from diloco.trainer.link import SyncerLink
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
-from diloco.trainer.transport import carry_out, join_call, send_loop, subscribe_loop
-from diloco.wire import auth_metadata, channel, parse_unseeded, pb, rpc, seed_chunks
+from diloco.trainer.transport import carry_out, join_call, seed_call, send_loop, subscribe_loop
+from diloco.wire import auth_metadata, channel, parse_unseeded, pb, rpc
 
 __all__ = ["JoinRefused", "JoinState", "Outgoing", "SyncerClient", "Unauthenticated", "Updates"]
 log = logging.getLogger("diloco.learner")
@@ -108,21 +108,10 @@ class SyncerClient:
                 raise
         for a in actions:
             if isinstance(a, s.Seed):
-                self._seed(shapes, a.shard, a.shards)
+                seed_call(self, shapes, a.shard, a.shards)
             elif isinstance(a, s.RecoverState):  # a syncer that lost its state: the newer fragments we hold first
                 self._offer_recovery()
         return self._join(shapes, timeout)
-
-    def _seed(self, shapes: dict[str, tuple[int, ...]], shard: int, shards: int) -> None:
-        """Give an unseeded syncer (shard) our Θ₀ of its fragments; a learner that lost the race
-        to seed it hears the seed is in."""
-        assert self.initial is not None
-        if (shard, shards) != self.position:
-            raise JoinRefused(f"the syncer at {self.address} is shard {shard} of {shards}, not {self.position[0]} "
-                              f"of {self.position[1]}: list every shard's address, in shard order")
-        stream = seed_chunks(self.learner, shapes, self.initial.held_by(shard, shards))
-        reply = self.stub.Seed(stream, metadata=self.metadata, timeout=600)
-        log.info("seeded the syncer with Θ₀ (%s)", "adopted" if reply.adopted else "already seeded by a peer")
 
     def _join(self, shapes: dict[str, tuple[int, ...]], timeout: float) -> JoinState:
         header, state = join_call(self, shapes, timeout)
@@ -172,12 +161,16 @@ class SyncerClient:
     def rejoin(self) -> None:
         """The syncer restarted: offer it our copy, pull its whole state; the loop adopts it at a
         step boundary."""
-        self._offer_recovery()
         try:
-            state = self.join_with_retry(self.copy.shapes)
-        except RuntimeError as exc:  # Unauthenticated, JoinRefused, or stopped
-            carry_out(self, self.feed(s.RejoinFailed(str(exc))))
-            return
+            self._offer_recovery()
+            try:
+                state = self.join_with_retry(self.copy.shapes)
+            except RuntimeError as exc:  # Unauthenticated, JoinRefused, or stopped
+                carry_out(self, self.feed(s.RejoinFailed(str(exc))))
+                return
+        except BaseException:  # no refusal: the next notice of the restart may try again
+            self.feed(s.RejoinAborted())
+            raise
         carry_out(self, self.feed(s.Rejoined(state.incarnation)), state=state)
 
     # -- the loop's side -----------------------------------------------------------------

@@ -90,6 +90,12 @@ class RejoinFailed:
 
 
 @dataclass(frozen=True)
+class RejoinAborted:
+    """The re-join broke off on an error no refusal covers (it propagates): the next notice of
+    the restart may try again."""
+
+
+@dataclass(frozen=True)
 class PushAccepted:
     pass
 
@@ -139,7 +145,8 @@ class Woken:
     """A re-join (or close) cut the subscriber's backoff short."""
 
 
-Event = (JoinStarted | Joined | Unseeded | JoinFailed | Rejoined | RejoinFailed | PushAccepted | PushRefused
+Event = (JoinStarted | Joined | Unseeded | JoinFailed | Rejoined | RejoinFailed | RejoinAborted | PushAccepted
+         | PushRefused
          | PushFailed | StreamData | StreamEnded | StreamMalformed | StreamBroken | Woken)
 
 
@@ -262,6 +269,9 @@ class Session:
                 return [HandOver(), WakeSubscriber(), Emit(Ev.REJOINED, (("incarnation", incarnation),))]
             case RejoinFailed(reason):
                 return self._fatal(reason)
+            case RejoinAborted():
+                self.phase = Phase.LIVE if self.phase is Phase.REJOINING else self.phase
+                return []
             case PushAccepted() | PushRefused() | PushFailed():
                 return self._pushed(event)
             case StreamData() | Woken():

@@ -7,6 +7,7 @@ Subscribe stream open and feeds what it publishes into the client's copy of the 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,13 +21,16 @@ from diloco.core.fragments import owned_by
 from diloco.core.seed import InitialModel
 from diloco.trainer import session as s
 from diloco.trainer.global_copy import GlobalCopy, decode
-from diloco.trainer.messages import JoinState, Outgoing
-from diloco.wire import pb, push
+from diloco.trainer.messages import JoinRefused, JoinState, Outgoing
+from diloco.wire import pb, push, seed_chunks
+
+log = logging.getLogger("diloco.learner")
 
 
 class Driven(Protocol):
     """What the threads use of the client (trainer/client.py, `SyncerClient`)."""
 
+    address: str
     learner: str
     region: str
     session: int  # this process, as an origin of pushes
@@ -127,6 +131,18 @@ def join_call(client: Driven, shapes: dict[str, tuple[int, ...]], timeout: float
     return header, JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
                              params, codec, header.block_size, int(header.slot), owned, header.shard, shards,
                              int(header.resume_tokens), int(header.job_tokens))
+
+
+def seed_call(client: Driven, shapes: dict[str, tuple[int, ...]], shard: int, shards: int) -> None:
+    """Give an unseeded syncer (shard) our Θ₀ of its fragments; a learner that lost the race
+    to seed it hears the seed is in."""
+    assert client.initial is not None
+    if (shard, shards) != client.position:
+        raise JoinRefused(f"the syncer at {client.address} is shard {shard} of {shards}, not {client.position[0]} "
+                          f"of {client.position[1]}: list every shard's address, in shard order")
+    stream = seed_chunks(client.learner, shapes, client.initial.held_by(shard, shards))
+    reply = client.stub.Seed(stream, metadata=client.metadata, timeout=600)
+    log.info("seeded the syncer with Θ₀ (%s)", "adopted" if reply.adopted else "already seeded by a peer")
 
 
 def push_call(client: Driven, item: Outgoing) -> pb.PushReply:
