@@ -126,7 +126,6 @@ class Replay:
         self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []
         self.seq = itertools.count()
         self.now = 0.0
-        self.published_slot = self.driver.published_slot
         self.rounds: list[int] = []
         self.refused = 0
         self.ticks: set[float] = set()  # deadlines with a tick scheduled
@@ -204,7 +203,7 @@ class Replay:
         if not lr.alive or lr.life != life:
             return
         assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
-        self._absorb(lr)
+        _absorb(lr, self.fragments)
         if lr.schedule.slot >= self.steps:
             self._flush(lr)
             return
@@ -222,18 +221,6 @@ class Replay:
             if not lr.ledger.busy(p):
                 self._push(lr, p, slot, t_done)
         self.at(t_done, "step", m, life)
-
-    def _absorb(self, lr: _Learner) -> None:
-        assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
-
-        def shift(values: Tensors) -> None:
-            lr.params.update({n: lr.params[n] + v for n, v in values.items()})
-
-        absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in self.fragments[p]}, shift,
-               refused=lr.refused, accepted=lr.accepted, published=lr.inbox)
-        for arrival in lr.inbox.values():
-            lr.progress.observe(arrival.job_tokens)
-        lr.refused, lr.accepted, lr.inbox = [], [], {}
 
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
         assert lr.ledger is not None
@@ -313,6 +300,21 @@ class Replay:
         lr = self.learners[m]
         if lr.life == life:
             lr.inbox[p] = arrival  # the newest version wins, as in the product's inbox
+
+
+def _absorb(lr: _Learner, fragments: list[list[str]]) -> None:
+    """What reached a learner since its last step (replies and published fragments), absorbed as
+    the product's learner absorbs them (diloco/core/ledger.py `absorb`)."""
+    assert lr.ledger is not None and lr.schedule is not None and lr.progress is not None
+
+    def shift(values: Tensors) -> None:
+        lr.params.update({n: lr.params[n] + v for n, v in values.items()})
+
+    absorb(lr.ledger, lr.schedule, lambda p: {n: lr.params[n] for n in fragments[p]}, shift,
+           refused=lr.refused, accepted=lr.accepted, published=lr.inbox)
+    for arrival in lr.inbox.values():
+        lr.progress.observe(arrival.job_tokens)
+    lr.refused, lr.accepted, lr.inbox = [], [], {}
 
 
 def toy_trainer(directions: list[Tensors]) -> Trainer:
