@@ -48,7 +48,7 @@ def broadcast_bits(m: dict[str, Any]) -> float:
     from diloco.spec import parse_job
 
     sy = parse_job(m).spec.syncer
-    return {"int4": 4 + 32 / sy.block_size, "int8": 8 + 32 / sy.block_size, "bf16": 16.0,
+    return {"int4": 4 + 32 / sy.block_size, "nf4": 4 + 32 / sy.block_size, "int8": 8 + 32 / sy.block_size, "bf16": 16.0,
             "fp32": 32.0}[sy.broadcast_compression]
 
 

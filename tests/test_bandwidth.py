@@ -49,7 +49,7 @@ def test_one_site_needs_no_wan() -> None:
 
 def test_int4_bits_match_the_real_wire_format() -> None:
     n = 64 * 100_000
-    for codec in ("bf16", "int8", "int4"):
+    for codec in ("bf16", "int8", "int4", "nf4"):
         assert encoded_size((n,), codec) * 8 / n == pytest.approx(BITS_PER_PARAM[codec], rel=1e-3)
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Wire bits per parameter, matching diloco/core/codecs.py: int8/int4 carry one fp32 absmax
-# scale per block of 64 values (+0.5 bit per value).
+# Wire bits per parameter, matching diloco/core/codecs.py: int8, int4 and nf4 carry one fp32
+# absmax scale per block of 64 values (+0.5 bit per value).
 SCALE_BITS_PER_VALUE = 32 / 64
 BITS_PER_PARAM: dict[str, float] = {
     "fp32": 32.0,
     "bf16": 16.0,
     "int8": 8.0 + SCALE_BITS_PER_VALUE,
     "int4": 4.0 + SCALE_BITS_PER_VALUE,
+    "nf4": 4.0 + SCALE_BITS_PER_VALUE,
 }
 GB = 1e9
 
