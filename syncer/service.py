@@ -141,8 +141,7 @@ class SyncerCore:
             # One vote per learner in the step time: no liar moves it.
             taken = self.driver.offer(h, tensors, norm, step_time=self.registry.counters.step_median(),
                                       received_at=info.last_seen)
-            if taken.ratio is not None:
-                self.metrics.norm_ratio.observe(taken.ratio)
+            self.tallies.checked_norm(taken.ratio)
             offer = taken.offer
             if offer.verdict is not Verdict.ACCEPTED:
                 self.tallies.refusal("stale" if offer.verdict is Verdict.STALE else "future")
@@ -237,8 +236,7 @@ class SyncerCore:
     def updates(self, known: list[int], exact: bool, alive: Callable[[], bool]) -> Iterator[Update]:
         return self.publisher.updates(known, exact, alive)  # a subscription's: each version encoded once for all
 
-    def stop(self) -> None:
-        """Shutting down: subscriptions end, the final merges and checkpoint follow."""
+    def stop(self) -> None:  # shutting down: subscriptions end, the final merges and checkpoint follow
         self.stopping = True
         self.publisher.stop()
         with self.lock:
@@ -264,9 +262,8 @@ class SyncerCore:
 
     def status(self) -> pb.StatusReply:
         with self.lock:
-            return status_reply(now=self.clock(), incarnation=self.incarnation, model=self.model,
-                                registry=self.registry, tallies=self.tallies, book=self.book,
-                                checkpoint_version=self.persistence.checkpoint_version,
+            return status_reply(now=self.clock(), incarnation=self.incarnation, model=self.model, registry=self.registry,
+                                tallies=self.tallies, book=self.book, checkpoint_version=self.persistence.checkpoint_version,
                                 max_norm_ratio=self.admission.max_ratio_seen, shard=self.shard, shards=self.spec.shards)
 
     def count_sent(self, n: int) -> None:

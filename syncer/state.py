@@ -83,18 +83,15 @@ class GlobalModel:
     data_listing: tuple[copies.Listing, str] | None = None
     # The merge's accumulator, lent to every round (one merge at a time) and sized to the largest
     # fragment merged so far: each round reuses one buffer instead of a fresh fragment-sized array.
-    _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False,
-                                 compare=False)
+    _scratch: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         specs = specs_from_shapes({k: v.shape for k, v in self.params.items()})
         self.plan = plan_fragments(specs, self.spec.plan_size, self.spec.fragmentation)
         if len(self.versions) != self.plan.num_fragments:
             raise ValueError("one version per fragment")
-        self.optimizers = [
-            NesterovSGD(self.spec.outer_learning_rate, self.spec.outer_momentum)
-            for _ in range(self.plan.num_fragments)
-        ]
+        self.optimizers = [NesterovSGD(self.spec.outer_learning_rate, self.spec.outer_momentum)
+                           for _ in range(self.plan.num_fragments)]
 
     @classmethod
     def fresh(cls, spec: SyncerSpec, params: Mapping[str, np.ndarray], owned: Sequence[int] | None = None,

@@ -38,6 +38,11 @@ class Tallies:
         self.refused_by[outcome] = self.refused_by.get(outcome, 0) + 1
         self.metrics.contributions.labels(outcome).inc()
 
+    def checked_norm(self, ratio: float | None) -> None:
+        """An offered push's norm over its fragment's median (None: too few pushes yet to check)."""
+        if ratio is not None:
+            self.metrics.norm_ratio.observe(ratio)
+
     def accepted(self, region: str, *, size: int, lag: int) -> None:
         """An accepted push of `size` bytes, `lag` versions behind, from a learner in `region`."""
         self.bytes_received += size
