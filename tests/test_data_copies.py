@@ -280,19 +280,19 @@ def test_a_listing_of_many_files_stays_small_on_the_wire() -> None:
 
 
 def test_the_learner_refused_for_its_copy_exits_config_with_the_line(unseeded) -> None:  # noqa: F811
-    """Over gRPC, through the learner's own join (trainer/learner.py _join): the first learner's
+    """Over gRPC, through the learner's own join (trainer/bringup.py join): the first learner's
     copy is admitted, one whose file differs in size gets Exit.CONFIG and a fatal event naming
     the file and both sizes (the operator reads Exit.CONFIG as a permanent ConfigError)."""
-    from diloco.trainer.learner import EndsEarly, _join
+    from diloco.trainer.bringup import EndsEarly, join
 
     address, _, _ = unseeded
     m = SimpleNamespace(shapes=dict(sh.SHAPES), theta0=sh.params(0), plan=SimpleNamespace(fragments=initial().fragments))
     us = SyncerClient(address, sh.TOKEN, "us-0", "us-east", data=copies.to_pb(listing({"000.parquet": 1_048_000})))
-    _join(us, m)  # type: ignore[arg-type]
+    join(us, m)  # type: ignore[arg-type]
     eu = SyncerClient(address, sh.TOKEN, "eu-0", "eu-west",
                       data=copies.to_pb(listing({"000.parquet": 1_048_576}, "gs://eu/train/")))
     with pytest.raises(EndsEarly) as info:
-        _join(eu, m)  # type: ignore[arg-type]
+        join(eu, m)  # type: ignore[arg-type]
     assert info.value.code == Exit.CONFIG and info.value.fatal
     assert info.value.reason == ("syncer refused to admit this learner: learner eu-0's data: gs://eu/train/000.parquet "
                                  "is 1,048,576 bytes, gs://us/train/000.parquet (learner us-0) is 1,048,000: every "

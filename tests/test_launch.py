@@ -160,10 +160,10 @@ def test_the_loop_overlaps_its_host_work_with_the_step_only_where_that_work_has_
     the overlap saves nothing and costs a step of lateness (docs/ALGORITHM.md, "The learner loop")."""
     import jax
 
-    from diloco.trainer.learner import _overlaps
+    from diloco.trainer.bringup import overlaps
 
     assert jax.default_backend() == "cpu"
-    assert not _overlaps(None)
-    assert _overlaps("1")
+    assert not overlaps(None)
+    assert overlaps("1")
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert _overlaps(None)
+    assert overlaps(None)

@@ -4,7 +4,7 @@
 it adopts the global fragments that arrived (a rebase: a shift of θ_p queued on the devices)
 and sends the outer gradient of each fragment the shared schedule made due a step earlier:
 behind the next step where the loop's host work has a core of its own, before it where it would
-share the step's (trainer/learner.py, `_overlaps`). At the end it flushes every fragment's
+share the step's (trainer/bringup.py, `overlaps`). At the end it flushes every fragment's
 unmerged progress. `Progress` is the loop's
 running counters, which every outer gradient carries to the syncer.
 
