@@ -31,7 +31,8 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 import numpy as np
 from diloco.core.ledger import Arrival
-from diloco.trainer.hosts import Hosts, MirroredClient
+from diloco.trainer.hosts import Hosts
+from diloco.trainer.mirrored import MirroredClient
 from diloco.trainer.messages import JoinRefused, JoinState, Updates
 
 import pickle, _pickle  # from here on (every import done), any pickling raises
@@ -134,8 +135,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_the_sharing_module_does_not_import_pickle() -> None:
-    tree = ast.parse((ROOT / "trainer" / "hosts.py").read_text())
+@pytest.mark.parametrize("module", ["hosts.py", "mirrored.py"])
+def test_the_sharing_modules_do_not_import_pickle(module: str) -> None:
+    tree = ast.parse((ROOT / "trainer" / module).read_text())
     imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert not imported & {"pickle", "_pickle", "cloudpickle", "dill", "marshal"}, imported

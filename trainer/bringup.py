@@ -26,9 +26,10 @@ if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and lear
     from diloco.core.fragments import FragmentPlan
     from diloco.spec import JobSpec, LearnerGroup
     from diloco.trainer.data import Batches
-    from diloco.trainer.hosts import Hosts, MirroredClient
+    from diloco.trainer.hosts import Hosts
     from diloco.trainer.link import SyncerLink
     from diloco.trainer.messages import JoinState
+    from diloco.trainer.mirrored import MirroredClient
     from diloco.trainer.recipe import Recipe
     from diloco.wire import pb
 
@@ -203,7 +204,7 @@ def connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, t
     None on the other hosts); and the event SIGTERM sets."""
     from diloco.shards import syncer_addresses
     from diloco.trainer.client import SyncerClient
-    from diloco.trainer.hosts import MirroredClient
+    from diloco.trainer.mirrored import MirroredClient
     from diloco.trainer.sharded_client import ShardedClient
 
     args = me.args

@@ -2,7 +2,7 @@
 
 Three classes provide it: `SyncerClient` (trainer/client.py) talks to one syncer, `ShardedClient`
 (trainer/sharded_client.py) routes over the shards of a sharded syncer, and `MirroredClient`
-(trainer/hosts.py) wraps either so that every host of a multi-host learner sees what host 0
+(trainer/mirrored.py) wraps either so that every host of a multi-host learner sees what host 0
 heard. The loop never waits on the network: it queues outer gradients (`submit`) and picks up,
 at step boundaries, what arrived since (`take_updates`). mypy checks each class against these
 protocols (an assignment beside each class), so a method that drifts fails scripts/typecheck.sh.
