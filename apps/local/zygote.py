@@ -46,6 +46,7 @@ PRELOAD = (
     "diloco.trainer.metrics", "diloco.trainer.model", "diloco.trainer.recipe", "diloco.trainer.sharded_client",
     "diloco.trainer.sharding", "diloco.trainer.gpt", "diloco.trainer.llama", "diloco.trainer.theta0",
     "diloco.trainer.step_cache", "diloco.trainer.peer_state", "diloco.trainer.fragment_sync", "diloco.trainer.link",
+    "diloco.trainer.bringup", "diloco.trainer.mirrored",
     # Imported lazily by a learner's first channel and first lowering: after a fork they cost
     # every restart about 0.1 s of CPU (profiled in a chaos run).
     "grpc._channel", "grpc.experimental", "jaxlib.mlir.dialects.mhlo",
