@@ -146,3 +146,13 @@ def test_a_restart_both_threads_notice_is_rejoined_once() -> None:
     c.close()
     sender.join(5)
     subscriber.join(5)
+
+
+def test_flush_gives_up_at_the_deadline_on_the_clock_given() -> None:
+    ticks = iter([100.0, 104.0, 106.0])  # the deadline is 105: one wait of 1 s, then past it
+    c = SyncerClient("127.0.0.1:9", "token", "a-0", "r", clock=lambda: next(ticks))
+    c.submit(item())  # no sender runs: the outbox never empties
+    t0 = time.monotonic()
+    assert not c.flush(5)
+    assert 0.9 <= time.monotonic() - t0 < 4  # it waited what the clock said was left, not the 5 s asked
+    c.close()
