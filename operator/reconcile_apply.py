@@ -2,16 +2,17 @@
 counts, in the order a pass always did: Kueue's Workload and spec.suspend, the children, the
 Events, the pods, the Workload status, the job's status, its metrics, and a job past its TTL.
 
-What the API server answers feeds back only where the plan says it does: a refused child write
-shows on the job's status (reconcile_plan.settle), a pod already gone or a Workload write that
-lost a race posts nothing.
+What the API server answers feeds back only where the plan says it does: a refused child write,
+and a pod the controllers cannot create for the children as written (the one read here,
+pod_refusals.read), show on the job's status (reconcile_plan.settle); a pod already gone or a
+Workload write that lost a race posts nothing.
 """
 
 from __future__ import annotations
 
 import logging
 
-from diloco.operator import children, kueue_io
+from diloco.operator import children, kueue_io, pod_refusals
 from diloco.operator.actions import Count, Event
 from diloco.operator.context import Context, post
 from diloco.operator.reconcile_plan import Plan, settle
@@ -41,14 +42,17 @@ def apply(ctx: Context, p: Plan) -> None:
         ctx.api.patch(KIND, namespace, name, {"spec": {"suspend": p.suspend}})
     for event in p.early:
         _emit(ctx, p, event)
-    refused = []
+    refused, refusing = [], None
     if p.desired is not None:
-        _, done = children.sync(ctx.api, namespace, name, owner_uid=meta["uid"], desired=p.desired,
-                                kinds=ctx.config.managed_kinds, live=p.live)
+        live, done = children.sync(ctx.api, namespace, name, owner_uid=meta["uid"], desired=p.desired,
+                                   kinds=ctx.config.managed_kinds, live=p.live)
         if done.apply or done.delete:
             _emit(ctx, p, Event("ChildrenUpdated", ", ".join(done.summary())))
         refused = done.refused
-    final = settle(p, refused)
+        # Pods the controllers may not create, or the kubelet not start, for the children as
+        # written (pod_refusals.py: it reads only for a workload short of pods).
+        refusing = pod_refusals.read(ctx.api, namespace, live, p.pods) if p.pods is not None else None
+    final = settle(p, refused, refusing)
     for item in (*final.events, *p.events):
         _emit(ctx, p, item)
     for pod in p.pod_deletes:

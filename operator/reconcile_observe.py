@@ -1,7 +1,8 @@
 """The reconcile's first step: read everything one pass over a job needs, and nothing else.
 
 The job, its children, its pods, the Secrets it names, what Kueue's part needs (queueing.read),
-the controllers' signals about refused pods (pod_refusals.read) and the syncer's answer; the
+and the syncer's answer (the controllers' signals about refused pods are read for the children
+as written: reconcile_apply.py); the
 pure plan (reconcile_plan.py) decides from these alone. The pure helpers called here (the spec
 check, the syncer's readiness) only choose what to read: an invalid job's children are not
 listed, a syncer that is not ready is not dialled.
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from secrets import token_urlsafe
 from typing import Any
 
-from diloco.operator import access, admission, children, kueue, pod_refusals, queueing, render
+from diloco.operator import access, admission, children, kueue, queueing, render
 from diloco.operator import naming as n
 from diloco.operator import status as st
 from diloco.operator.context import Config, Context
@@ -41,7 +42,6 @@ class Observed:
     syncer: Probe = (None, "")  # the syncer's answer: asked only once it can answer
     probed: bool = False  # an external syncer, asked before the learners are rendered
     pods: list[dict[str, Any]] = field(default_factory=list)
-    refusing: pod_refusals.Observed | None = None  # the controllers' signals (None: a finished job's)
     kueue: queueing.Seen | None = None  # what a queued job's pass read of Kueue
 
     @property
@@ -122,10 +122,7 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     # them crash-loop. The job's own, once it is ready.
     answer: Probe = ctx.syncers.status(namespace, name, dial) if probed or (
         job.spec.syncer.external is None and syncer_ready(job, live)) else (None, "")
-    was_finished = st.finished(body.get("status") or {})
     q = queueing.read(ctx.api, job, owner=owner, link=link(job, owner, secrets), queue_name=queue, live=live,
                       generation=int(meta.get("generation") or 0)) if queue is not None else None
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
-    refusing = None if was_finished else pod_refusals.read(ctx.api, namespace, live, job_pods)
-    return Observed(body, config, now, job, [], refused, queue, live, secrets, token, answer, probed, job_pods,
-                    refusing, q)
+    return Observed(body, config, now, job, [], refused, queue, live, secrets, token, answer, probed, job_pods, q)

@@ -3,8 +3,10 @@ clock, the Plan: the children to converge to, the job's status, the Events and m
 the pods to delete and the Workload writes. No client, no clock of its own, no I/O: tested as
 tables of observed -> plan (tests/test_operator_plan.py). reconcile_apply.py carries it out.
 
-The only thing a plan cannot know is which child writes the API server will refuse (a quota, a
-webhook, RBAC: refusals.py); `settle` folds those into the status once they are known.
+The only things a plan cannot know are the answers to its writes: which child writes the API
+server refuses (a quota, a webhook, RBAC: refusals.py), and which pods the controllers cannot
+create for the children as written (pod_refusals.py, read from the workloads the sync returns);
+`settle` folds those into the status once they are known.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ class Plan:
     desired: list[dict[str, Any]] | None = None  # the children to converge to; None: leave them alone
     live: dict[children.Key, Any] = field(default_factory=dict)  # the children `children` is computed from
     children: children.Plan = field(default_factory=children.Plan)  # what to apply and delete
-    refused_pods: list[refusals.Refusal] = field(default_factory=list)  # pods the cluster refuses
+    pods: list[dict[str, Any]] | None = None  # the job's pods, whose refusals are read once the children are
+    # written (None: a finished job's, not read)
     events: tuple[Event | Count, ...] = ()  # after the children: Events and metric counts, in order
     pod_deletes: tuple[PodDelete, ...] = ()
     workload_writes: tuple[WorkloadWrite, ...] = ()
@@ -103,7 +106,6 @@ def plan(o: Observed, now: float) -> Plan:
             live.pop(k, None)
     gate, queued, placed = (q.gate, q.workloads, q.placed) if q is not None else (None, [], {})
     job_pods = o.pods
-    refused_pods = [] if was_finished or o.refusing is None else pod_refusals.found(o.refusing)
     # The pods whose state is the job's: waiting for capacity (capacity.py) or failing (failures.py).
     spec = job.spec
     mine = [] if was_finished else failures.counting(job_pods, lambda slot: st.slot_wanted(spec, slot))
@@ -151,20 +153,21 @@ def plan(o: Observed, now: float) -> Plan:
         writes = queueing.settle(q, job_pods, finished=was_finished, now=stamp)
     return Plan(ref, "ok", status, new, replace=q.replace if q else None, suspend=q.suspend if q else None,
                 early=q.events if q else (), desired=desired, live=live,
-                children=children.plan(desired, list(live.values()), owner.uid), refused_pods=refused_pods,
+                children=children.plan(desired, list(live.values()), owner.uid), pods=None if was_finished else job_pods,
                 events=tuple(events), pod_deletes=tuple(deletes), workload_writes=tuple(writes), stamp=stamp,
                 generation=generation, capacity_tokens=goodput.capacity_tokens(job.spec, new.get("accounting") or {}),
                 waiting=(len(obs.unschedulable), obs.unschedulable[0].seconds(now) if obs.unschedulable else 0.0),
                 delete_job=_expired(job, status, new, now))
 
 
-def settle(p: Plan, refused_writes: list[refusals.Refusal]) -> Settled:
+def settle(p: Plan, refused_writes: list[refusals.Refusal], refusing: pod_refusals.Observed | None) -> Settled:
     """Refused child writes and pods as the job shows them: condition ChildrenRefused, a Warning
     Event when they change, and the metric, counted per refused write and per pass a pod is
-    refused (refusals.py, pod_refusals.py); and the status write, only what changed."""
+    refused (refusals.py, pod_refusals.py: `refusing`, read once the children were written);
+    and the status write, only what changed."""
     if p.outcome != "ok":
         return Settled(p.status, st.changed(p.old, p.status), ())
-    found = [*refused_writes, *p.refused_pods]
+    found = [*refused_writes, *(pod_refusals.found(refusing) if refusing is not None else [])]
     events: list[Event | Count] = [Count("refused_writes", (r.kind, r.reason)) for r in found]
     conds = refusals.condition(p.status["conditions"], found, p.stamp, p.generation)
     events += [Event(r.reason, r.describe(), warning=True)

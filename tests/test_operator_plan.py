@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from diloco.contract import Finished, LearnerId
-from diloco.operator import children, kueue, pods, queueing, refusals
+from diloco.operator import children, kueue, pod_refusals, pods, queueing, refusals
 from diloco.operator import conditions as c
 from diloco.operator import naming as n
 from diloco.operator import status as st
@@ -178,9 +178,9 @@ def test_an_invalid_spec_fails_the_job_once_and_touches_no_child() -> None:
     assert p.outcome == "invalid" and p.desired is None and p.children.apply == []
     assert p.status["phase"] == "Failed" and condition(p, c.FAILED) == ("True", "InvalidSpec")
     assert reasons(p) == ["InvalidSpec"]
-    assert settle(p, []).patch["phase"] == "Failed"
+    assert settle(p, [], None).patch["phase"] == "Failed"
     told = plan(observed({**bad, "status": p.status}), T0 + 5)
-    assert reasons(told) == [] and settle(told, []).patch == {}  # said once
+    assert reasons(told) == [] and settle(told, [], None).patch == {}  # said once
 
 
 def test_a_pod_stuck_terminating_is_force_deleted_and_told_only_once_deleted() -> None:
@@ -195,11 +195,23 @@ def test_a_pod_stuck_terminating_is_force_deleted_and_told_only_once_deleted() -
 def test_refused_child_writes_show_on_the_status_once_known() -> None:
     p = plan(observed(body()), T0)
     refusal = refusals.Refusal("StatefulSet", "demo-us", "create", refusals.QUOTA, "exceeded quota: pods")
-    done_ = settle(p, [refusal])
+    done_ = settle(p, [refusal], None)
     assert c.is_true(done_.status["conditions"], "ChildrenRefused")
     assert Count("refused_writes", ("StatefulSet", refusals.QUOTA)) in done_.events
     assert [e.reason for e in done_.events if isinstance(e, Event)] == [refusals.QUOTA]
-    assert settle(p, []).status == p.status  # nothing refused: the plan's status as it is
+    assert settle(p, [], None).status == p.status  # nothing refused: the plan's status as it is
+
+
+def test_a_pod_the_kubelet_will_not_start_shows_with_the_refusals_read_after_the_writes() -> None:
+    p = plan(running(), T0)
+    assert p.pods == RUNNING_PODS  # read for refusals once the children are written
+    stuck = learner(1, ready=False, state={"waiting": {"reason": pod_refusals.CONFIG_WAITING,
+                                                       "message": 'secret "s3" not found'}})
+    done_ = settle(p, [], pod_refusals.Observed([], [learner(0), stuck]))
+    assert c.is_true(done_.status["conditions"], "ChildrenRefused")
+    assert [e.reason for e in done_.events if isinstance(e, Event)] == [refusals.CONFIG]
+    ended = plan(running(plan(running(pods_=[done(0), done(1), syncer_pod()]), T0 + 10).status, []), T0 + 20)
+    assert ended.pods is None  # a finished job's pods are not read for refusals
 
 
 # --- Kueue -------------------------------------------------------------------------------------------
