@@ -67,13 +67,16 @@ def flax_version() -> str:
     return found.group(1)
 
 
+# The code that builds the cached programs: the model families and the recipe that jits their step.
+# Read as files, never imported: the recipe imports this module, and the families import Flax.
+CODE = ("diloco.trainer.model", "diloco.trainer.gpt", "diloco.trainer.llama", "diloco.trainer.recipe",
+        "diloco.trainer.sharding")
+
+
 @functools.cache
 def _code() -> str:
     """The learner's model and recipe code, read once per process (the step and the eval both ask)."""
-    from diloco.trainer import model, recipe, sharding
-
-    gpt, llama = unimported("diloco.trainer.gpt", "diloco.trainer.llama")
-    return cache_file.source_digest(model, gpt, llama, recipe, sharding)
+    return cache_file.source_digest(*unimported(*CODE))
 
 
 def _key(spec: dict[str, Any], specs: list[jax.ShapeDtypeStruct], tree: Any) -> str:
