@@ -56,6 +56,7 @@ def test_helm_lint_strict(values: Path | None) -> None:
 
 
 @pytest.mark.parametrize("values", [None, ALL_ON], ids=["default", "all-on"])
+@pytest.mark.slow
 def test_rendered_chart_validates(values: Path | None) -> None:
     docs = rendered(values)
     kinds = {d["kind"] for d in docs}
@@ -182,6 +183,7 @@ def with_sets(*sets: str) -> list[dict[str, Any]]:
     (["watchNamespaces={research,ml}", "watchNamespace=ml"], ["research", "ml"]),  # once each
     (["watchNamespace=research"], ["research"]),
 ], ids=["list", "list-and-one", "repeated", "one"])
+@pytest.mark.slow
 def test_watched_namespaces_get_a_role_each_and_no_cluster_role(sets: list[str], watched: list[str]) -> None:
     """Namespaced RBAC: the operator's rules as a Role and RoleBinding in each watched namespace,
     nothing cluster-wide, and the operator told the same namespaces."""

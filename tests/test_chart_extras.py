@@ -295,6 +295,7 @@ class _Metrics(BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("operator", [True, False], ids=["operator-metrics", "other-metrics"])
+@pytest.mark.slow
 def test_connection_pod_script_passes_on_operator_metrics_only(operator: bool) -> None:
     """The pod's own script, run here against a server with the operator's metrics (or others)."""
     from prometheus_client import generate_latest

@@ -148,6 +148,7 @@ def test_a_restart_both_threads_notice_is_rejoined_once() -> None:
     subscriber.join(5)
 
 
+@pytest.mark.slow
 def test_flush_gives_up_at_the_deadline_on_the_clock_given() -> None:
     ticks = iter([100.0, 104.0, 106.0])  # the deadline is 105: one wait of 1 s, then past it
     c = SyncerClient("127.0.0.1:9", "token", "a-0", "r", clock=lambda: next(ticks))

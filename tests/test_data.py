@@ -230,6 +230,7 @@ def test_spec_names_the_source_fields() -> None:
     assert tokens.tokenizer == "t.json"  # tokens may name the tokenizer that made them, for decoding
 
 
+@pytest.mark.slow
 def test_prepare_tokens_round_trips_through_load(tmp_path: Path) -> None:
     make_tokenizer(tmp_path / "tok.json")
     glob = write_texts(tmp_path / "t", TEXTS)
@@ -307,6 +308,7 @@ def test_a_learner_tokenizes_only_its_own_text(tmp_path: Path) -> None:
     assert tok.get_vocab_size() == 300
 
 
+@pytest.mark.slow
 def test_missing_inputs_stop_run_and_validate_before_any_process(tmp_path: Path) -> None:
     """`diloco run` of a job whose data is not there: one line per missing input, naming the
     field, and exit 2 (not a learner's traceback); `validate --inputs` says the same."""

@@ -472,6 +472,7 @@ def test_the_learner_exits_2_with_the_line_before_it_connects(tmp_path: Path) ->
                                   "(its columns: body, id); set textField to the column that holds the text")
 
 
+@pytest.mark.slow
 def test_a_large_row_group_is_read_a_piece_at_a_time(tmp_path: Path) -> None:
     """The memory a row group's read takes (Python's and Arrow's) does not grow with the row group (the column
     chunk is read 8 MiB at a time and decoded 1,024 rows at a time): 20 and 80 MB row groups, each

@@ -71,6 +71,7 @@ def held_out_loss(cfg: TransformerModel, params: dict[str, np.ndarray]) -> float
 
 @pytest.mark.parametrize("fmt", ["safetensors", "orbax"])
 @pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.slow
 def test_export_round_trips(tmp_path: Path, fmt: str, shards: int) -> None:
     job, root, params = write_job(tmp_path, shards)
     trained = read_checkpoint(job_for(root, None), root)  # the job.yaml beside the checkpoints
@@ -185,6 +186,7 @@ def test_summary_sample_never_fails(tmp_path: Path, caplog: pytest.LogCaptureFix
     assert "no sample in the summary" in caplog.text
 
 
+@pytest.mark.slow
 def test_tokenizers(tmp_path: Path) -> None:
     import tokenizers
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))

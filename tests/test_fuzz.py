@@ -230,6 +230,7 @@ def push_requests(draw: st.DrawFn, core_incarnation: str,
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
+@pytest.mark.slow
 def test_push_requests(syncer: sh.Harness, data: st.DataObject) -> None:
     secrets = {name: syncer.secret(name) for name in ("fuzz-0", "fuzz-1", "é" * 128)}
     msgs, token = data.draw(push_requests(syncer.core.incarnation, secrets))
@@ -394,6 +395,7 @@ def checkpoint_headers(draw: st.DrawFn) -> tuple[Any, bytes | None]:
 
 @FAST
 @given(checkpoint_headers())
+@pytest.mark.slow
 def test_checkpoint_loader_on_signed_malformed_headers(case: tuple[Any, bytes | None]) -> None:
     header, payload = case
     try:
@@ -465,6 +467,7 @@ def only_spec_errors(manifest: Any) -> None:
 
 @FAST
 @given(yamlish)
+@pytest.mark.slow
 def test_manifest_parser_on_random_structures(manifest: Any) -> None:
     only_spec_errors(manifest)
     if isinstance(manifest, dict):
@@ -475,6 +478,7 @@ def test_manifest_parser_on_random_structures(manifest: Any) -> None:
 @FAST
 @given(st.integers(0, len(EXAMPLES) - 1),
        st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(["set", "del", "add"]), yamlish), min_size=1, max_size=3))
+@pytest.mark.slow
 def test_manifest_parser_on_mutated_examples(which: int, ops: list[tuple[int, str, Any]]) -> None:
     doc = copy.deepcopy(EXAMPLE_DOCS[which])
     for pos, op, value in ops:

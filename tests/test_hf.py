@@ -143,6 +143,7 @@ def test_the_byte_level_gpt_exports_as_gpt2_with_bytes_for_ids(tmp_path: Path) -
         np.testing.assert_array_equal(again.params[k], params[k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_bfloat16_export_halves_the_weights(tmp_path: Path) -> None:
     cfg = TransformerModel(family="llama", layers=1, d_model=32, heads=4, context=16)
     params = {k: np.asarray(v) for k, v in model.init_params(cfg, 0).items()}

@@ -56,6 +56,7 @@ def test_freed_memory_is_reused_without_faulting_pages_in_again() -> None:
     assert max(kept[1:]) < 20, kept
 
 
+@pytest.mark.slow
 def test_a_reserved_heap_is_faulted_in_at_start_and_not_by_the_first_work() -> None:
     kept, reserved = _faults("keep"), _faults("reserve")
     huge_pages = 2 * (40 << 20) // (2 << 20)
@@ -130,6 +131,7 @@ print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "started": started[0]
 """
 
 
+@pytest.mark.slow
 def test_host_cpus_take_the_learners_own_threads_and_leave_the_device_cpus_to_xla() -> None:
     """`--host-cpus` (diloco/launch.py): the main thread and every thread it starts later move to
     the host CPUs, and XLA's computations still run on the device CPUs (`--cpus`)."""

@@ -64,6 +64,7 @@ class _Bigram(nn.Module):
         return nn.Embed(self.vocab, self.vocab, name="embed")(tokens)
 
 
+@pytest.mark.slow
 def test_your_own_module_is_built_from_its_factory_and_a_bad_one_is_named() -> None:
     mod = types.ModuleType("my_models")
     mod.bigram = lambda cfg: _Bigram(cfg.vocab_size)  # type: ignore[attr-defined]

@@ -69,6 +69,7 @@ def test_a_shared_claim_backs_every_learners_cache() -> None:
             assert env["JAX_COMPILATION_CACHE_DIR"] == "/var/cache/diloco/jax"
 
 
+@pytest.mark.slow
 def test_an_object_store_url_reaches_jaxs_configuration() -> None:
     """The learner container's variables, as the kubelet would set them, in a fresh interpreter:
     JAX's configuration holds the bucket, and the learner keeps its local files in the volume."""

@@ -241,6 +241,7 @@ def test_losing_a_host_restarts_that_learner_whole_and_no_other(api: Kube, contr
     assert group(api, "us")["lost"] == 0
 
 
+@pytest.mark.slow
 def test_a_host_whose_container_restarted_restarts_its_peers_and_scaling_touches_no_gang(
         api: Kube, controllers: Controllers, operator: OperatorThread) -> None:
     groups = [{"name": "tpu", "region": "us-west4", "replicas": 1, "hostsPerLearner": 2}]

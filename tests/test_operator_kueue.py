@@ -200,6 +200,7 @@ def test_finish_keeps_kueues_conditions_and_guards_the_version() -> None:
     kueue_io.finish(Recorder(409), live, succeeded=False, message="x", now="t")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_chart_kueue_enabled_reaches_the_operator_with_rbac_for_workloads(monkeypatch: pytest.MonkeyPatch,
                                                                           tmp_path: Any) -> None:
     """kueue.enabled: DILOCO_KUEUE for Config.kueue, and the Workload rules; off by default."""
@@ -452,6 +453,7 @@ def kueue_admits(api: Any, name: str, assignments: list[dict[str, Any]]) -> None
 
 
 @pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+@pytest.mark.slow
 def test_a_queued_job_on_each_served_version_runs_on_its_admitted_flavor(cluster: Any, api: Any, controllers: Any,
                                                                          version: str) -> None:
     """The operator as the Kueue integration, on a cluster whose Kueue serves only `version`:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from diloco.operator import capacity, kueue
 from diloco.operator import naming as n
 from diloco.operator.conditions import PODS_UNSCHEDULABLE, find
@@ -46,6 +48,7 @@ def learners(api: Any, name: str) -> list[dict[str, Any]]:
     return sorted(api.list("Pod", NAMESPACE, n.selector(name, n.LEARNER)), key=lambda p: p["metadata"]["name"])
 
 
+@pytest.mark.slow
 def test_the_topology_ungater_finds_the_pods_and_places_them_and_a_pod_left_gated_is_named(
         cluster: Any, api: Any, controllers: Any) -> None:
     serve_kueue(cluster, "v1beta1")

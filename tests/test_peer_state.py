@@ -103,6 +103,7 @@ def test_an_upload_nobody_waits_for_is_dropped_and_a_fetch_times_out_empty() -> 
     assert not relay.waiting
 
 
+@pytest.mark.slow
 def test_a_cancelled_fetch_stops_waiting() -> None:
     relay, alive = StateRelay(sh.FakeClock()), [True]
     t = threading.Thread(target=lambda: relay.fetch("a", 30.0, lambda: alive[0]))
@@ -197,6 +198,7 @@ def trained_state(seed: int, steps: int, shapes: dict[str, tuple[int, ...]] | No
     return state
 
 
+@pytest.mark.slow
 def test_a_peers_moments_and_step_count_are_adopted_within_bf16() -> None:
     donor, joiner = trained_state(0, 30), trained_state(1, 2)
     peer = PeerState("a-0", peer_state.step_count(donor), encode_tensors(peer_state.moments(donor), "bf16"))

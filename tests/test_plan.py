@@ -115,6 +115,7 @@ def test_a_single_region_plan_keeps_its_shards(tmp_path: Path, capsys: pytest.Ca
     (["--params", "nan", "--region", "name=a"], "--params"),
     (["--from", "/nonexistent.yaml", "--region", "name=a"], "cannot read"),
 ])
+@pytest.mark.slow
 def test_bad_input_gets_a_plan_that_says_what_to_change(argv: list[str], says: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", *argv]) == 2

@@ -81,6 +81,7 @@ def test_text_shards_hold_kind_texts_ids_whatever_the_workers(tmp_path: Path, mo
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+@pytest.mark.slow
 def test_record_shards_hold_what_the_stream_trains_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       kind: str) -> None:
     """Parquet row groups, JSON Lines ranges and .gz/.zst files: the training units' ids in order
@@ -108,6 +109,7 @@ def test_record_shards_hold_what_the_stream_trains_on(tmp_path: Path, monkeypatc
     assert np.array_equal(joined(outs[0], "val"), ids(held))
 
 
+@pytest.mark.slow
 def test_progress_on_stderr_and_no_jax(tmp_path: Path) -> None:
     """Two spawned workers; progress lines with a rate and an ETA; JAX never imported."""
     (tmp_path / "t").mkdir()
@@ -231,6 +233,7 @@ def test_non_utf8_records_are_skipped_and_counted(tmp_path: Path, capsys: pytest
     assert json.loads((tmp_path / "o" / "manifest.json").read_text())["skipped_records"] == 1
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_to_the_same_shards(tmp_path: Path) -> None:
     """SIGKILL mid-run (two spawned workers, 1,500 small files): the rerun keeps the recorded shards
     and ends with the bytes a run never interrupted writes."""

@@ -82,6 +82,7 @@ def test_promtool_check_rules() -> None:
     assert {r["alert"] for g in groups for r in g["rules"] if "alert" in r} == ALERTS
 
 
+@pytest.mark.slow
 def test_promtool_test_rules() -> None:
     done = promtool("test", "rules", RULE_TESTS.name)
     assert done.returncode == 0, done.stdout + done.stderr

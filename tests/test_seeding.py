@@ -182,6 +182,7 @@ def test_a_seed_is_built_in_twice_the_shards_own_bytes() -> None:
         receive_seed(first, iter(rest[:-1]), first.header.total_bytes)
 
 
+@pytest.mark.slow
 def test_a_syncer_process_without_jax_is_seeded_and_serves(tmp_path: Path) -> None:
     job = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "nojax"},
            "spec": {"learnerGroups": [{"name": "a", "replicas": 2}], "syncer": {"fragments": 2}}}

@@ -17,6 +17,7 @@ def traced(cfg: TransformerModel) -> dict[str, tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.slow
 def test_every_preset_matches_what_flax_makes(preset: str) -> None:
     cfg = TransformerModel(preset=preset)
     assert parameter_shapes(cfg) == traced(cfg)
@@ -28,6 +29,7 @@ def test_every_preset_matches_what_flax_makes(preset: str) -> None:
        heads=st.sampled_from([1, 2, 4]), kv=st.sampled_from([None, 1, 2]), vocab=st.integers(2, 300),
        context=st.integers(8, 40), hidden=st.one_of(st.none(), st.integers(8, 90)), tied=st.booleans(),
        remat=st.booleans())
+@pytest.mark.slow
 def test_odd_sizes_match_too(family: str, layers: int, head_dim: int, heads: int, kv: int | None, vocab: int,
                              context: int, hidden: int | None, tied: bool, remat: bool) -> None:
     kv_heads = kv if family == "llama" and kv is not None and heads % kv == 0 else None

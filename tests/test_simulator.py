@@ -44,6 +44,7 @@ def paper_rows() -> dict[tuple[str, int, int | None], Row]:
 
 
 @pytest.mark.parametrize("key", sorted(PAPER_GOODPUT, key=str))
+@pytest.mark.slow
 def test_defaults_reproduce_every_paper_entry(paper_rows, key) -> None:
     assert abs(paper_rows[key].goodput - PAPER_GOODPUT[key]) <= 0.05, paper_rows[key]
 
@@ -59,6 +60,7 @@ def test_failures_stall_the_coupled_systems(paper_rows) -> None:
     assert paper_rows[("elastic_dp", 2_400_000, None)].uptime < 0.5
 
 
+@pytest.mark.slow
 def test_goodput_falls_smoothly_at_unlisted_chip_counts() -> None:
     chips = [200_000, 350_000, 700_000, 1_000_000, 1_700_000, 2_000_000]
     rows = by_key(sweep(chips, [3, 12], seeds=1, days=10, params=P))
@@ -229,6 +231,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_cli_json_rows_and_plot(tmp_path: Path, capsys) -> None:
     png = tmp_path / "g.png"
     code, out, _err = run_cli(["simulate", "--chips", "20K,40000", "--learners", "2,4", "--seeds", "1",

@@ -73,6 +73,7 @@ def run_validate(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-P", "-m", "diloco.apps.cli", "validate", str(path)], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_cli_validate_exit_codes(tmp_path: Path) -> None:
     ok = run_validate(ROOT / "examples" / "quickstart.yaml")
     assert ok.returncode == 0, ok.stderr

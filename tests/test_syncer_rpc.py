@@ -172,6 +172,7 @@ def recover(h: sh.Harness, fragments, versions, tensors, token=sh.TOKEN, tags=No
     return h.stub.Recover(iter(msgs), metadata=auth_metadata(token), timeout=10)
 
 
+@pytest.mark.slow
 def test_recover_adopts_only_newer_fragments(syncer: sh.Harness) -> None:
     syncer.core.model.versions[:] = [3, 5]  # as if restored from a checkpoint at these versions
     for p in (0, 1):

@@ -30,6 +30,7 @@ def write(tmp_path: Path, manifest: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_tpu_slice_with_the_wrong_hosts_per_learner_exits_2_with_the_operators_message(tmp_path: Path) -> None:
     wrong = copy.deepcopy(TPU)
     wrong["spec"]["learnerGroups"][0]["hostsPerLearner"] = 2
@@ -44,6 +45,7 @@ def test_a_tpu_slice_with_the_wrong_hosts_per_learner_exits_2_with_the_operators
     assert diloco("validate", str(ROOT / "examples" / "k8s-tpu.yaml")).returncode == 0
 
 
+@pytest.mark.slow
 def test_install_dependent_checks_follow_the_charts_settings(tmp_path: Path) -> None:
     routed = copy.deepcopy(TPU)
     routed["spec"]["syncer"]["expose"] = {"type": "GRPCRoute", "gateway": {"name": "wan"}, "host": "s.example.com",

@@ -36,6 +36,7 @@ def spawn(zygote: Zygote, args: list[str], tmp_path: Path) -> tuple[Forked, Path
         return zygote.spawn(diloco_argv(args[0], args[1:]), o.fileno(), e.fileno()), out, err
 
 
+@pytest.mark.slow
 def test_a_forked_command_has_its_own_output_and_exit_code(zygote: Zygote, tmp_path: Path) -> None:
     good, out, _ = spawn(zygote, ["validate", str(ROOT / "examples" / "chaos.yaml")], tmp_path)
     assert good.wait(60) == 0
