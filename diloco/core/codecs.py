@@ -16,65 +16,16 @@ broadcast wants. The loops are compiled (`diloco/core/loops.py`, `nf4.py`).
 
 from __future__ import annotations
 
-import functools
 import math
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
 
 import numpy as np
 
+from diloco.core.blockwise import BLOCKWISE, loops
+from diloco.core.blockwise import for_codec as _blockwise
 from diloco.core.choices import CODECS, Codec
-
-
-class _Loops:
-    """diloco/core/loops.py, imported at the first int codec's use: it imports numba (0.25 s,
-    and 0.4 s more to load the kernels), which a learner's join (fp32) never needs; a
-    restarted learner loads them once it has joined."""
-
-    module: ModuleType | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        if _Loops.module is None:
-            from diloco.core import loops as loaded
-
-            _Loops.module = loaded
-        return getattr(_Loops.module, name)
-
-
-loops = _Loops()
-
-BLOCKWISE: tuple[Codec, ...] = ("int8", "int4", "nf4")  # an fp32 scale per block, then the codes
-
-
-@dataclass(frozen=True)
-class _Blockwise:
-    """One block-wise codec's loops at one block size (signatures: diloco/core/loops.py's int4)."""
-
-    encode: Any
-    encode_delta: Any
-    decode: Any
-    weighted_sum: Any
-    sumsq: Any
-    per_block: int  # code bytes per block
-    dtype: type[np.generic]  # the codes' type
-
-
-@functools.cache
-def _blockwise(codec: Codec, block: int) -> _Blockwise:
-    if codec == "nf4":
-        from diloco.core import nf4  # numba, like `loops`: at the first use
-
-        n = nf4.block_kernels(block)
-        return _Blockwise(n.encode, n.encode_delta, n.decode, n.weighted_sum, n.sumsq, block // 2, np.uint8)
-    k = loops.block_kernels(block)
-    if codec == "int4":
-        return _Blockwise(k.int4_encode, k.int4_encode_delta, k.int4_decode, k.int4_weighted_sum, k.int4_sumsq,
-                          block // 2, np.uint8)
-    return _Blockwise(k.int8_encode, k.int8_encode_delta, k.int8_decode, k.int8_weighted_sum, k.int8_sumsq,
-                      block, np.int8)
 
 MAGIC = b"DDC2"  # 2: int4 pairs value j with j + block/2 (was 2j with 2j+1), see loops
 _HEADER = struct.Struct("<4sBBIQ")  # magic, codec id, ndim, block size, element count
