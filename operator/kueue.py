@@ -243,11 +243,17 @@ def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
             "priority": priority.value}
 
 
+def elastic(job: DecoupledDiLoCoJob) -> bool:
+    """Whether any learner group may run on part of its replicas (`minReplicas`): Kueue then
+    admits it in part and grows it by slices (operator/kueue_slices.py)."""
+    return any(g.min_replicas is not None for g in job.spec.learner_groups)
+
+
 def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str, link: access.Link | None = None, *,
              version: str = NEWEST, priority: Priority | None = None) -> dict[str, Any]:
     """The job's Workload in Kueue API `version` (spec only: its status is Kueue's)."""
     md = meta(owner, workload_name(owner.name, owner.uid))
-    if any(g.min_replicas is not None for g in job.spec.learner_groups):
+    if elastic(job):
         md["annotations"] = {**(md.get("annotations") or {}), ELASTIC: "true"}
     return {"apiVersion": f"{KUEUE_GROUP}/{version}", "kind": KIND,
             "metadata": md,

@@ -89,7 +89,8 @@ def _named(desired: Mapping[str, Any], name: str, annotations: Mapping[str, str]
            pod_sets: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     md = dict(desired["metadata"])
     md["name"] = name
-    md["annotations"] = {**(md.get("annotations") or {}), **annotations}
+    if annotations:  # no empty map where there is nothing to say: the desired Workload stays as rendered
+        md["annotations"] = {**(md.get("annotations") or {}), **annotations}
     spec = dict(desired["spec"]) if pod_sets is None else {**desired["spec"], "podSets": pod_sets}
     return {**desired, "metadata": md, "spec": spec}
 
@@ -125,17 +126,13 @@ def plan(desired: Mapping[str, Any], live: list[dict[str, Any]], *, generation: 
     return Slices(held, waiting, out, {p: min(n, want.get(p, n)) for p, n in got.items()})
 
 
-def elastic(job: DecoupledDiLoCoJob) -> bool:
-    return any(g.min_replicas is not None for g in job.spec.learner_groups)
-
-
 def running(job: DecoupledDiLoCoJob, admitted: Mapping[str, int]) -> DecoupledDiLoCoJob:
     """The job as it runs on what Kueue admitted (`admitted`: pods per PodSet; empty: not
     admitted, nothing runs): each group's replicas cut to its admission. An elastic job's data
     shards are pinned to what its whole size gives them, so a learner reads the same shard
     whether it started with part of the job or all of it, and one admitted later starts on its
     own, as a scale-up does."""
-    if not elastic(job):
+    if not kueue.elastic(job):
         return job
     spec = job.spec
     offsets = spec.shard_offsets()
