@@ -28,7 +28,7 @@ import common
 # name -> (description, replay options); options: syncer (spec.syncer changes), scripts
 # (timeline kind), adoption, shared (the shared schedule on/off).
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "decoupled": ("the defaults: K=1, P=4 balanced, int4, RDA, token weighting, rebase, shared schedule", {}),
+    "decoupled": ("the defaults: K=1, P=4 balanced, int4 up, int8 down, RDA, token weighting, rebase, shared schedule", {}),
     "decoupled-chaos": ("... a learner killed every ~40 slots, back 10 slots later", {"scripts": "chaos"}),
     "ablate-chaos-fresh-moments": ("... a re-joining learner starts AdamW at zero moments, not a peer's",
                                    {"scripts": "chaos", "training": {"peerOptimizerState": False}}),
@@ -40,6 +40,10 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "ablate-no-schedule": ("each learner picks its fragment from its own step count", {"shared": False}),
     "ablate-overwrite": ("adoption overwrites (θ_p ← Θ_p) instead of rebasing", {"adoption": "overwrite"}),
     "ablate-no-grace": ("no grace window (γ = 0): rounds close at quorum", {"syncer": {"graceWindow": {"gamma": 0.0}}}),
+    # The broadcast's codec (spec.syncer.broadcastCompression), all else the defaults: what a
+    # 4-bit down-link costs, without the real bench's timing noise (bench/broadcast_quality.py).
+    **{f"broadcast-{c}": (f"{c} broadcast deltas instead of int8", {"syncer": {"broadcastCompression": c}})
+       for c in ("fp32", "int4", "nf4")},
     "ablate-no-participation-scaling": ("partial rounds move Θ by their full merged update",
                                         {"syncer": {"participationScaling": False}}),
 }

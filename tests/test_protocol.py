@@ -129,3 +129,37 @@ def test_stale_downweighting_is_an_absolute_factor() -> None:
     one = {"w": np.ones(4, np.float32)}
     model.apply(Closed(0, 0, [Contribution("a", 0, 0, 1, 1, one)], [0.5], 0.0))
     assert np.allclose(model.params["w"], -0.5)  # half of a lone stale push, not renormalised away
+
+
+class Watched(Replay):
+    """Checks, after each learner step, that every fragment a learner holds at the published
+    version is anchored on the publisher's view V_p itself, bit for bit (what the product's
+    learners decode from the broadcast's bytes)."""
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.matched = self.mismatched = 0
+
+    def _on_step(self, m: int, life: int) -> None:
+        super()._on_step(m, life)
+        ledger = self.learners[m].ledger
+        for p, head in self.publisher.heads.items():
+            if ledger is not None and ledger.books[p].version == head.version:
+                same = all(np.array_equal(ledger.books[p].anchor[n], v) for n, v in head.view.items())
+                self.matched += same
+                self.mismatched += not same
+
+
+@pytest.mark.parametrize("codec,bound", [("fp32", 0.0), ("int8", 1e-3), ("int4", 2e-2), ("nf4", 2e-2)])
+def test_the_broadcast_codec_moves_what_learners_hold_not_the_global_model(codec: str, bound: float) -> None:
+    """Learners adopt the broadcast's view V_p, within the codec's error of Θ_p (exact in fp32),
+    and push progress against it, so Θ still ends at every learner's progress over M."""
+    r = Watched(exact_spec(broadcast_compression=codec), {n: np.zeros(s, np.float32) for n, s in SHAPES.items()},
+                toy_trainer(DIRS), TIMELINES["out of phase"], steps=100)
+    r.result = r.run()  # type: ignore[attr-defined]
+    assert progress_error(r) < 1e-4
+    assert r.matched > 100 and r.mismatched == 0
+    theta = r.result.params  # type: ignore[attr-defined]
+    gap = max(float(np.abs(v - theta[n]).max() / np.abs(theta[n]).max())
+              for head in r.publisher.heads.values() for n, v in head.view.items())
+    assert gap <= bound and (gap > 0) == (codec != "fp32")

@@ -10,10 +10,12 @@ and whatever inner step the caller passes (`Trainer`: the real JAX model in
 network latency are scripted, so two runs of one script are identical and an ablation
 differs from its baseline only by the knob it turns.
 
-Simplifications, on purpose: published fragments reach learners exact (the product sends
-int8 deltas with error feedback, so a learner's copy differs from Θ by ~0.4% of one
-update); computing a step takes no virtual time beyond its scripted step time; the
-syncer's merge takes no virtual time.
+Published fragments reach learners through the syncer's own `Publisher`, in
+`spec.syncer.broadcastCompression`: each learner holds the view V_p the product's learners hold
+(int8 deltas with error feedback by default, a joiner the fp32 snapshot of the views), so a
+broadcast codec's cost is measured here without the timing noise. Simplifications, on
+purpose: computing a step takes no virtual time beyond its scripted step time; the syncer's
+merge and encode take no virtual time.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from diloco.core.schedule import JobProgress, Schedule
 from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.admission import Admission, Refused, outer_gradient
 from diloco.syncer.counters import Counters
+from diloco.syncer.publisher import Publisher
 from diloco.syncer.round import RoundDriver
 from diloco.syncer.state import GlobalModel
 from diloco.wire import pb
@@ -117,6 +120,10 @@ class Replay:
         admission = Admission(num_fragments=self.model.plan.num_fragments, max_norm_ratio=spec.max_norm_ratio)
         self.driver = RoundDriver(model=self.model, admission=admission, publish=self._publish, clock=lambda: self.now)
         self.book = self.driver.book
+        # The broadcast: V_p per fragment, advanced by each published delta as every learner's is.
+        self.publisher = Publisher(spec.broadcast_compression, spec.block_size, self.model.tag)
+        for p in range(self.model.plan.num_fragments):
+            self.publisher.reset(p, self.model.versions[p], self.model.fragment(p))
         self.steps_voted = Counters(max(trainer.tokens_per_step, 1), spec.fragments, started=0.0)  # the step-time vote
         self.fragments = [list(f) for f in self.model.plan.fragments]
         self.learners = [_Learner(m=m, script=s) for m, s in enumerate(scripts)]
@@ -175,7 +182,7 @@ class Replay:
             return
         lr.life += 1
         lr.alive = True
-        lr.params = {n: v.copy() for n, v in self.model.params.items()}
+        lr.params = self._views()  # the Join's snapshot: V of every fragment, fp32
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
         lr.progress = JobProgress(len(self.learners), self.trainer.tokens_per_step)
@@ -280,9 +287,14 @@ class Replay:
                 self.ticks.add(deadline)
                 self.at(deadline, "tick")
 
+    def _views(self) -> Tensors:
+        return {n: v.copy() for head in self.publisher.heads.values() for n, v in head.view.items()}
+
     def _publish(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int) -> None:
-        """The driver's publish: each live learner receives Θ_p exact after the network latency."""
-        arrival = Arrival(version, dict(values), slot + 1, self.model.tokens_trained())
+        """The driver's publish: the publisher encodes Θ_p's delta against V_p and advances V_p;
+        each live learner receives the new V_p (what it decodes, bit for bit) after the latency."""
+        self.publisher.publish(p, version, values, slot)
+        arrival = Arrival(version, dict(self.publisher.heads[p].view), slot + 1, self.model.tokens_trained())
         for lr in self.learners:
             if lr.alive:
                 self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)
