@@ -38,6 +38,8 @@ def run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
     model = {k: v for k, v in (("layers", args.layers), ("dModel", args.d_model), ("heads", args.heads)) if v}
     m = quality.manifest(args, seed, args.lr, groups=[{"name": "local", "replicas": args.learners}],
                          syncer=syncer, model=model)
+    if args.eval_batches:
+        m["spec"]["training"]["evalBatches"] = args.eval_batches
     codec = arm  # rows and results are keyed by the arm's whole name
     t0 = time.monotonic()
     r = common.run_job(m, args.out_dir / f"{codec}-s{seed}", total_steps=args.learners * args.steps,
@@ -64,6 +66,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, help="model layers (P = 68 needs 8: 68 tensors)")
     parser.add_argument("--d-model", type=int, help="model width (64 at 8 layers: about the 2-layer model's cost)")
     parser.add_argument("--heads", type=int, help="attention heads")
+    parser.add_argument("--eval-batches", type=int,
+                        help="held-out batches of 8 x 128 tokens (unset: the benches' 16; bench/replay.py)")
     parser.add_argument("--sharding", choices=["contiguous", "interleaved"], default="contiguous")
     parser.add_argument("--max-seconds", type=float, default=1800.0)
     parser.add_argument("--out-dir", type=Path, default=common.RUNS / "broadcast-quality")

@@ -55,6 +55,7 @@ def arm_manifest(args: argparse.Namespace, change: dict[str, Any], seed: int, lr
     if outer:
         syncer.update(outerLearningRate=outer[0], outerMomentum=outer[1])
     training = {**change.get("training", {}), **({"learningRate": lr} if lr else {})} or None
+    training = {**(training or {}), **({"evalBatches": args.eval_batches} if args.eval_batches else {})} or None
     m = common.manifest("replay", steps_per_learner=args.steps, syncer=syncer, seed=seed, training=training,
                         groups=[{"name": "local", "replicas": args.learners}])
     m["spec"]["data"]["sharding"] = args.sharding
@@ -94,6 +95,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     parser.add_argument("--arms", default="decoupled", help=f"comma list from {sorted(ARMS)} or 'all'")
     parser.add_argument("--lr", type=float, help="inner learning rate (default: the bench's 3e-3)")
+    # Held-out windows of 8 x 128 tokens (unset: the benches' 16). Two arms' models differ by more
+    # than their knob (any perturbation sends training its own way), and how that difference
+    # reads on a few windows is noise: 128 (132K tokens, half the held-out split) quarter it.
+    parser.add_argument("--eval-batches", type=int, help="held-out batches a loss is measured on")
     parser.add_argument("--sharding", choices=["contiguous", "interleaved"], default="contiguous")
     parser.add_argument("--sweep-outer", action="store_true", help="outer lr x momentum grid on the decoupled arm")
     parser.add_argument("--outer-lrs", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 1.3, 1.5, 2.0])
