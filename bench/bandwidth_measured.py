@@ -8,7 +8,7 @@ gRPC's HTTP/2 framing and protobuf, i.e. what a WAN link would carry. In the sam
 data-parallel would move per token are computed from the same model: one bf16 gradient
 (2 bytes x parameters) per worker step of the same local batch (ring all-reduce sends
 2(M-1)/M times that, shown too). Reported separately: learner -> syncer (outer gradients) and
-syncer -> learner (published fragments: deltas in `broadcastCompression`, int8 by default, after
+syncer -> learner (published fragments: deltas in `broadcastCompression`, int4 by default, after
 the one-time join, the full fp32 model a learner pulls when it starts, which is shown apart).
 
 

@@ -21,6 +21,7 @@ per-seed ratio to the reference codec (--ref, int8: the default before this benc
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -46,11 +47,25 @@ def run(args: argparse.Namespace, arm: str, seed: int) -> dict[str, Any]:
                        max_seconds=args.max_seconds)
     loss = float(r.summary["final_eval_loss"])
     down = sum(d for _, d in r.wire.values()) if r.wire else None
+    steps, skipped = pace(args.out_dir / f"{codec}-s{seed}" / "events.jsonl")
     row = {"codec": codec, "seed": seed, "final_eval_loss": loss, "tokens": r.trained_tokens,
            "outer_steps": r.summary["outer_steps"], "wall_seconds": round(time.monotonic() - t0, 1),
-           "bytes_received": down}
-    print(f"broadcast {codec} seed {seed}: final loss {loss:.4f} ({row['wall_seconds']:.0f} s)", flush=True)
+           "bytes_received": down, "steps": steps, "skipped_slots": skipped}
+    print(f"broadcast {codec} seed {seed}: final loss {loss:.4f} ({row['wall_seconds']:.0f} s; "
+          f"{row['outer_steps']} outer steps; steps {steps}, slots skipped {skipped})", flush=True)
     return row
+
+
+def pace(events: Path) -> tuple[list[int], list[int]]:
+    """Per learner, its inner steps and the schedule's slots it skipped, from its last progress
+    event: learners that ran at unequal speeds on the shared cores show here (the fastest sets
+    the schedule; the others skip slots and merge in rounds of their own, docs/ALGORITHM.md)."""
+    last: dict[str, dict[str, Any]] = {}
+    for line in events.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "progress":
+            last[str(e["source"])] = e
+    return [int(last[s]["step"]) for s in sorted(last)], [int(last[s]["skipped_slots"]) for s in sorted(last)]
 
 
 def main() -> None:

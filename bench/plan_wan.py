@@ -6,7 +6,7 @@
 Runs `diloco plan ARGS --json`, then the real `diloco syncer` (in a "home" network namespace)
 and one real `diloco learner` a region, each in its own namespace behind a veth link shaped
 with tbf both ways (apps/testing/wan.py), over a small GPT of P tensors (the plan's P and tau,
-int4 pushes, int8 deltas back). A region's bytes/s scale from the plan's by the model's ratio
+the plan's codecs: int4 pushes and deltas back). A region's bytes/s scale from the plan's by the model's ratio
 (scaled / planned parameters) and the steps per second's (the plan's step / the bench's, its
 fastest learner's unthrottled step): through `wire_rates` of apps/plan/model.py, as the plan
 computes them. First the links unshaped (each learner's own tokens/s, the reference), then
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plan_replay import GPT_OTHER_TENSORS, GPT_TENSORS_PER_LAYER, PLAN_12B, plan_of
 from syncer_scale import REPO
 
+from diloco.apps.plan import figures as F
 from diloco.apps.plan.model import wire_rates
 from diloco.contract import CACHE_EVERY_PROGRAM, STEP_CACHE_ENV
 from diloco.shapes import parameter_shapes
@@ -118,8 +119,8 @@ def job(plan: dict[str, Any], layers: int, d_model: int, slowdown: float) -> dic
         "apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "plan-wan"},
         "spec": {
             "learnerGroups": groups,
-            "syncer": {"fragments": plan["fragments"], "fragmentation": FRAGMENTATION, "compression": "int4",
-                       "broadcastCompression": "int8",
+            "syncer": {"fragments": plan["fragments"], "fragmentation": FRAGMENTATION, "compression": F.UP_CODEC,
+                       "broadcastCompression": F.DOWN_CODEC,  # the codecs the plan's rates are for
                        "graceWindow": {"tau": plan["tau"]}, "checkpointIntervalSeconds": 100000},
             "model": {"layers": layers, "dModel": d_model, "heads": max(1, d_model // 64), "context": CONTEXT},
             "training": {"batchSize": BATCH, "warmupSteps": 20, "decaySteps": 100000, "evalIntervalSteps": 1000000},

@@ -266,7 +266,7 @@ def main() -> None:
     p.add_argument("--plain-steps", type=int, default=4)
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "real-size")
-    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4"], default="int8")  # the spec's default
+    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4", "nf4"], default="int4")  # the spec's default
     p.add_argument("--no-kill", dest="kill", action="store_false", help="no kill at half time: steady state to the end")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diloco.apps.sim.bandwidth import BITS_PER_PARAM
+from diloco.spec import Syncer
+
+_DEFAULTS = Syncer()
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class Figure:
 
 # --- The syncer shard's capacity (§5) -------------------------------------------------------
 # One shard's work per slot is a chain: receive and admit the pushes, merge, outer step, encode
-# the int8 delta, send it to every learner. At 1e9 parameters, P = 24 (one 41.4M-parameter
+# the broadcast's delta, send it to every learner. At 1e9 parameters, P = 24 (one 41.4M-parameter
 # fragment per slot), one shard on one core sustains 10 learners at 1 s steps (the conservative
 # end of "10 to 12 from run to run") and 2 at 0.5 s steps. Fitting chain = fixed + per_push x M
 # to both (fixed + 10 x per_push = 1.0 s; fixed + 2 x per_push = 0.5 s) gives per_push 0.0625 s
@@ -55,10 +58,14 @@ SYNCER_FIXED_BYTES = Figure(_RSS_SMALL[1] - SYNCER_BYTES_PER_PARAM.value * _RSS_
                             "the same line's intercept")
 
 # --- The wire (§2, diloco/core/codecs.py) ---------------------------------------------------
-UP_BITS = Figure(BITS_PER_PARAM["int4"], "bits/param",
-                 "diloco/core/codecs.py int4, one fp32 scale per 64 values (BENCHMARKS §2 codec floor)")
-DOWN_BITS = Figure(BITS_PER_PARAM["int8"], "bits/param",
-                   "diloco/core/codecs.py int8 broadcast deltas (spec.syncer.broadcastCompression)")
+# The codecs a plan's manifest leaves at the spec's defaults, so the plan's bytes are the job's.
+UP_CODEC, DOWN_CODEC = _DEFAULTS.compression, _DEFAULTS.broadcast_compression
+UP_BITS = Figure(BITS_PER_PARAM[UP_CODEC], "bits/param",
+                 f"diloco/core/codecs.py {UP_CODEC} pushes, one fp32 scale per 64 values "
+                 "(spec.syncer.compression; BENCHMARKS §2 codec floor)")
+DOWN_BITS = Figure(BITS_PER_PARAM[DOWN_CODEC], "bits/param",
+                   f"diloco/core/codecs.py {DOWN_CODEC} broadcast deltas (spec.syncer.broadcastCompression; "
+                   "BENCHMARKS §14-15)")
 PROTOCOL_OVERHEAD = Figure(85.3 / 80.9, "x the codec's bytes",
                            "BENCHMARKS §2, int4 P = 24: measured 80.9x fewer bytes than bf16 DP against "
                            "the codec floor's 85.3x (gRPC and bundle headers)")

@@ -32,8 +32,8 @@ class RegionPlan:
     region: Region
     learners: int
     chips: int
-    up_bps: float  # bytes/s the region sends the syncer (int4 pushes)
-    down_bps: float  # bytes/s it receives (int8 deltas)
+    up_bps: float  # bytes/s the region sends the syncer (its pushes)
+    down_bps: float  # bytes/s it receives (the broadcast's deltas)
     link_bps: float
     round_trip_s: float  # one fragment: push, the syncer's chain, the delta back
     pull_s: float  # a re-admitted learner's Join over this link
@@ -124,8 +124,9 @@ def _candidates(p: PlanInput) -> list[int]:
 
 
 def wire_rates(params: float, fragments: int, learners: int, step_s: float) -> tuple[float, float]:
-    """(up, down) bytes/s of a region: each learner pushes 1/P of the model in int4 and receives
-    it back as int8 deltas every step, plus the protocol's measured overhead (BENCHMARKS §2)."""
+    """(up, down) bytes/s of a region: each learner pushes 1/P of the model and receives it back
+    as the broadcast's delta every step, each in the spec's default codec (figures.UP_CODEC,
+    DOWN_CODEC), plus the protocol's measured overhead (BENCHMARKS §2)."""
     fragment = params / fragments
     up = learners * fragment * F.UP_BITS.value / 8 * F.PROTOCOL_OVERHEAD.value / step_s
     down = learners * fragment * F.DOWN_BITS.value / 8 * F.PROTOCOL_OVERHEAD.value / step_s

@@ -33,7 +33,8 @@ def text(plan: Plan, model: str) -> str:
            f"target utilization {p.utilization:.0%}"
     if plan.problems:
         return "\n".join([head, "", "cannot plan this run; change:", *(f"  - {x}" for x in plan.problems)])
-    lines = [head, "", "learners and links (up: int4 pushes; down: int8 deltas; + protocol overhead, BENCHMARKS §2)"]
+    lines = [head, "", f"learners and links (up: {F.UP_CODEC} pushes; down: {F.DOWN_CODEC} deltas; "
+                       "+ protocol overhead, BENCHMARKS §2)"]
     lines.append(f"  {'region':<14}{'learners':>9}{'chips':>8}{'step':>7}{'link':>14}{'up':>14}{'down':>14}"
                  f"{'link used':>10}{'round trip':>11}{'Join':>8}{'goodput':>9}")
     for rp in plan.regions:
@@ -123,7 +124,7 @@ def manifests(plan: Plan, model: TransformerModel, name: str,
         "data": {**base.get("data", {}), "shards": total},
         "training": base.get("training", {}),
     }
-    syncer_common = {"fragments": plan.fragments, "shards": plan.shards, "compression": "int4"}
+    syncer_common = {"fragments": plan.fragments, "shards": plan.shards, "compression": F.UP_CODEC}
     host = f"syncer.{name}.example.com"
     storage = f"{max(1, math.ceil(2 * plan.checkpoint_b / plan.shards / 2**30))}Gi"  # twice one checkpoint
     home = next(rp for rp in plan.regions if not rp.remote)
@@ -134,7 +135,7 @@ def manifests(plan: Plan, model: TransformerModel, name: str,
                 "shardOffset": offsets[rp.region.name]}
 
     syncer: dict[str, Any] = {
-        **syncer_common, "quorum": 1, "broadcastCompression": "int8",
+        **syncer_common, "quorum": 1, "broadcastCompression": F.DOWN_CODEC,
         "graceWindow": {"tau": p.tau},
         "checkpointIntervalSeconds": plan.checkpoint_interval_s, "checkpointStorage": storage,
         "resources": {"requests": {"cpu": str(p.cores_per_shard),

@@ -2,7 +2,7 @@
 spec (diloco/spec/__init__.py re-exports these classes).
 
 The defaults are the paper's protocol as measured here (docs/ALGORITHM.md, docs/BENCHMARKS.md):
-K = 1, a grace window, RDA over int4 outer gradients, int8 broadcast deltas, one shard.
+K = 1, a grace window, RDA over int4 outer gradients, int4 broadcast deltas, one shard.
 """
 
 from __future__ import annotations
@@ -103,8 +103,10 @@ class Syncer(Model):
     shards: int = Field(1, ge=1, le=64)
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
-    # in fp32 on (re)connect); int8 keeps learners' copies within ~0.4% of Θ at a quarter of fp32.
-    broadcast_compression: Codec = "int8"
+    # in fp32 on (re)connect). int4 halves int8's bytes (85x below bf16 data-parallel at P = 24,
+    # int8 45x) at no loss the replay can see: -0.05% against int8, +0.01% against fp32 over 3
+    # seeds (docs/BENCHMARKS.md §14). int8 and fp32 stay for a down-link with bytes to spare.
+    broadcast_compression: Codec = "int4"
     block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4, nf4 and int8
     # The outer step for frequent syncs (each fragment every P steps), measured (docs/BENCHMARKS.md,
     # "The outer step"): lr 0.6 with inner lr 9e-3 is the best pair of the replay's grid and beats
