@@ -148,8 +148,8 @@ def test_the_heap_a_syncer_reserves_holds_a_joins_snapshot_and_the_delta_chains(
     try:
         core = h.core
         own = [s for p in core.owned for s in core.model.shapes(p).values()]
-        assert len(own) == 2 and core.headroom() == sum(encoded_size(s, "fp32") + CHAIN * encoded_size(s, "int8")
-                                                         for s in own)
+        assert len(own) == 2 and core.headroom() == sum(
+            encoded_size(s, "fp32") + CHAIN * encoded_size(s, spec.broadcast_compression) for s in own)
         updates = {p: [{n: v + 0.01 * (k + 1) for n, v in core.model.fragment(p).items()} for k in range(CHAIN + 1)]
                    for p in core.owned}  # Θ_p as the merges would make it, made before counting
         tracemalloc.start()

@@ -112,7 +112,7 @@ def syncer_merges(spec: Syncer, params0: dict[str, np.ndarray], trace: list[tupl
 
 UNEQUAL = [Script(step_seconds=1.0), Script(step_seconds=1.7, start=0.2), Script(start=0.45, outages=[(9.3, 13.0)]),
            Script(step_seconds=0.8, start=0.1)]
-# The product's codecs (int4 pushes, int8 broadcast), Nesterov and token weighting, quorum 2.
+# The product's codecs (int4 pushes, int4 broadcast), Nesterov and token weighting, quorum 2.
 SPEC: dict[str, object] = {"fragments": 4, "quorum": 2}
 TIMELINES: dict[str, tuple[list[Script], dict[str, object]]] = {
     "steady": ([Script(), Script(start=0.3), Script(start=0.6)], SPEC),

@@ -182,7 +182,7 @@ class Replay:
             return
         lr.life += 1
         lr.alive = True
-        lr.params = self._views()  # the Join's snapshot: V of every fragment, fp32
+        lr.params = {n: v.copy() for h in self.publisher.heads.values() for n, v in h.view.items()}  # the Join's V
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
         lr.progress = JobProgress(len(self.learners), self.trainer.tokens_per_step)
@@ -286,9 +286,6 @@ class Replay:
             if deadline > self.now and deadline not in self.ticks:
                 self.ticks.add(deadline)
                 self.at(deadline, "tick")
-
-    def _views(self) -> Tensors:
-        return {n: v.copy() for head in self.publisher.heads.values() for n, v in head.view.items()}
 
     def _publish(self, p: int, version: int, values: Mapping[str, np.ndarray], slot: int) -> None:
         """The driver's publish: the publisher encodes Θ_p's delta against V_p and advances V_p;

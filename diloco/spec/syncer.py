@@ -104,8 +104,9 @@ class Syncer(Model):
     compression: Codec = "int4"  # +0.09% loss vs bf16
     # Global fragments travel to learners as compressed deltas with error feedback (keyframes
     # in fp32 on (re)connect). int4 halves int8's bytes (85x below bf16 data-parallel at P = 24,
-    # int8 45x) at no loss the replay can see: -0.05% against int8, +0.01% against fp32 over 3
-    # seeds (docs/BENCHMARKS.md §14). int8 and fp32 stay for a down-link with bytes to spare.
+    # int8 45x) at no loss the replay can see (-0.05% against int8, +0.00% against fp32) and
+    # +0.17% against int8 in real processes, 3 seeds each (docs/BENCHMARKS.md §14). int8 and
+    # fp32 stay for a down-link with bytes to spare.
     broadcast_compression: Codec = "int4"
     block_size: int = Field(64, ge=8, le=65536)  # absmax block for int4, nf4 and int8
     # The outer step for frequent syncs (each fragment every P steps), measured (docs/BENCHMARKS.md,
