@@ -15,7 +15,7 @@ quickstart model, the same token budget and held-out windows, K = 1, P = 4, int4
 gradients, RDA) once per codec and seed, with only the broadcast codec changed, the codecs of
 one seed back to back so the machine's slow swings hit them alike. Last line: JSON with each
 codec's mean final held-out loss, and `<codec>_over_<ref>`: the mean over seeds of the
-per-seed ratio to the reference codec (--ref, int8: the default before this bench).
+per-seed ratio to the reference codec (--ref, int8 by default: the broadcast's default until 2026-12-06).
 """
 
 from __future__ import annotations

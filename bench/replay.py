@@ -28,7 +28,7 @@ import common
 # name -> (description, replay options); options: syncer (spec.syncer changes), scripts
 # (timeline kind), adoption, shared (the shared schedule on/off).
 ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "decoupled": ("the defaults: K=1, P=4 balanced, int4 up, int8 down, RDA, token weighting, rebase, shared schedule", {}),
+    "decoupled": ("the defaults: K=1, P=4 balanced, int4 both ways, RDA, token weighting, rebase, shared schedule", {}),
     "decoupled-chaos": ("... a learner killed every ~40 slots, back 10 slots later", {"scripts": "chaos"}),
     "ablate-chaos-fresh-moments": ("... a re-joining learner starts AdamW at zero moments, not a peer's",
                                    {"scripts": "chaos", "training": {"peerOptimizerState": False}}),
@@ -40,10 +40,11 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "ablate-no-schedule": ("each learner picks its fragment from its own step count", {"shared": False}),
     "ablate-overwrite": ("adoption overwrites (θ_p ← Θ_p) instead of rebasing", {"adoption": "overwrite"}),
     "ablate-no-grace": ("no grace window (γ = 0): rounds close at quorum", {"syncer": {"graceWindow": {"gamma": 0.0}}}),
-    # The broadcast's codec (spec.syncer.broadcastCompression), all else the defaults: what a
-    # 4-bit down-link costs, without the real bench's timing noise (bench/broadcast_quality.py).
-    **{f"broadcast-{c}": (f"{c} broadcast deltas instead of int8", {"syncer": {"broadcastCompression": c}})
-       for c in ("fp32", "int4", "nf4")},
+    # The broadcast's codec (spec.syncer.broadcastCompression) named outright, all else the
+    # defaults: what each down-link costs, without the real bench's timing noise
+    # (bench/broadcast_quality.py), whatever the default of the day.
+    **{f"broadcast-{c}": (f"the broadcast's deltas in {c}", {"syncer": {"broadcastCompression": c}})
+       for c in ("fp32", "int8", "int4", "nf4")},
     "ablate-no-participation-scaling": ("partial rounds move Θ by their full merged update",
                                         {"syncer": {"participationScaling": False}}),
 }
@@ -54,8 +55,8 @@ def arm_manifest(args: argparse.Namespace, change: dict[str, Any], seed: int, lr
     syncer = common.deep(change.get("syncer") or {})
     if outer:
         syncer.update(outerLearningRate=outer[0], outerMomentum=outer[1])
-    training = {**change.get("training", {}), **({"learningRate": lr} if lr else {})} or None
-    training = {**(training or {}), **({"evalBatches": args.eval_batches} if args.eval_batches else {})} or None
+    training = {**change.get("training", {}), **({"learningRate": lr} if lr else {}),
+                **({"evalBatches": args.eval_batches} if args.eval_batches else {})} or None
     m = common.manifest("replay", steps_per_learner=args.steps, syncer=syncer, seed=seed, training=training,
                         groups=[{"name": "local", "replicas": args.learners}])
     m["spec"]["data"]["sharding"] = args.sharding

@@ -12,7 +12,7 @@ differs from its baseline only by the knob it turns.
 
 Published fragments reach learners through the syncer's own `Publisher`, in
 `spec.syncer.broadcastCompression`: each learner holds the view V_p the product's learners hold
-(int8 deltas with error feedback by default, a joiner the fp32 snapshot of the views), so a
+(deltas with error feedback; a joiner, the fp32 snapshot of the views), so a
 broadcast codec's cost is measured here without the timing noise. Simplifications, on
 purpose: computing a step takes no virtual time beyond its scripted step time; the syncer's
 merge and encode take no virtual time.
