@@ -140,6 +140,9 @@ def learner_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             c.start_learner(i)
         for name in c.learners:
             c.wait_event(name, "joined", timeout=150)
+        # Joined is not yet training: a test drawn first (the order is random) needs every learner's
+        # first progress report to measure against.
+        c.wait_for(lambda: all(c.last(n, "progress") for n in c.learners), 60, "a progress report from every learner")
         yield c
     finally:
         c.close()
