@@ -255,6 +255,11 @@ def export(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    sys.path.insert(0, str(ROOT))
+    from diloco.core.choices import CODECS
+    from diloco.spec.syncer import Syncer
+
+    defaults = Syncer()  # the codecs the job runs with where no flag names one
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--preset", default="llama-125m")
@@ -267,14 +272,10 @@ def main() -> None:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     p.add_argument("--out", type=Path, default=ROOT / "runs" / "real-size")
     # Unset: the codecs users get (spec.syncer's defaults), so the bytes measured are theirs.
-    p.add_argument("--broadcast", choices=["fp32", "bf16", "int8", "int4", "nf4"], help="the broadcast's codec")
+    p.add_argument("--broadcast", choices=CODECS, help="the broadcast's codec")
     p.add_argument("--no-kill", dest="kill", action="store_false", help="no kill at half time: steady state to the end")
     args = p.parse_args()
-    sys.path.insert(0, str(ROOT))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    from diloco.spec.syncer import Syncer
-
-    defaults = Syncer()  # the codecs the job runs with where no flag names one
 
     tokens = prepare_data(args.out / "data", args.vocab)
     plain = {}
