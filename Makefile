@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The syncer image's install, exactly (`pip install .`, no extras: no JAX): the slim lane runs
-# the syncer, the operator and the base commands in it (tests/test_slim.py). Rebuilt when the
+# the syncer, the operator and the base commands in it (tests/system/test_slim.py). Rebuilt when the
 # package changes, since a non-editable install holds a copy.
 SLIM := .venv-slim
 $(SLIM)/.installed: pyproject.toml $(shell find diloco syncer operator apps -name '*.py' -o -name '*.proto')
@@ -51,11 +51,11 @@ clean:
 # in podman containers, as the operator runs them (docs/IMAGES.md). Root; minutes on first build.
 .PHONY: test-images
 test-images: $(VENV)/.installed
-	DILOCO_TEST_IMAGES=1 $(BIN)/pytest -m images -s tests/test_images.py
+	DILOCO_TEST_IMAGES=1 $(BIN)/pytest -m images -s tests/system/test_images.py
 
 # A real node: the kubelet and kube-proxy from the control plane's tree, Debian's containerd and
 # runc, the images of test-images inside it; the chart and a sized-down examples/k8s-cpu-kind.yaml
 # run there end to end (docs/KUBERNETES.md, "A real node"). Root; the first run builds for minutes.
 .PHONY: test-cluster
 test-cluster: $(VENV)/.installed
-	DILOCO_TEST_CLUSTER=1 $(BIN)/pytest -m cluster -s tests/test_cluster.py
+	DILOCO_TEST_CLUSTER=1 $(BIN)/pytest -m cluster -s tests/cluster/test_cluster.py

@@ -109,7 +109,7 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
                         "tokenizer's threads only)")
     p.add_argument("--restart", action="store_true",
                    help="delete what an earlier run wrote in DIR and start over (default: resume it)")
-    p.set_defaults(func=lambda a: _call("diloco.trainer.prepare", "main", a, needs=extras.LEARNER))
+    p.set_defaults(func=lambda a: _call("diloco.apps.tokens.prepare", "main", a, needs=extras.LEARNER))
 
 
 def _add_cluster_parsers(sub: argparse._SubParsersAction) -> None:
@@ -150,10 +150,10 @@ def _call(module: str, func: str, args: argparse.Namespace, needs: str | None = 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """The spec's own rules, then every check the operator makes before it runs a job
-    (operator/admission.py), with the operator's messages; with --inputs, the files the job
+    (operator/admission/checks.py), with the operator's messages; with --inputs, the files the job
     reads too (diloco/inputs.py); exit 2 on any problem."""
     from diloco import inputs
-    from diloco.operator import admission
+    from diloco.operator.admission import checks as spec_checks
     from diloco.spec import SpecError, load_job
 
     try:
@@ -162,7 +162,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except SpecError as exc:
         problems = exc.problems
     else:
-        problems = admission.problems(job, gateway_api=args.gateway_api, kueue_enabled=not args.no_kueue)
+        problems = spec_checks.problems(job, gateway_api=args.gateway_api, kueue_enabled=not args.no_kueue)
     if problems:
         for line in problems:
             print(line, file=sys.stderr)
@@ -180,12 +180,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _print_copies(spec: JobSpec, *, compared: bool) -> None:
     """Where the groups read their own copies of the data (docs/DATA.md, "Data near its
     learners"): each copy's files and bytes once compared (--inputs), else how to compare them."""
-    from diloco import copies
+    from diloco import copy_listings
 
     if len({(d.source.path, d.source.held_out_path) for d in map(spec.data_for, (g.name for g in spec.learner_groups))}) < 2:
         return
     if compared:
-        for line in copies.compare_copies(spec)[1]:
+        for line in copy_listings.compare_copies(spec)[1]:
             print(f"  {line}: the same files and sizes")
     else:
         print("  the groups read their own copies of the data: compare their files and sizes with --inputs "

@@ -117,7 +117,7 @@ def is_hf(directory: Path) -> bool:
 
 def load_hf(directory: Path) -> tuple[TransformerModel, DataSource, dict[str, np.ndarray]]:
     """An HF directory of a family we train, as our model, tokenizer source and parameters."""
-    from diloco.trainer.pretrained import read_weights
+    from diloco.trainer.models.pretrained import read_weights
 
     where = str(directory)
     config = hf.read_config(where)

@@ -86,7 +86,7 @@ class _Setup:
         # The same shards the job's learners get: learner i of M has the i-th slice.
         self.shards = [data.shard(train, i, learners, spec.data.sharding) for i in range(learners)]
         self.window = spec.model.context + 1
-        # The learners' own data path (trainer/data.py Batches): each window once per epoch, in a
+        # The learners' own data path (trainer/data/__init__.py Batches): each window once per epoch, in a
         # seeded order, batch k of learner i a function of (seed, i, k), so every arm sees the
         # same batches in the same order and only the algorithm differs.
         self.batches = [data.Batches(s, self.tr.batch_size, self.window, seed=spec.data.seed, shard_index=i)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from diloco.apps.testing.relay import FaultProxy
+from diloco.apps.testkit.relay import FaultProxy
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "bench"

@@ -6,7 +6,7 @@ int4 encode + decode of one tensor (block 64) and a 4-contribution weighted sum,
 ratio to a memcpy of the same input in the same run: numpy as the first release wrote it,
 `jax.jit` on the CPU (XLA fuses the element-wise work; the block max is a reduction; inputs
 already on the device, which favours it: the syncer's arrive as bytes), and the kernels in
-`diloco/core/loops.py`. Each is run once before timing (compilation is not measured).
+`diloco/core/kernels.py`. Each is run once before timing (compilation is not measured).
 Last line: JSON.
 """
 

@@ -3,7 +3,7 @@
     python bench/multihost_share.py [--preset llama-125m] [--vocab 8192] [--fragments 24] [--rounds 20] [--smoke]
 
 At every step boundary host 0 of a `hostsPerLearner: H` learner shares what its syncer client
-gathered (trainer/mirrored.py, `MirroredClient.take_updates`): most steps nothing but its stop
+gathered (trainer/sync/mirrored.py, `MirroredClient.take_updates`): most steps nothing but its stop
 flags, some a push's answer, a few a published fragment. Two ways, side by side in one run:
 
 - **pickle** (trainer/hosts.py before issue 44): the snapshot (updates, three flags) pickled
@@ -52,8 +52,8 @@ from diloco.core.ledger import Arrival
 from diloco.spec import TransformerModel
 from diloco.trainer import model
 from diloco.trainer.hosts import HEADER, Hosts
-from diloco.trainer.mirrored import MirroredClient
-from diloco.trainer.messages import Updates
+from diloco.trainer.sync.mirrored import MirroredClient
+from diloco.trainer.sync.messages import Updates
 
 cfg = TransformerModel.model_validate({"preset": args["preset"], "vocab_size": args["vocab"]})
 shapes = model.parameter_shapes(cfg)

@@ -4,7 +4,7 @@
 
 Runs `diloco plan ARGS --json`, then the planned syncer (its shard count, P, tau) as real
 `diloco syncer` processes over a small GPT with at least P x shards tensors (the fragment
-schedule needs that many), and the load generator (`diloco.apps.testing.loadgen`, as
+schedule needs that many), and the load generator (`diloco.apps.testkit.loadgen`, as
 bench/syncer_scale.py drives it) as the plan's learners: the same number, the same step time,
 so the same pushes per second per shard and the same schedule of due fragments, at a scaled-down
 fragment size. Each slot's merge must reach every learner; the grace window allows a fragment
@@ -38,7 +38,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from syncer_scale import REPO, manifest, placement, shapes_of, start_syncer, trial
 
-from diloco.apps.testing.loadgen import seed
+from diloco.apps.testkit.loadgen import seed
 
 # The 12B x 4 US regions plan of docs/PLANNING.md (tau 3: at 2 the embedding's fragment misses it).
 PLAN_12B = ("--params 12e9 --tau 3 --region name=us-central,chips=4096,wan-gbps=5,latency-ms=5 "

@@ -5,7 +5,7 @@
 
 Runs `diloco plan ARGS --json`, then the real `diloco syncer` (in a "home" network namespace)
 and one real `diloco learner` a region, each in its own namespace behind a veth link shaped
-with tbf both ways (apps/testing/wan.py), over a small GPT of P tensors (the plan's P and tau,
+with tbf both ways (apps/testkit/wan.py), over a small GPT of P tensors (the plan's P and tau,
 the plan's codecs: int4 pushes and deltas back). A region's bytes/s scale from the plan's by the model's ratio
 (scaled / planned parameters) and the steps per second's (the plan's step / the bench's, its
 fastest learner's unthrottled step): through `wire_rates` of apps/plan/model.py, as the plan
@@ -201,7 +201,7 @@ def rates(plan: dict[str, Any], scaled: int, step_s: float, share: float) -> dic
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from diloco.apps.testing import wan
+    from diloco.apps.testkit import wan
 
     reason = wan.available()
     if reason:

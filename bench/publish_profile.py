@@ -21,7 +21,7 @@ from diloco.core.codecs import encode_delta_tensors, encode_tensors
 from diloco.core.merge import merge_updates
 from diloco.core.outer import NesterovSGD
 from diloco.syncer import provenance
-from diloco.syncer.admission import outer_gradient
+from diloco.syncer.acceptance import outer_gradient
 
 
 def ms(fn: Callable[[], object]) -> float:

@@ -49,7 +49,7 @@ class JaxTrainer:
                                           length=self.window)
         self.recipe = Recipe(spec.model, spec.training)
         self.params0 = {k: np.array(v, np.float32) for k, v in model.init_params(spec.model, spec.data.seed).items()}
-        # The learner's own data path (trainer/data.py Batches). A restarted learner continues its
+        # The learner's own data path (trainer/data/__init__.py Batches). A restarted learner continues its
         # shard where it was; the product resumes after the last merged batch, which re-trains
         # the few batches a kill lost (a difference of a few batches per kill).
         tr = spec.training

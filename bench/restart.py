@@ -5,13 +5,13 @@
 A re-admitted learner adds nothing to the model from its kill until the syncer accepts its next
 push; this bench measures that start the way a pod makes it: `diloco learner` with the
 arguments and variables the operator renders (the token from a file, the compilation cache of
-operator/compile_cache.py in a folder standing in for the pod's volume), no pre-forked process,
+operator/render/compile_cache.py in a folder standing in for the pod's volume), no pre-forked process,
 pinned to core 0 beside a live syncer on core 1 that already holds the job's state (a re-join,
 not a first start). Each round restarts it twice: `cold`, an empty cache (what every container
 start paid before the operator rendered one), and `warm`, the cache its previous start left
 (a container restart in its pod, or any start with a shared cache); then the plain loop (the
 same recipe's step, no syncer) started cold and warm the same way. The learner's `training`
-event (trainer/startup.py) gives each phase in seconds since the process started: `imports`
+event (trainer/timeline.py) gives each phase in seconds since the process started: `imports`
 (interpreter and imports), `configured`, `compiled`, `joined` (the global model pulled),
 `first_step`, `first_push_accepted`. The plain loop reports its imports, its compile and its
 first step. Last line: JSON with the medians per start kind and `warm_joined_seconds`, the
@@ -44,7 +44,7 @@ PHASES = ("imports", "configured", "compiled", "joined", "first_step", "first_pu
 
 PLAIN = r"""
 import json, sys
-from diloco.trainer.startup import Timeline
+from diloco.trainer.timeline import Timeline
 timeline = Timeline()
 from diloco.launch import learner_runtime, pin_cpus
 pin_cpus("0")
@@ -70,7 +70,7 @@ print(json.dumps({"event": "training", **timeline.marks}), flush=True)
 
 def cache_env(config: str, cache: Path) -> dict[str, str]:
     """The learner container's cache variables as the operator renders them, the volume at `cache`."""
-    from diloco.operator.compile_cache import variables
+    from diloco.operator.render.compile_cache import variables
     from diloco.spec import load_job
 
     return variables(load_job(config).spec, mount=str(cache))

@@ -3,7 +3,7 @@
     python bench/streaming.py [--mb 64] [--seconds 30] [--preset llama-125m] [--context 256] [--batch 2]
 
 A learner reading `kind: parquet` tokenizes its row groups on a background thread ahead of the
-step (trainer/streams.py); the step must never wait for it. In one run, on core 0 each:
+step (trainer/data/streams.py); the step must never wait for it. In one run, on core 0 each:
 1. the stream: `--mb` of Parquet (the 38 plays cut into ~3 KB documents, repeated, in
    files of row groups of ~8 MB) read through `data.load` as a learner reads its shard, with a
    byte-level BPE of `--vocab` ids trained on the plays (bench/real_size.py's), its batches of

@@ -7,7 +7,7 @@
 
 For each model size and shard count N: N real syncer processes (`diloco syncer --shard i`, the
 job's defaults but for the model, P and N, no checkpoints), and for M = 1, 2, 4, ... a load
-generator (`diloco.apps.testing.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
+generator (`diloco.apps.testkit.loadgen`: M synthetic learners over real gRPC, no JAX, spread over
 `--loadgen-processes` processes started on one clock, by default one per core it has), each
 shard pinned to a core of its own and the load generator to the rest while there are N + 1 cores
 (else none pinned), pushing precomputed int4 outer gradients on the shared schedule at one step
@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from diloco.apps.testing.loadgen import seed
+from diloco.apps.testkit.loadgen import seed
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {"5e5": (2, 128), "1e7": (6, 384), "1e8": (14, 768), "1e9": (24, 1856)}  # nominal size: (layers, dModel)
@@ -110,7 +110,7 @@ def trial(address: str, token: str, shapes: Path, learners: int, step: float, sl
     """One load-generator run; with it, how busy each side was (CPU seconds per wall second, over
     the whole run: joining, pushing, draining), so a row says which side ran out of core."""
     env = dict(os.environ, DILOCO_TOKEN=token)
-    cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.apps.testing.loadgen", "--address", address, "--shapes",
+    cmd = [*pinned(cpu), sys.executable, "-P", "-m", "diloco.apps.testkit.loadgen", "--address", address, "--shapes",
            str(shapes), "--learners", str(learners), "--step-seconds", str(step), "--slots", str(slots), "--warmup-cycles", str(warmup), "--prefix", prefix,
            "--rejoin-every", str(rejoin_every), "--processes", str(processes)]
     before, children, t0 = [cpu_seconds(p) for p in syncers], resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()

@@ -3,7 +3,7 @@
     sudo python bench/wan.py [--rates 50,10,2] [--seconds 25] [--budget 60]
 
 Two regions, one learner each, reach a "home" namespace over veth links shaped with tbf
-(apps/testing/wan.py). Same model, same link, three ways to train:
+(apps/testkit/wan.py). Same model, same link, three ways to train:
 
 - decoupled: the real `diloco syncer` (home) and `diloco learner`s, int4 both ways, P = 16;
 - dp: the data-parallel equivalent: every step each learner sends its bf16 gradients to a
@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=60.0, help="wall-clock budget for the loss comparison")
     parser.add_argument("--modes", default="decoupled,dp,sync")
     args = parser.parse_args()
-    from diloco.apps.testing import wan
+    from diloco.apps.testkit import wan
 
     reason = wan.available()
     if reason:

@@ -8,7 +8,7 @@ first step; with XLA's default, every dot that XLA hands to YNNPACK builds its r
 that first execution, in every new process. Each round starts one fresh process per setting
 (XLA's default, then the learner's flags; the first round of each fills its cache and is not
 counted), all on core 0, and measures what a restart pays: the CPU to build the recipe (reading
-its exported programs, trainer/step_cache.py), place Θ, initialise AdamW and dispatch the first
+its exported programs, trainer/caches/step_cache.py), place Θ, initialise AdamW and dispatch the first
 step (lowering it and loading the executable from the compilation cache), and the CPU of that
 step's execution; then the steady step, as wall time
 per step over `--steps` steps. Last line: JSON with the medians per setting and

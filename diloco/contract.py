@@ -30,7 +30,7 @@ MIN_TOKEN_CHARS = 16  # 64 bits of hex: guessing it over the network is hopeless
 COORDINATOR_ENV = "DILOCO_COORDINATOR"
 PROCESS_ID_ENV = "DILOCO_PROCESS_ID"
 NUM_PROCESSES_ENV = "DILOCO_NUM_PROCESSES"
-# Where a learner keeps Θ₀ and its lowered train step (trainer/step_cache.py) across restarts: a
+# Where a learner keeps Θ₀ and its lowered train step (trainer/caches/step_cache.py) across restarts: a
 # local folder. Unset, beside JAX's compilation cache when that is a local folder (`diloco run`).
 STEP_CACHE_ENV = "DILOCO_STEP_CACHE_DIR"
 # JAX's persistent cache keeps only programs that took a second to compile by default; a learner
@@ -53,7 +53,7 @@ class Exit(enum.IntEnum):
 # $DILOCO_TERMINATION_LOG (unset: nowhere, as in local runs) just before it exits. The operator
 # renders the learner container's terminationMessagePath as TERMINATION_LOG and sets the variable
 # to it; the kubelet copies the file's last 4096 bytes into the container's
-# `state.terminated.message` (then `lastState`), which operator/steps.py reads.
+# `state.terminated.message` (then `lastState`), which operator/status/steps.py reads.
 TERMINATION_LOG_ENV = "DILOCO_TERMINATION_LOG"
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 FINISHED_MARKER = "diloco.dev/finished"
@@ -112,7 +112,7 @@ class Event(enum.StrEnum):
     FATAL = "fatal"
     EXIT = "exit"  # the last line: flushed or not, and why it stopped
     # once, at the first push the syncer accepted: the start's phases in seconds since the
-    # process started (trainer/startup.py), the re-admission's cost
+    # process started (trainer/timeline.py), the re-admission's cost
     TRAINING = "training"
 
 

@@ -18,13 +18,13 @@ CLOUD_FIX = "gs:// and s3:// need the cloud extra: pip install 'decoupled-diloco
 
 def problems(job: DecoupledDiLoCoJob) -> list[str]:
     """One `field: problem; fix` line per input that is not there (empty: all present)."""
-    from diloco import copies
+    from diloco import copy_listings
     from diloco.spec import path_field
 
     spec = job.spec
     src, out = spec.data.source, []
     seen: set[tuple[str | None, str | None]] = set()
-    for i, g in enumerate(spec.learner_groups):  # every group's copy (spec/copies.py), each once
+    for i, g in enumerate(spec.learner_groups):  # every group's copy (spec/copy_listings.py), each once
         ours = spec.data_for(g.name).source
         if (key := (ours.path, ours.held_out_path)) in seen:
             continue
@@ -35,7 +35,7 @@ def problems(job: DecoupledDiLoCoJob) -> list[str]:
                 if f"{field}: {problem}" not in out:
                     out.append(f"{field}: {problem}")
     if not out:  # every copy there: each must hold the same files and sizes
-        out += copies.copy_problems(spec)
+        out += copy_listings.copy_problems(spec)
     if src.encoding != "bytes":
         try:
             found = hf.exists(src.encoding)

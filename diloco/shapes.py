@@ -2,7 +2,7 @@
 
 The operator sizes the syncer's checkpoint volume from them, and it runs from the syncer image,
 which has no JAX (pyproject's base install). The names and shapes are exactly what Flax gives
-`trainer/gpt.py` and `trainer/llama.py` (tests/test_shapes.py checks them against
+`trainer/models/gpt.py` and `trainer/models/llama.py` (tests/diloco/test_shapes.py checks them against
 `jax.eval_shape` for every preset and odd sizes); a change to either model changes this too.
 A user's own module (`spec.model.module`) has shapes only its code knows, and a pretrained model
 (`spec.model.pretrained`) only its config.json until it is read (diloco/hf.py): None here.

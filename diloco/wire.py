@@ -40,7 +40,7 @@ GRPC_OPTIONS = [
     ("grpc.http2.max_pings_without_data", 0),
     # A channel that failed to connect waits before trying again, growing to 120 s by default:
     # a learner would then sit out a restarted syncer for minutes. Keep retries within 2 s;
-    # the callers' own backoff (trainer/client.py) spaces out the RPCs themselves.
+    # the callers' own backoff (trainer/sync/client.py) spaces out the RPCs themselves.
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
@@ -251,7 +251,7 @@ def push(stub: Any, header: pb.PushHeader, blob: bytes | memoryview, metadata: A
     return stub.Push(push_chunks(header, blob), metadata=metadata, timeout=timeout)
 
 
-# -- seeding: the first learner hands an unseeded syncer Θ₀ (syncer/seeding.py) ---------------
+# -- seeding: the first learner hands an unseeded syncer Θ₀ (syncer/joins/seeding.py) ---------------
 
 UNSEEDED = "unseeded shard"  # the Join refusal's prefix, which the learner's client recognises
 

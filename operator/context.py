@@ -16,15 +16,15 @@ from typing import Any, cast
 
 import kopf
 
-from diloco.operator import naming
-from diloco.operator.capacity import GATE_GRACE
-from diloco.operator.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
-from diloco.operator.failures import IMAGE_PULL_GRACE
+from diloco.operator.admission.certificates import WebhookOptions
+from diloco.operator.failures.capacity import GATE_GRACE
+from diloco.operator.failures.policy import IMAGE_PULL_GRACE
 from diloco.operator.kube import Kube
 from diloco.operator.metrics import OperatorMetrics
-from diloco.operator.policies import OPERATOR_LABELS, Peers
+from diloco.operator.reconcile.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
+from diloco.operator.render import naming
+from diloco.operator.render.policies import OPERATOR_LABELS, Peers
 from diloco.operator.syncer_client import SyncerClients
-from diloco.operator.webhook_certs import WebhookOptions
 
 
 def _env_float(name: str, default: float) -> float:
@@ -62,7 +62,7 @@ class Config:
     # Seconds every pod of a group may be stuck pulling its image before the job ends
     # (failures.image_stuck). Not an environment setting: tests shorten it.
     image_pull_grace: float = IMAGE_PULL_GRACE
-    # Seconds a pod may stay behind a scheduling gate before the job shows it (capacity.py).
+    # Seconds a pod may stay behind a scheduling gate before the job shows it (operator/failures/capacity.py).
     # Not an environment setting: tests shorten it.
     gate_grace: float = GATE_GRACE
     # Where the operator dials a job's syncer; tests map Service names to local ports.
@@ -74,9 +74,9 @@ class Config:
     # Who besides a job's learners may reach its syncer (its NetworkPolicy); the chart's values.
     peers: Peers = field(default_factory=Peers)
     # The chart's kueue.enabled: the operator is the Kueue integration of queue-labelled jobs
-    # (their Workloads: kueue.py); the Workload CRD and RBAC for it must be there.
+    # (their Workloads: operator/kueue/integration.py); the Workload CRD and RBAC for it must be there.
     kueue: bool = False
-    # The validating admission webhook (webhook.py): where kopf serves it and whence its
+    # The validating admission webhook (operator/admission/webhook.py): where kopf serves it and whence its
     # certificate; None (no DILOCO_WEBHOOK_PORT): not served, as in tests that do not ask for it.
     webhook: WebhookOptions | None = None
 

@@ -6,7 +6,7 @@ OpenAPI v3.0 schema, so `structural()` inlines `$ref`s, turns `X | None` into `n
 `str | int` into `x-kubernetes-int-or-string`, and drops what structural schemas forbid.
 Defaults move into descriptions: the operator applies them, and stored objects stay as written.
 CEL transition rules (`x-kubernetes-validations`, Kubernetes 1.25+; alpha behind a feature gate
-in 1.23-1.24) refuse edits of the fields a running job cannot change (immutable.py). Older API
+in 1.23-1.24) refuse edits of the fields a running job cannot change (operator/admission/immutable.py). Older API
 servers drop the field, but `kubectl apply`'s client-side validation against them rejects the
 CRD: render it with `cel=False` (`diloco crd --no-cel`) for those; the operator's own check
 (status.startedSpec) holds either way.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from diloco.operator.immutable import FIELDS as IMMUTABLE
+from diloco.operator.admission.immutable import FIELDS as IMMUTABLE
 from diloco.spec import API_VERSION, KIND, JobSpec, JobStatus
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def _present(obj: str, path: str) -> str:
 def immutable_rules() -> list[dict[str, str]]:
     """One CEL transition rule per immutable field, on `spec`: set, unset or changed, it is refused
     unless the job was suspended (a queued job that never ran may still be edited; the operator
-    refuses it then if the job had started before: immutable.py)."""
+    refuses it then if the job had started before: operator/admission/immutable.py)."""
     rules = []
     for path, why in IMMUTABLE.items():
         new, old = _present("self", path), _present("oldSelf", path)

@@ -15,10 +15,12 @@ from typing import Any
 
 import kopf
 
-from diloco.operator import immutable, peering, reconcile, webhook
-from diloco.operator import naming as n
+from diloco.operator import peering
+from diloco.operator.admission import immutable, webhook
 from diloco.operator.context import Config, Context
 from diloco.operator.crd import GROUP, PLURAL, VERSION
+from diloco.operator.reconcile import passes
+from diloco.operator.render import naming as n
 from diloco.spec import MANAGED_BY
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -71,17 +73,17 @@ def cleanup(memo: Any, **_: Any) -> None:
 
 
 def apply_job(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    reconcile.reconcile(_ctx(memo), _namespaced(namespace), name)
+    passes.reconcile(_ctx(memo), _namespaced(namespace), name)
 
 
 def chaos(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    reconcile.chaos_tick(_ctx(memo), _namespaced(namespace), name)
+    passes.chaos_tick(_ctx(memo), _namespaced(namespace), name)
 
 
 def ours(spec: Any, status: Any = None, meta: Any = None, **_: Any) -> bool:
     """Whether this operator runs the job: spec.managedBy absent or naming it (as in JobSet), or
     a job it started itself whatever managedBy says now, so that the change is refused and shown
-    (immutable.py) instead of leaving the job's children running with nobody watching them."""
+    (operator/admission/immutable.py) instead of leaving the job's children running with nobody watching them."""
     if spec.get("managedBy") in (None, MANAGED_BY):
         return True
     record = (status or {}).get(immutable.FIELD) or {}
@@ -99,7 +101,7 @@ def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
 
 
 def learner_pod(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
-    reconcile.pod_event(_ctx(memo), event.get("type"), dict(body))
+    passes.pod_event(_ctx(memo), event.get("type"), dict(body))
 
 
 def register(registry: kopf.OperatorRegistry, config: Config) -> None:
@@ -116,7 +118,7 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
     kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
                when=chaos_enabled)(chaos)
     kopf.on.event("", "v1", "pods", registry=registry, id="learner-pods", labels=LEARNER_PODS)(learner_pod)
-    if config.webhook is not None:  # `kubectl apply` refuses what reconcile would fail (webhook.py)
+    if config.webhook is not None:  # `kubectl apply` refuses what reconcile would fail (operator/admission/webhook.py)
         webhook.register(registry, RESOURCE, when=ours)
 
 

@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 
 import urllib3
 
-from diloco.operator.naming import MANAGER
+from diloco.operator.render.naming import MANAGER
 
 # kind -> (API prefix, plural); everything the operator reads or writes.
 KINDS: dict[str, tuple[str, str]] = {
@@ -31,7 +31,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),  # who may reach a syncer
     "PodDisruptionBudget": ("apis/policy/v1", "poddisruptionbudgets"),  # a drain waits for a syncer
     "GRPCRoute": ("apis/gateway.networking.k8s.io/v1", "grpcroutes"),  # an exposed syncer (Gateway API)
-    # Kueue's (kueue.py): served under the newest version of VERSIONED's that the server has.
+    # Kueue's (operator/kueue/integration.py): served under the newest version of VERSIONED's that the server has.
     "Workload": ("apis/kueue.x-k8s.io/v1beta2", "workloads"),  # a queued job's admission
     "ResourceFlavor": ("apis/kueue.x-k8s.io/v1beta2", "resourceflavors"),  # cluster-scoped: an admitted flavor
     "WorkloadPriorityClass": ("apis/kueue.x-k8s.io/v1beta2", "workloadpriorityclasses"),  # cluster-scoped

@@ -64,7 +64,7 @@ class OperatorMetrics:
         # kube_pod_status_phase style): `== 1` selects a phase, and a phase change is seen at once.
         self.phase = Gauge("diloco_job_phase", "The job's phase: 1 for its current phase, 0 for the others",
                            [*JOB_LABELS, "phase"], registry=r)
-        # Pods the scheduler cannot place (capacity.py): a wait, not a failure; the alert is on its length.
+        # Pods the scheduler cannot place (operator/failures/capacity.py): a wait, not a failure; the alert is on its length.
         self.unschedulable_pods = Gauge("diloco_job_unschedulable_pods", "Pods of the job waiting for capacity now",
                                         JOB_LABELS, registry=r)
         self.unschedulable_seconds = Gauge("diloco_job_unschedulable_seconds",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diloco.contract import REFUSED_WITHOUT_WORK
-from diloco.operator.status import RegionView, SyncerView
+from diloco.operator.status.job import RegionView, SyncerView
 
 log = logging.getLogger("diloco.operator")
 TIMEOUT = 3.0

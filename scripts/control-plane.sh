@@ -108,7 +108,7 @@ build() {
   say "built into $BIN"
 }
 
-# The kubelet and kube-proxy of the same tree, for a real node (tests/test_cluster.py). Its own
+# The kubelet and kube-proxy of the same tree, for a real node (tests/cluster/test_cluster.py). Its own
 # work folder and cache: the control plane's binaries are neither needed nor rebuilt. About the
 # same time as the control plane; KUBE_NODE_GOFLAGS (default -p=1) leaves a core to others.
 build_node() {

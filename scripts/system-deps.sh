@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the test suite uses beyond Python: Debian's prometheus (promtool and a real
-# scrape in tests/test_prometheus.py) and iproute2 (ip, tc: the throttled-WAN test). Installed
+# scrape in tests/system/test_prometheus.py) and iproute2 (ip, tc: the throttled-WAN test). Installed
 # with apt-get when missing and we are root; otherwise say what is missing and carry on (those
 # tests then skip outside CI and fail under CI).
 set -euo pipefail

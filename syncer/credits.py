@@ -4,7 +4,7 @@ merges, and what its accepted pushes report beyond that.
 Each push carries its process's cumulative trained tokens, so a token is credited by the first
 merge of any fragment that follows it, exactly once: the token budget and every learner's
 learning-rate position (core/schedule.py JobProgress) read these numbers. No arrays here: the
-global model (syncer/state.py) keeps Θ, this keeps the count.
+global model (syncer/global_model.py) keeps Θ, this keeps the count.
 """
 
 from __future__ import annotations

@@ -21,15 +21,15 @@ from prometheus_client import start_http_server
 
 from diloco.checkpoint import CheckpointStore
 from diloco.contract import parse_shard, ready_line
-from diloco.core import kernels
+from diloco.core import warmup
 from diloco.core.fragments import owned_by
 from diloco.launch import keep_freed_memory, reserve_heap
 from diloco.spec import DecoupledDiLoCoJob
+from diloco.syncer.core import SyncerCore
+from diloco.syncer.global_model import GlobalModel
+from diloco.syncer.joins.seeding import Switch, Unseeded
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.seeding import Switch, Unseeded
-from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
-from diloco.syncer.state import GlobalModel
 from diloco.wire import add_syncer, server_options
 
 log = logging.getLogger("diloco.syncer")
@@ -37,7 +37,7 @@ log = logging.getLogger("diloco.syncer")
 
 def restored_model(job: DecoupledDiLoCoJob, store: CheckpointStore | None, shard: int = 0) -> GlobalModel | None:
     """The newest valid checkpoint's model, or None: then the first learner seeds Θ₀
-    (syncer/seeding.py). A shard holds its own fragments only."""
+    (syncer/joins/seeding.py). A shard holds its own fragments only."""
     if store is None:
         return None
     loaded, skipped = store.load_latest()
@@ -61,7 +61,7 @@ def serve(job: DecoupledDiLoCoJob, token: str, *, port: int, metrics_port: int |
     restored = model is not None
     # Load the kernels before serving, not at the first pushes: loaded then, they make the first
     # rounds seconds late on a cold cache (about 0.4 s from the cache).
-    kernels.warm(job.spec.syncer.block_size)
+    warmup.warm(job.spec.syncer.block_size)
     if metrics_port is not None:
         start_http_server(metrics_port, addr="0.0.0.0", registry=metrics.registry)
     # Each learner holds a subscription thread and briefly a push or join thread; spec.data.shards

@@ -2,8 +2,8 @@
 counters may claim, whether one is live, and who is asked to share optimizer state.
 
 One record per learner id (`LearnerInfo`); sessions and retries are `Admission`'s, the counters'
-bounds `Counters`' (syncer/counters.py), the optimizer-state relay `StateRelay`'s
-(syncer/peer_state.py); the registry keeps them together so a Join, a push or a merge updates
+bounds `Counters`' (syncer/counter_bounds.py), the optimizer-state relay `StateRelay`'s
+(syncer/joins/peer_state.py); the registry keeps them together so a Join, a push or a merge updates
 each in one call. It takes no lock: the syncer core calls it holding its own.
 """
 
@@ -13,15 +13,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from diloco.syncer.admission import Admission
-from diloco.syncer.counters import Counters
-from diloco.syncer.peer_state import StateRelay
+from diloco.syncer.acceptance import Admission
+from diloco.syncer.counter_bounds import Counters
+from diloco.syncer.joins.peer_state import StateRelay
 from diloco.syncer.round import Round
 from diloco.wire import pb
 
 LIVE_SECONDS = 30.0  # a learner seen this recently (or subscribed) is live: its id is taken
 # A push this recent means learners are training against this syncer: re-admissions' bulk
-# streams are paced then (syncer/pacing.py), and go unpaced when nobody pushes (every learner
+# streams are paced then (syncer/joins/pacing.py), and go unpaced when nobody pushes (every learner
 # re-joining a restarted syncer), since no round is waiting.
 ROUNDS_RUNNING_SECONDS = 10.0
 

@@ -1,13 +1,13 @@
 """One round, in order: offer → close → merge → commit → publish, with the clock injected.
 
-The syncer (syncer/service.py) and the replay (apps/sim/replay.py) both run their rounds
+The syncer (syncer/core.py) and the replay (apps/sim/replay.py) both run their rounds
 through a `RoundDriver`: the syncer with its lock, its publish lease and the real publisher,
 on the monotonic clock; the replay with no lock and a virtual clock, publishing straight to
 its learners. So the replay runs the round the syncer runs, not a copy of it.
 
-What the driver does not do: transport, sessions and headers (syncer/admission.py
+What the driver does not do: transport, sessions and headers (syncer/acceptance.py
 `check_header`, checked once before a push's body is read), the counters' bounds
-(syncer/counters.py) and learner bookkeeping. Those stay with the syncer core, which counts
+(syncer/counter_bounds.py) and learner bookkeeping. Those stay with the syncer core, which counts
 each round from what `rounds` returns.
 """
 
@@ -25,10 +25,10 @@ import numpy as np
 from diloco.checkpoint import process_key
 from diloco.core.merge import Source, values_of
 from diloco.core.rounds import Closed, Contribution, Offer, RoundBook, Verdict
-from diloco.syncer.admission import Admission
-from diloco.syncer.counters import credit_limit
-from diloco.syncer.lease import PublishLease
-from diloco.syncer.state import GlobalModel, MergeResult, Outer, round_policy
+from diloco.syncer.acceptance import Admission
+from diloco.syncer.counter_bounds import credit_limit
+from diloco.syncer.durable.lease import PublishLease
+from diloco.syncer.global_model import GlobalModel, MergeResult, Outer, round_policy
 from diloco.wire import pb
 
 Publish = Callable[[int, int, Mapping[str, np.ndarray], int], None]  # (fragment, version, values, slot)

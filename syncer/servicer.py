@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from diloco.syncer.admission import Refused
-from diloco.syncer.pacing import Pacer
+from diloco.syncer.acceptance import Refused
+from diloco.syncer.core import SyncerCore
+from diloco.syncer.joins.pacing import Pacer
+from diloco.syncer.joins.seeding import ANOTHER_SEED
 from diloco.syncer.publisher import Update
-from diloco.syncer.seeding import ANOTHER_SEED
-from diloco.syncer.service import SyncerCore
 from diloco.wire import CHUNK_BYTES, Chunk, authenticate, chunks, framed, pb
 
 log = logging.getLogger("diloco.syncer")
@@ -60,7 +60,7 @@ class SyncerServicer:
         # keeping up takes; one further behind costs a serialisation of its own.
         self._wire: OrderedDict[tuple[int, int, bool], list[bytes]] = OrderedDict()
         self._wire_lock = threading.Lock()
-        self.pacer = Pacer(core.spec.join_bytes_per_second)  # Joins and relayed state share it (syncer/pacing.py)
+        self.pacer = Pacer(core.spec.join_bytes_per_second)  # Joins and relayed state share it (syncer/joins/pacing.py)
 
     def _messages(self, u: Update) -> list[bytes]:
         """Deltas are cached: every up-to-date subscriber takes the same one. A keyframe (fp32, 8x
@@ -163,7 +163,7 @@ class SyncerServicer:
         return pb.RecoverReply(adopted=adopted, versions=self.core.versions())
 
     def Seed(self, request_iterator: Iterator[pb.SeedChunk], context: grpc.ServicerContext) -> pb.SeedReply:
-        """Seeded already (syncer/seeding.py): an equal Θ₀ is answered as in, another refused."""
+        """Seeded already (syncer/joins/seeding.py): an equal Θ₀ is answered as in, another refused."""
         self._auth(context)
         first = next(request_iterator, None)
         if first is None or not first.HasField("header"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 
 from diloco.core.rounds import RoundBook
+from diloco.syncer.global_model import GlobalModel, Outer
 from diloco.syncer.registry import LearnerRegistry
-from diloco.syncer.state import GlobalModel, Outer
 from diloco.syncer.tallies import Tallies
 from diloco.wire import pb
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from diloco.core.rounds import RoundBook
+from diloco.syncer.global_model import Outer
 from diloco.syncer.metrics import SyncerMetrics
 from diloco.syncer.round import Round
-from diloco.syncer.state import Outer
 
 
 @dataclass(kw_only=True)

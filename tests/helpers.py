@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from diloco.core.rounds import RoundPolicy
 from diloco.spec import Syncer
-from diloco.syncer.state import round_policy
+from diloco.syncer.global_model import round_policy
 
 T = TypeVar("T")
 

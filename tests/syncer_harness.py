@@ -13,10 +13,10 @@ import numpy as np
 from diloco.checkpoint import CheckpointStore
 from diloco.core.codecs import encode_tensors
 from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.core import SyncerCore
+from diloco.syncer.global_model import GlobalModel
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
-from diloco.syncer.state import GlobalModel
 from diloco.wire import GRPC_OPTIONS, add_syncer, auth_metadata, pb, push_chunks, rpc, server_options
 
 TOKEN = "test-token-0123456789"

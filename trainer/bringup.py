@@ -27,16 +27,16 @@ if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and lear
     from diloco.spec import JobSpec, LearnerGroup
     from diloco.trainer.data import Batches
     from diloco.trainer.hosts import Hosts
-    from diloco.trainer.link import SyncerLink
-    from diloco.trainer.messages import JoinState
-    from diloco.trainer.mirrored import MirroredClient
     from diloco.trainer.recipe import Recipe
+    from diloco.trainer.sync.link import SyncerLink
+    from diloco.trainer.sync.messages import JoinState
+    from diloco.trainer.sync.mirrored import MirroredClient
     from diloco.wire import pb
 
 
 def _warm_codecs(syncer: Any) -> None:
-    from diloco.core import kernels
-    kernels.warm_codecs((syncer.compression, syncer.broadcast_compression), syncer.block_size)
+    from diloco.core import warmup
+    warmup.warm_codecs((syncer.compression, syncer.broadcast_compression), syncer.block_size)
 
 
 def start_warming_codecs(syncer: Any) -> None:
@@ -81,7 +81,7 @@ class Learner:
     tls_ca: bytes | None
     batches: Batches  # our own disjoint shard: batch k is a pure function of (seed, shard, k)
     evals: list[np.ndarray]  # the shared held-out split
-    data: pb.DataListing | None = None  # our copy's files, shown to the syncer at every Join (diloco/copies.py)
+    data: pb.DataListing | None = None  # our copy's files, shown to the syncer at every Join (diloco/copy_listings.py)
     kernels_loading: bool = False  # the codec kernels are already compiling in the background
 
 
@@ -119,7 +119,7 @@ def configure(args: argparse.Namespace) -> Learner:
     kernels_loading = kernels_cold()  # compiling them takes seconds: beside JAX's own (cold) start
     if kernels_loading:
         start_warming_codecs(job.spec.syncer)
-    from diloco import copies
+    from diloco import copy_listings
     from diloco.trainer import data
     from diloco.trainer.hosts import Hosts
 
@@ -142,11 +142,11 @@ def configure(args: argparse.Namespace) -> Learner:
     window = spec.model.context + 1
     try:
         # Only our shard is read (and, for text, tokenized): data.load.
-        # Our group's copy (spec.learnerGroups[].data, {region}: diloco/spec/copies.py), whose
+        # Our group's copy (spec.learnerGroups[].data, {region}: diloco/spec/copy_listings.py), whose
         # files and sizes every Join shows the syncer: all copies must hold the same.
         ours = spec.data_for(group.name)
         corpus = data.load(ours, spec.model.vocab_size, window, shard=(shard_index % shard_count, shard_count))
-        listing = copies.list_copy(ours.source)
+        listing = copy_listings.list_copy(ours.source)
         batches = data.Batches(corpus.train, spec.training.batch_size, window, seed=spec.data.seed, shard_index=shard_index)
         evals = data.eval_batches(corpus.held_out, batches=spec.training.eval_batches, batch=spec.training.batch_size,
                                   length=window, vocab_size=spec.model.vocab_size)
@@ -154,7 +154,7 @@ def configure(args: argparse.Namespace) -> Learner:
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     return Learner(args=args, spec=spec, group=group, learner_id=str(LearnerId(group.name, args.index)), hosts=hosts,
                    token=token, tls_ca=tls_ca, batches=batches, evals=evals,
-                   data=copies.to_pb(listing) if listing is not None else None, kernels_loading=kernels_loading)
+                   data=copy_listings.to_pb(listing) if listing is not None else None, kernels_loading=kernels_loading)
 
 
 def compile_model(me: Learner) -> Model:
@@ -163,9 +163,10 @@ def compile_model(me: Learner) -> Model:
     import jax
 
     from diloco.core.fragments import plan_fragments, specs_from_shapes
-    from diloco.trainer import compile_cache, model, sharding
+    from diloco.trainer import model, sharding
+    from diloco.trainer.caches import compile_cache
+    from diloco.trainer.caches.theta0 import initial_params
     from diloco.trainer.recipe import Recipe
-    from diloco.trainer.theta0 import initial_params
 
     # The inner step (trainer/recipe.py): AdamW, its learning rate taken from the job's progress,
     # so a (re)joining learner resumes the job's schedule; one SPMD program over every device
@@ -173,7 +174,7 @@ def compile_model(me: Learner) -> Model:
     spec, cfg, tr = me.spec, me.spec.model, me.spec.training
     compile_cache.watch()  # the joined line reports whether this start compiled or read the cache
     cache_dir = compile_cache.files_dir()
-    # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/theta0.py).
+    # Θ₀, as every learner has it; a restart reads it from beside the compilation cache (trainer/caches/theta0.py).
     try:
         theta0 = initial_params(cfg, spec.data.seed, cache_dir)
     except ValueError as exc:  # pretrained weights that do not fit their config (diloco/hf.py)
@@ -192,7 +193,7 @@ def compile_model(me: Learner) -> Model:
     params = recipe.place(theta0)
     try:
         first = me.batches.batch(0)
-    except ValueError as exc:  # bad input in a block past the first (trainer/streams.py): as configure's
+    except ValueError as exc:  # bad input in a block past the first (trainer/data/streams.py): as configure's
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     jax.block_until_ready(recipe.step(params, recipe.init_state(params), first, 0))
     recipe.eval_loss(params, me.evals[:1])
@@ -203,9 +204,9 @@ def connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, t
     """Our link to the syncer, the same on every host; host 0's own client (one per syncer shard,
     None on the other hosts); and the event SIGTERM sets."""
     from diloco.shards import syncer_addresses
-    from diloco.trainer.client import SyncerClient
-    from diloco.trainer.mirrored import MirroredClient
-    from diloco.trainer.sharded_client import ShardedClient
+    from diloco.trainer.sync.client import SyncerClient
+    from diloco.trainer.sync.mirrored import MirroredClient
+    from diloco.trainer.sync.sharded_client import ShardedClient
 
     args = me.args
     # A pod (no restart count) or a restarted process takes its id over from a predecessor the
@@ -235,7 +236,7 @@ def join(link: MirroredClient, m: Model) -> JoinState:
     """Pull the whole current global model with its versions (re-admission on a restart). An
     unseeded syncer (no checkpoint yet) gets Θ₀ from the first learner: it runs no model code."""
     from diloco.core.seed import InitialModel
-    from diloco.trainer.messages import JoinRefused, Unauthenticated
+    from diloco.trainer.sync.messages import JoinRefused, Unauthenticated
 
     try:
         joined = link.join_with_retry(m.shapes, InitialModel(m.theta0, m.plan.fragments))

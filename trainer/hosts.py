@@ -14,7 +14,7 @@ one row per published fragment, answer and refusal), and each published fragment
 are one int32 vector (their float32 bits, so every host holds them bit for bit) whose names
 and shapes come from the fragment plan all hosts hold. A step with no news costs one
 broadcast of 32 int64. The join (and a syncer shard's re-join) travels the same way. `Hosts` is the collectives;
-trainer/mirrored.py's `MirroredClient` is what the loop reads through them.
+trainer/sync/mirrored.py's `MirroredClient` is what the loop reads through them.
 """
 
 from __future__ import annotations

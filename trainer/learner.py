@@ -5,7 +5,7 @@ Read `run` top to bottom: bring the learner up and join, pulling the global mode
 arrived, take one AdamW step on our own shard, and hand the outer gradient of the fragment the
 shared schedule says is due to the background sender; at the end, flush every fragment's
 unmerged progress. What each fragment holds
-between the devices and the syncer is trainer/fragment_sync.py's `Fragments`. Events go to
+between the devices and the syncer is trainer/sync/fragment_sync.py's `Fragments`. Events go to
 stdout as JSON lines (the local runner and the operator's logs read them).
 """
 
@@ -33,17 +33,17 @@ from diloco.trainer.bringup import (
     start_warming_codecs,
 )
 from diloco.trainer.emitter import emit, termination_message
-from diloco.trainer.startup import Timeline
+from diloco.trainer.timeline import Timeline
 
 if TYPE_CHECKING:  # the rest imports JAX or numpy: only after pin_cpus and learner_runtime (trainer/bringup.py)
     import numpy as np
 
     from diloco.trainer.data import Batches
-    from diloco.trainer.fragment_sync import Fragments
-    from diloco.trainer.link import SyncerLink
-    from diloco.trainer.messages import Updates
     from diloco.trainer.metrics import LearnerMetrics
-    from diloco.trainer.peer_state import PeerStates
+    from diloco.trainer.sync.fragment_sync import Fragments
+    from diloco.trainer.sync.link import SyncerLink
+    from diloco.trainer.sync.messages import Updates
+    from diloco.trainer.sync.peer_state import PeerStates
 
 log = logging.getLogger("diloco.learner")
 T = TypeVar("T")
@@ -54,8 +54,8 @@ def _begin(me: Learner, fragments: Fragments, metrics: LearnerMetrics, *, real: 
            stop: threading.Event, started: float, join_began: float, batch: int) -> PeerStates:
     """Announce the join, start the link's sender and subscriber, and take SIGTERM from now on.
     The join's eval loss is the global model's as pulled: a late joiner starts from it."""
-    from diloco.trainer import compile_cache
-    from diloco.trainer.peer_state import PeerStates
+    from diloco.trainer.caches import compile_cache
+    from diloco.trainer.sync.peer_state import PeerStates
 
     pull_seconds = time.monotonic() - join_began
     metrics.mark_joined()
@@ -70,7 +70,7 @@ def _begin(me: Learner, fragments: Fragments, metrics: LearnerMetrics, *, real: 
          compile_cache=compile_cache.tally())  # JAX's cache: hits on a warm restart, misses on a cold one
     fragments.link.start()
     # A mid-run (re)joiner asks for a peer's AdamW moments and trains on fresh ones until they
-    # arrive (trainer/peer_state.py); every one-host learner shares its own when asked.
+    # arrive (trainer/sync/peer_state.py); every one-host learner shares its own when asked.
     peers = PeerStates(real if me.hosts.count == 1 and me.spec.training.peer_optimizer_state else None, emit)
     if fragments.schedule.slot > 0:  # joined mid-run: the schedule starts at the join's slot
         peers.start_fetch()
@@ -115,7 +115,7 @@ def _next_batch(batches: Batches, k: int) -> np.ndarray | None:
     """Batch k, or None after a fatal event: bad input found mid-run (records.DataError: a corrupt
     row group, a cut .zst frame, a record without the text field), its line naming the file and
     where, and the fix. A restart would meet it again: the caller flushes and exits Exit.CONFIG."""
-    from diloco.trainer.records import DataError  # loaded with the data (trainer/data.py)
+    from diloco.trainer.data.records import DataError  # loaded with the data (trainer/data/__init__.py)
 
     try:
         return batches.batch(k)
@@ -152,7 +152,7 @@ def _dispatch(fragments: Fragments, batches: Batches, k: int, opt_state: Any) ->
 def run(args: argparse.Namespace) -> int:
     """`diloco learner`: set up, join, train until the end, flush; the exit code (contract.Exit)."""
     t_process = time.monotonic()
-    timeline = Timeline()  # the start's phases, reported at the first accepted push (trainer/startup.py)
+    timeline = Timeline()  # the start's phases, reported at the first accepted push (trainer/timeline.py)
     termination_message("")
     try:
         me = configure(args)  # the spec, our group and hosts, our shard of the data
@@ -173,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
             start_warming_codecs(me.spec.syncer)
     except EndsEarly as end:
         return end.report()
-    from diloco.trainer.fragment_sync import Fragments
     from diloco.trainer.recipe import scalar
+    from diloco.trainer.sync.fragment_sync import Fragments
 
     tr, recipe, batches = me.spec.training, m.recipe, me.batches
     tokens_per_step = tr.batch_size * me.spec.model.context

@@ -1,4 +1,4 @@
-"""The learner's model: one of the built-in families (trainer/gpt.py, trainer/llama.py) or the
+"""The learner's model: one of the built-in families (trainer/models/gpt.py, trainer/models/llama.py) or the
 user's own Flax module (`spec.model.module`), behind four functions every caller uses.
 
 Parameter names are flat `a/b/c` paths; fragments, codecs and checkpoints all key on them,
@@ -24,7 +24,7 @@ from diloco.shapes import parameter_shapes as spec_shapes
 from diloco.spec import TransformerModel
 
 if TYPE_CHECKING:  # Flax is imported where a module is built: a warm restart runs the exported
-    import flax.linen as nn  # step (trainer/step_cache.py) and never needs it (0.1-0.2 s of its start)
+    import flax.linen as nn  # step (trainer/caches/step_cache.py) and never needs it (0.1-0.2 s of its start)
 
 Params = dict[str, jax.Array]
 
@@ -34,9 +34,9 @@ def build(cfg: TransformerModel) -> nn.Module:
     if cfg.module is not None:
         return _user_module(cfg)
     if cfg.family == "llama":
-        from diloco.trainer.llama import Llama
+        from diloco.trainer.models.llama import Llama
         return Llama(cfg)
-    from diloco.trainer.gpt import GPT
+    from diloco.trainer.models.gpt import GPT
     return GPT(cfg)
 
 

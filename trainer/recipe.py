@@ -21,7 +21,8 @@ import numpy as np
 import optax
 
 from diloco.spec import Training, TransformerModel
-from diloco.trainer import model, step_cache
+from diloco.trainer import model
+from diloco.trainer.caches import step_cache
 from diloco.trainer.sharding import Layout
 
 
@@ -63,7 +64,7 @@ class Recipe:
         """`shapes`: the parameters' shapes where the caller has them (a learner, from Θ₀);
         without them the model's init is traced once more (0.1 s of a restart's CPU).
         `cache_dir`: JAX's compilation cache, where a learner keeps its lowered train step
-        (trainer/step_cache.py), so a restart neither traces nor lowers it again."""
+        (trainer/caches/step_cache.py), so a restart neither traces nor lowers it again."""
         self.cfg, self.tr, self.layout = cfg, tr, layout
         self._param_shapes = shapes
         self.tx = optimizer(tr)

@@ -87,7 +87,7 @@ class RunFigures:
     def capacity_tokens(self, wall: float) -> float:
         """What the learners could have trained in `wall` seconds, each at its own measured rate
         (its processes' trained tokens over their training time; one never measured takes the
-        others' median): the denominator of goodput, as the operator's (operator/goodput.py)."""
+        others' median): the denominator of goodput, as the operator's (operator/status/goodput.py)."""
         rates = {name: sum(i.trained_tokens for i in s.incarnations) / seconds
                  for name, s in self.slots.items() if (seconds := sum(i.train_seconds for i in s.incarnations)) > 0}
         if not rates:

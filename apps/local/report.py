@@ -40,7 +40,7 @@ def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] |
 
 def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,
                  failure: str | None = None) -> dict[str, Any]:
-    from diloco.trainer.theta0 import initial_params
+    from diloco.trainer.caches.theta0 import initial_params
 
     initial = evaluate(job, initial_params(job.spec.model, job.spec.data.seed, None))  # Θ₀: a fresh init or pretrained
     final_params = global_params(job, out)

@@ -37,7 +37,7 @@ class RunTracker(RunFigures):
     refused_work: int = 0  # pushes refused for what they held, every incarnation (badput)
     _refused_work_now: int = 0  # of the current incarnation
     max_norm_ratio: float = 0.0  # the largest push norm over its fragment's median, any incarnation
-    max_steps_ratio: float = 0.0  # the largest push steps over its bound's base (syncer/admission.py Counters)
+    max_steps_ratio: float = 0.0  # the largest push steps over its bound's base (syncer/acceptance.py Counters)
 
     def __post_init__(self) -> None:
         self.slots = {n: Slot(n) for n in self.learners}

@@ -42,11 +42,11 @@ PRELOAD = (
     "numpy", "jax", "jax.numpy", "flax.linen", "optax", "grpc", "prometheus_client",
     "diloco.apps.cli", "diloco.apps.commands", "diloco.launch", "diloco.spec", "diloco.shards",
     "diloco.core.fragments", "diloco.core.ledger", "diloco.core.schedule", "diloco.core.seed",
-    "diloco.trainer.learner", "diloco.trainer.client", "diloco.trainer.data", "diloco.trainer.hosts",
-    "diloco.trainer.metrics", "diloco.trainer.model", "diloco.trainer.recipe", "diloco.trainer.sharded_client",
-    "diloco.trainer.sharding", "diloco.trainer.gpt", "diloco.trainer.llama", "diloco.trainer.theta0",
-    "diloco.trainer.step_cache", "diloco.trainer.peer_state", "diloco.trainer.fragment_sync", "diloco.trainer.link",
-    "diloco.trainer.bringup", "diloco.trainer.mirrored",
+    "diloco.trainer.learner", "diloco.trainer.sync.client", "diloco.trainer.data", "diloco.trainer.hosts",
+    "diloco.trainer.metrics", "diloco.trainer.model", "diloco.trainer.recipe", "diloco.trainer.sync.sharded_client",
+    "diloco.trainer.sharding", "diloco.trainer.models.gpt", "diloco.trainer.models.llama", "diloco.trainer.caches.theta0",
+    "diloco.trainer.caches.step_cache", "diloco.trainer.sync.peer_state", "diloco.trainer.sync.fragment_sync", "diloco.trainer.sync.link",
+    "diloco.trainer.bringup", "diloco.trainer.sync.mirrored",
     # Imported lazily by a learner's first channel and first lowering: after a fork they cost
     # every restart about 0.1 s of CPU (profiled in a chaos run).
     "grpc._channel", "grpc.experimental", "jaxlib.mlir.dialects.mhlo",
@@ -153,9 +153,9 @@ def preload() -> dict[str, object]:
     t0, cpu0 = time.monotonic(), time.process_time()
     for name in PRELOAD:
         importlib.import_module(name)
-    from diloco.core import codecs, kernels
+    from diloco.core import codecs, warmup
 
-    kernels.warm_codecs(codecs.CODECS)
+    warmup.warm_codecs(codecs.CODECS)
     from jax._src import xla_bridge
 
     if xla_bridge.backends_are_initialized():  # a fork would copy XLA's threads' locks mid-use

@@ -170,7 +170,7 @@ def _write(plan: Any, cfg: Any, args: argparse.Namespace, base: dict[str, Any] |
     import yaml
 
     from diloco.apps.plan import render
-    from diloco.operator import admission
+    from diloco.operator.admission import checks as spec_checks
     from diloco.spec import SpecError, parse_job
 
     docs = render.manifests(plan, cfg, args.name, base)
@@ -185,7 +185,7 @@ def _write(plan: Any, cfg: Any, args: argparse.Namespace, base: dict[str, Any] |
             problems += [f"manifest for {region}: {x}" for x in exc.problems]
             continue
         problems += [f"manifest for {region}: {x}" for x in
-                     admission.problems(job, gateway_api=False, kueue_enabled=True)]
+                     spec_checks.problems(job, gateway_api=False, kueue_enabled=True)]
     if problems:
         return problems, []
     for (region, doc), path in zip(docs, paths, strict=True):

@@ -32,11 +32,11 @@ from diloco.core.codecs import Blob
 from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
 from diloco.core.schedule import JobProgress, Schedule
 from diloco.spec import Syncer as SyncerSpec
-from diloco.syncer.admission import Admission, Refused, outer_gradient
-from diloco.syncer.counters import Counters
+from diloco.syncer.acceptance import Admission, Refused, outer_gradient
+from diloco.syncer.counter_bounds import Counters
+from diloco.syncer.global_model import GlobalModel
 from diloco.syncer.publisher import Publisher
 from diloco.syncer.round import RoundDriver
-from diloco.syncer.state import GlobalModel
 from diloco.wire import pb
 
 Tensors = dict[str, np.ndarray]
@@ -256,7 +256,7 @@ class Replay:
 
     def _on_arrive(self, m: int, life: int, sent: Sent) -> None:
         """A push reaches the syncer: parsed and offered to its round as the syncer does
-        (syncer/service.py `admit`, less the transport's checks), then due rounds merge."""
+        (syncer/core.py `admit`, less the transport's checks), then due rounds merge."""
         if self.killed_at.get((m, life), float("inf")) < sent.at:
             return  # its learner died before the step that made it ended: never sent
         h, p = sent.header, sent.header.fragment

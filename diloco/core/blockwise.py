@@ -1,6 +1,6 @@
 """Which compiled loops a block-wise codec (int8, int4, nf4) runs, loaded at its first use.
 
-diloco/core/codecs.py states the formats; the loops are in diloco/core/loops.py (int4, int8)
+diloco/core/codecs.py states the formats; the loops are in diloco/core/kernels.py (int4, int8)
 and diloco/core/nf4.py, both importing numba, which a learner's join (fp32) never needs.
 """
 
@@ -17,7 +17,7 @@ from diloco.core.choices import Codec
 
 
 class _Lazy:
-    """diloco/core/loops.py, imported at the first int codec's use: it imports numba (0.25 s,
+    """diloco/core/kernels.py, imported at the first int codec's use: it imports numba (0.25 s,
     and 0.4 s more to load the kernels), which a learner's join (fp32) never needs; a
     restarted learner loads them once it has joined."""
 
@@ -25,7 +25,7 @@ class _Lazy:
 
     def __getattr__(self, name: str) -> Any:
         if _Lazy.module is None:
-            from diloco.core import loops as loaded
+            from diloco.core import kernels as loaded
 
             _Lazy.module = loaded
         return getattr(_Lazy.module, name)
@@ -38,7 +38,7 @@ BLOCKWISE: tuple[Codec, ...] = ("int8", "int4", "nf4")  # an fp32 scale per bloc
 
 @dataclass(frozen=True)
 class Loops:
-    """One block-wise codec's loops at one block size (signatures: diloco/core/loops.py's int4)."""
+    """One block-wise codec's loops at one block size (signatures: diloco/core/kernels.py's int4)."""
 
     encode: Any
     encode_delta: Any

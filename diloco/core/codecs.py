@@ -11,7 +11,7 @@ per byte, value j of a block with value j + block/2. A decoded -8 nibble is harm
 (|value| <= 8/7 of the block's absmax), so the decoder accepts the full nibble range
 rather than spend a pass checking it. nf4 has int4's bytes with levels that follow a
 normal distribution instead of a line (`diloco/core/nf4.py`), which is what the syncer's
-broadcast wants. The loops are compiled (`diloco/core/loops.py`, `nf4.py`).
+broadcast wants. The loops are compiled (`diloco/core/kernels.py`, `nf4.py`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import cast
 
 import numpy as np
 
-from diloco.core import loops
+from diloco.core import kernels
 from diloco.core.choices import MergeMethod
 from diloco.core.codecs import BLOCKWISE, Packed, weighted_sum_into
 
@@ -65,7 +65,7 @@ def _shape_of(sources: Sequence[Source]) -> tuple[int, ...]:
 
 
 def _sumsq(src: Source) -> float:
-    return src.sumsq() if isinstance(src, Packed) else float(loops.sumsq(_flat(src)))
+    return src.sumsq() if isinstance(src, Packed) else float(kernels.sumsq(_flat(src)))
 
 
 CHUNK = 1 << 16  # values per pass: 256 KiB of accumulator stays in L2 while every contribution adds into it
@@ -108,8 +108,8 @@ def _weighted_sum(sources: Sequence[Source], coeffs: Sequence[float], n: int,
                 weighted_sum_into(cast(list[Packed], srcs), f, part, lo, init=k == 0)
             else:
                 xs = [x[lo:hi] for x in cast(list[np.ndarray], srcs)]
-                loops.weighted_sum(*xs, *xs[:1] * (4 - len(xs)), f, part, k == 0)
-        total += float(loops.sumsq(part))  # while the chunk is still in cache
+                kernels.weighted_sum(*xs, *xs[:1] * (4 - len(xs)), f, part, k == 0)
+        total += float(kernels.sumsq(part))  # while the chunk is still in cache
     return acc, total
 
 
@@ -126,7 +126,7 @@ class Update:
     def array(self) -> np.ndarray:
         """factor · values as one array (scales the accumulator in place: call it once)."""
         if self.factor != 1.0:
-            loops.scale_inplace(self.values.reshape(-1), np.float32(self.factor))
+            kernels.scale_inplace(self.values.reshape(-1), np.float32(self.factor))
         return self.values
 
 
@@ -155,7 +155,7 @@ def _rda_gram(xs: list[np.ndarray], w: np.ndarray, s: np.ndarray, shape: tuple[i
     numpy's per-call cost on 4-vectors was a fifth of a 4 MiB merge."""
     m = len(xs)
     g = np.empty((4, 4))
-    loops.gram(*xs, *xs[:1] * (4 - m), g)
+    kernels.gram(*xs, *xs[:1] * (4 - m), g)
     gram = g.tolist()
     norms = [math.sqrt(gram[i][i]) * float(s[i]) for i in range(m)]
     coeffs = [float(w[i] * s[i]) / norms[i] if norms[i] > 0 else 0.0 for i in range(m)]
@@ -165,7 +165,7 @@ def _rda_gram(xs: list[np.ndarray], w: np.ndarray, s: np.ndarray, shape: tuple[i
     if factor == 0.0:  # no direction (every input zero, or they cancel): no update, as φ(0) = 0
         acc[:] = 0.0
     else:
-        loops.weighted_sum(*xs, *xs[:1] * (4 - m), np.array(coeffs, np.float32) * np.float32(factor), acc, True)
+        kernels.weighted_sum(*xs, *xs[:1] * (4 - m), np.array(coeffs, np.float32) * np.float32(factor), acc, True)
     return Update(acc.reshape(shape), 1.0, dsq * factor * factor)
 
 

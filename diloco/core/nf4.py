@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from diloco.core.loops import GROUP, _jit, group_scales
+from diloco.core.kernels import GROUP, _jit, group_scales
 
 # QLoRA's NF4 levels (bitsandbytes' table): index 7 is exactly 0, 0 and 15 are -1 and 1.
 LEVELS = np.array([

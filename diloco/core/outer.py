@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from diloco.core import loops
+from diloco.core import kernels
 
 
 @dataclass
@@ -34,12 +34,12 @@ class NesterovSGD:
             out[name] = np.empty_like(param)  # a new array: readers of the old Θ keep a consistent copy
             flat = np.ascontiguousarray(delta, dtype=np.float32).reshape(-1)
             if mu == 0:  # plain SGD (the default outer step): no buffer is read, so none is kept
-                loops.sgd_step(param.reshape(-1), flat, np.float32(lr * c), out[name].reshape(-1))
+                kernels.sgd_step(param.reshape(-1), flat, np.float32(lr * c), out[name].reshape(-1))
                 continue
             buf = self.buffers.get(name)
             if buf is None:
                 buf = self.buffers[name] = np.zeros_like(param)
-            loops.nesterov_step(param.reshape(-1), buf.reshape(-1), flat, c, lr, mu, out[name].reshape(-1))
+            kernels.nesterov_step(param.reshape(-1), buf.reshape(-1), flat, c, lr, mu, out[name].reshape(-1))
         return out
 
     def state_dict(self) -> dict[str, np.ndarray]:

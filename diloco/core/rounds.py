@@ -43,7 +43,7 @@ class Ema:
 
 @dataclass(frozen=True)
 class RoundPolicy:
-    """spec.syncer's quorum, grace window and staleness (syncer/state.py `round_policy`)."""
+    """spec.syncer's quorum, grace window and staleness (syncer/global_model.py `round_policy`)."""
 
     quorum: int
     gamma: float

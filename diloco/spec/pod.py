@@ -6,12 +6,12 @@
 bucket, a private registry, a priority, extra environment and volumes, labels for cost
 allocation). `template` is the general form, in the spirit of JobSet's and KubeRay's pod
 templates: a PodTemplateSpec (metadata and spec) strategically merged onto what the operator
-renders, after `pod` (operator/overlay.py says how each field merges): sidecars and init
+renders, after `pod` (operator/render/overlay.py says how each field merges): sidecars and init
 containers, affinity and topology spread, a runtime class or scheduler, host networking, more
 volumes, env and mounts. What the learner-syncer contract needs stays the operator's: its
 container's command line, image, ports, readiness probe and resources, the config and token
 mounts, the labels it selects pods by; a template that sets one is refused with the field path
-(operator/overlay.py `template_problems`, run at admission and by `diloco validate`).
+(operator/render/overlay.py `template_problems`, run at admission and by `diloco validate`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The CRD's status schema is generated from these (operator/crd.py), so `kubectl explain
 ddj.status` documents every field, and the API server, which prunes fields a structural schema
 lacks, keeps exactly these. The operator checks every status it writes against `JobStatus`
-(operator/status.py `validated`): a key missing here would be dropped by the server without a
+(operator/status/job.py `validated`): a key missing here would be dropped by the server without a
 word, so it fails there, in tests, instead. The operator itself works on the plain dicts (they
 are merge patches); these models are the contract. Fields are absent until known and never
 null, except `startTime`, which a merge patch clears with null when a job is suspended.
@@ -29,7 +29,7 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 # failed pod or container; Chaos and Rollout are restarts the operator caused (planned).
 LossReason = Literal["Deleted", "Evicted", "Preempted", "Failed", "Chaos", "Rollout"]
 # failures.py: pod states a restart cannot fix. Unschedulable is no longer one (a pod waiting for
-# capacity is not failing: operator/capacity.py); it stays so statuses written before still validate.
+# capacity is not failing: operator/failures/capacity.py); it stays so statuses written before still validate.
 FailureReason = Literal["ImagePullFailed", "Unschedulable", "ConfigError", "TokenRefused"]
 # metav1.Condition's own limits, so the condition list reads like any other object's.
 CONDITION_TYPE = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -96,7 +96,7 @@ class LostLearner(StatusModel):
 
 
 class GangRun(StatusModel):
-    """The processes of one multi-host learner's running program (operator/gangs.py)."""
+    """The processes of one multi-host learner's running program (operator/failures/gangs.py)."""
 
     learner: str = Field(min_length=1, description="The learner, `<group>-<index>`.")
     hosts: list[str] = Field(description="Per host, in order: `<pod uid>/<container restarts>`.")
@@ -175,7 +175,7 @@ class LastFailure(FailureEntry):
 
 
 class FailuresStatus(StatusModel):
-    """Permanent pod failures (operator/failures.py), each counted once against backoffLimit."""
+    """Permanent pod failures (operator/failures/policy.py), each counted once against backoffLimit."""
 
     permanent: Count = Field(description="Counted so far; more than spec.runPolicy.backoffLimit fail the job.")
     failing_pods: Count = Field(description="Pods showing one now.")
@@ -186,7 +186,7 @@ class FailuresStatus(StatusModel):
 
 
 class StartedSpec(StatusModel):
-    """The immutable fields' values when the job started (operator/immutable.py)."""
+    """The immutable fields' values when the job started (operator/admission/immutable.py)."""
 
     uid: str = Field(description="metadata.uid of the job: a copy of the status on another object does not count.")
     fields: dict[str, Any] = Field(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},

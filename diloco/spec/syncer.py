@@ -134,7 +134,7 @@ class Syncer(Model):
     # spec.model.pretrained unless the manifest gives the architecture (the operator cannot read it).
     checkpoint_storage: str | None = Field(None, pattern=r"^[1-9][0-9]{0,8}(Mi|Gi|Ti)$")
     # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
-    # much of the syncer's sending (syncer/pacing.py). Measured with 8 learners of a 1e9 model
+    # much of the syncer's sending (syncer/joins/pacing.py). Measured with 8 learners of a 1e9 model
     # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the
     # slots' merges came late (up to 5.2 s) and the Join took 22 s; at 1 GB/s the same; at
     # 250 MB/s, once the syncer reserved its heap at start, none late and the Join took 16 s.

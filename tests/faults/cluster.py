@@ -32,7 +32,7 @@ import grpc
 import yaml
 
 from diloco.apps.local.procs import free_port
-from diloco.apps.testing.relay import FaultProxy
+from diloco.apps.testkit.relay import FaultProxy
 from diloco.contract import TOKEN_ENV, LearnerArgs, SyncerArgs, diloco_argv, read_events
 from diloco.wire import GRPC_OPTIONS, auth_metadata, pb, rpc
 from tests.helpers import TINY_MODEL

@@ -16,8 +16,8 @@ import secrets
 import threading
 from typing import Any
 
-from diloco.operator import naming as n
 from diloco.operator.kube import ApiError, Kube
+from diloco.operator.render import naming as n
 
 REVISION = "controller-revision-hash"
 GC_KINDS = ("StatefulSet", "Deployment", "Service", "ConfigMap", "Secret", "PersistentVolumeClaim", "Pod",

@@ -27,10 +27,10 @@ from cryptography.x509.oid import NameOID
 from diloco.operator.context import Config
 from diloco.operator.kube import Kube
 from diloco.spec import Syncer as SyncerSpec
+from diloco.syncer.core import SyncerCore
+from diloco.syncer.global_model import GlobalModel
 from diloco.syncer.metrics import SyncerMetrics
-from diloco.syncer.service import SyncerCore
 from diloco.syncer.servicer import SyncerServicer
-from diloco.syncer.state import GlobalModel
 from diloco.wire import add_syncer, server_options
 from tests import syncer_harness as sh
 from tests.kube import NAMESPACE

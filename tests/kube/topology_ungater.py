@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diloco.operator import kueue
 from diloco.operator.kube import Kube
+from diloco.operator.kueue import integration as kueue
 
 
 def _rank(pod: dict[str, Any], label: str | None) -> int:

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
-from diloco.operator import naming as n
 from diloco.operator.context import Config
 from diloco.operator.kube import Kube
 from diloco.operator.peering import Peering
+from diloco.operator.render import naming as n
 from tests.helpers import wait_for
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread

@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from diloco.operator import kueue as k
-from diloco.operator.conditions import find
 from diloco.operator.kube import ApiError, Kube
+from diloco.operator.kueue import integration as k
+from diloco.operator.status.conditions import find
 
 SLICE_OF = "kueue.x-k8s.io/workload-slice-replacement-for"
 

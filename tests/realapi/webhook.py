@@ -16,8 +16,8 @@ from __future__ import annotations
 import socket
 from dataclasses import replace
 
+from diloco.operator.admission.certificates import WebhookOptions
 from diloco.operator.kube import ApiError, Kube
-from diloco.operator.webhook_certs import WebhookOptions
 from tests.helpers import wait_for
 
 

@@ -1,0 +1,344 @@
+"""Kueue for DecoupledDiLoCoJobs: the operator is the job integration.
+
+Kueue admits Workloads, not jobs: for its built-in kinds (Job, JobSet, ...) an integration
+creates a Workload per job and then starts or stops the job as Kueue decides. Nothing does that
+for this CRD, so the operator does it for jobs labelled `kueue.x-k8s.io/queue-name` (only when
+the chart's `kueue.enabled` turns it on: Config.kueue). The Workload, `diloco-<job>-<uid hash>`
+owned by the job, has one PodSet per learner group (replicas x hostsPerLearner pods, the group's
+learner pod template: resources, nodeSelector, tolerations) and one for the syncer (one pod per
+shard; none in a learners-only cluster), so Kueue reserves quota for the whole job at once.
+
+Why the operator writes `spec.suspend` (as Kueue's own job reconciler does) rather than holding
+the pods back in rendering: `spec.suspend` is already what every part of the operator reads (what
+is rendered, the status, the phase, the immutable-field rules a queued job may still be edited
+under), and it is what a Kueue user reads too: a queued job is `suspend: true` until admitted, an
+admitted one `false`, an evicted one (preempted, deactivated) `true` again, and its pods go. So
+for a queued job Kueue owns `spec.suspend`: the operator sets it from the Workload on every pass,
+and stopping a queued job by hand is Kueue's way, `spec.active: false` on its Workload. The job's
+`Admitted` condition says which it is, naming the Workload and the queue.
+
+A Workload's PodSets cannot change once it holds quota: when the learner groups or their
+replicas change, the held Workload is replaced by a new one (the job is suspended until Kueue
+admits that), as Kueue does for its own jobs. A finished job's Workload gets `Finished`, which
+frees its quota.
+
+Which Kueue: the Workload is written in the newest version the cluster serves of those the
+operator speaks (v1beta2, then v1beta1; kube.Kube.served_version), and the two differ, for what
+the operator writes, only in how the priority class is named (v1beta1: priorityClassName and
+priorityClassSource; v1beta2: priorityClassRef with group, kind and name). What the operator does
+besides, as Kueue's own job integrations (its JobFramework) do for theirs:
+- priority: the job's `kueue.x-k8s.io/priority-class` label names a WorkloadPriorityClass, else
+  the first pod template's priorityClassName a PriorityClass; its value goes into spec.priority;
+- topology-aware scheduling: Kueue's podset annotations (`kueue.x-k8s.io/podset-required-topology`
+  and the others in TOPOLOGY_ANNOTATIONS), on a group's or the syncer's pod template or, for every
+  learner group, on the job itself, become the PodSet's topologyRequest (a group's pods indexed by
+  their StatefulSet ordinal, a multi-host group's learners as sub-groups);
+- admission: the flavors Kueue assigned each PodSet (status.admission.podSetAssignments[].flavors)
+  are read, and each ResourceFlavor's nodeLabels go into that PodSet's pods' nodeSelector and its
+  tolerations into theirs, with the admission checks' podSetUpdates and, for a topology
+  assignment, Kueue's scheduling gate; a clash (a node label the pods already select otherwise)
+  keeps the job suspended, as Kueue keeps its own jobs.
+Pure: what the admission puts into the pods is operator/kueue/placement.py; the reads of the
+cluster-scoped objects above and the Finished write are operator/kueue/api.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from diloco.operator.kube import KUEUE_GROUP, KUEUE_VERSIONS
+from diloco.operator.reconcile import drift
+from diloco.operator.render import access, learners
+from diloco.operator.render import job as render
+from diloco.operator.render import naming as n
+from diloco.operator.render.parts import Owner, meta
+from diloco.operator.status import conditions as c
+from diloco.spec import DecoupledDiLoCoJob
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, on the job (Kueue's label)
+KIND = "Workload"
+NEWEST = KUEUE_VERSIONS[0]
+# v1beta1's spec.priorityClassSource values; v1beta2 names (group, kind) instead.
+SOURCES = {"WorkloadPriorityClass": "kueue.x-k8s.io/workloadpriorityclass",
+           "PriorityClass": "scheduling.k8s.io/priorityclass"}
+GROUPS = {"WorkloadPriorityClass": KUEUE_GROUP, "PriorityClass": "scheduling.k8s.io"}
+# Kueue's podset annotations for topology-aware scheduling (apis/kueue/*/topology_types.go) and
+# the PodSetTopologyRequest field each becomes; the first three exclude each other.
+REQUIRED, PREFERRED, UNCONSTRAINED = ("kueue.x-k8s.io/podset-required-topology",
+                                      "kueue.x-k8s.io/podset-preferred-topology",
+                                      "kueue.x-k8s.io/podset-unconstrained-topology")
+SLICE_TOPOLOGY, SLICE_SIZE = "kueue.x-k8s.io/podset-slice-required-topology", "kueue.x-k8s.io/podset-slice-size"
+GROUP_NAME = "kueue.x-k8s.io/podset-group-name"
+TOPOLOGY_ANNOTATIONS = (REQUIRED, PREFERRED, UNCONSTRAINED, SLICE_TOPOLOGY, SLICE_SIZE, GROUP_NAME)
+# What Kueue's integrations put on an admitted job's pods: the PodSet's name, and with a
+# topology assignment a scheduling gate its TopologyUngater lifts, and the Workload's name.
+POD_SET_LABEL, WORKLOAD_ANNOTATION, TOPOLOGY_GATE = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload", \
+    "kueue.x-k8s.io/topology"
+# A Workload that may grow and shrink while it holds quota (Kueue's workload slices, operator/kueue/slices.py).
+ELASTIC = "kueue.x-k8s.io/elastic-job"
+MAX_POD_SETS = 8  # Kueue's limit on spec.podSets
+MAX_NAME = 63  # a Workload's and a PodSet's name: a DNS label
+SYNCER_POD_SET = n.SYNCER
+# Workload conditions (kueue apis/kueue/v1beta1 and v1beta2 workload_types.go: the same).
+ADMITTED, QUOTA_RESERVED, EVICTED, FINISHED = "Admitted", "QuotaReserved", "Evicted", "Finished"
+# The job's condition: Kueue's word for it; its reasons for a job Kueue cannot run yet (each
+# with a Warning Event when the condition turns to it).
+JOB_ADMITTED = "Admitted"
+TROUBLE = frozenset({"KueueNotServed", "PriorityClassNotFound", "PlacementFailed"})
+
+
+def queue(config_kueue: bool, labels: Mapping[str, str] | None) -> str | None:
+    """The LocalQueue a job is queued in: its label, when this operator integrates with Kueue."""
+    return ((labels or {}).get(QUEUE_LABEL) or None) if config_kueue else None
+
+
+def workload_name(job: str, uid: str) -> str:
+    """Like Kueue's names for its jobs' Workloads: the uid's hash, so a job re-created under the
+    same name never inherits the old one's admission while the garbage collector catches up."""
+    return f"diloco-{job}-{hashlib.sha256(uid.encode()).hexdigest()[:5]}"[:MAX_NAME]
+
+
+def problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """What Kueue would refuse: more PodSets than it allows, a group the syncer's PodSet shadows,
+    topology annotations (the job's, a group's or the syncer's) its jobframework refuses."""
+    out: list[str] = []
+    groups = job.spec.learner_groups
+    syncer = job.spec.syncer.external is None
+    if len(groups) + syncer > MAX_POD_SETS:
+        out.append(f"spec.learnerGroups: a Kueue Workload holds at most {MAX_POD_SETS} PodSets, one per learner "
+                   f"group{' plus the syncer' if syncer else ''}; this job has {len(groups)} groups (at most "
+                   f"{MAX_POD_SETS - syncer}), or remove the {QUEUE_LABEL} label")
+    for i, g in enumerate(groups):
+        if syncer and g.name == SYNCER_POD_SET:
+            out.append(f"spec.learnerGroups[{i}].name: {g.name!r} is the syncer's PodSet in the job's Kueue "
+                       f"Workload; rename the group")
+    out += _annotation_problems("metadata.annotations", job.metadata.annotations)
+    for i, g in enumerate(groups):
+        for where, found in _template_annotations(f"spec.learnerGroups[{i}]", g.pod, g.template):
+            out += _annotation_problems(where, found)
+    for where, found in _template_annotations("spec.syncer", job.spec.syncer.pod, job.spec.syncer.template):
+        out += _annotation_problems(where, found)
+    return out
+
+
+def _template_annotations(where: str, pod: Any, template: Any) -> list[tuple[str, Mapping[str, str]]]:
+    out: list[tuple[str, Mapping[str, str]]] = []
+    if pod is not None:
+        out.append((f"{where}.pod.annotations", pod.annotations))
+    if template is not None:
+        out.append((f"{where}.template.metadata.annotations", template.metadata.annotations))
+    return out
+
+
+def _annotation_problems(where: str, annotations: Mapping[str, str]) -> list[str]:
+    """Kueue's topology annotations that Kueue would refuse (its jobframework's rules)."""
+    out = []
+    given = [k for k in (REQUIRED, PREFERRED, UNCONSTRAINED) if k in annotations]
+    if len(given) > 1:
+        out.append(f"{where}[{given[1]}]: {given[0]} is set too; a PodSet takes one of required, preferred "
+                   "and unconstrained topology")
+    if UNCONSTRAINED in annotations and annotations[UNCONSTRAINED].lower() not in ("true", "false"):
+        out.append(f"{where}[{UNCONSTRAINED}]: {annotations[UNCONSTRAINED]!r} is not true or false")
+    if SLICE_SIZE in annotations and not (annotations[SLICE_SIZE].isdigit() and int(annotations[SLICE_SIZE]) > 0):
+        out.append(f"{where}[{SLICE_SIZE}]: {annotations[SLICE_SIZE]!r} is not a positive integer")
+    for key in (REQUIRED, PREFERRED, SLICE_TOPOLOGY):
+        if key in annotations and not annotations[key]:
+            out.append(f"{where}[{key}]: a topology level (a node label key) is required")
+    return out
+
+
+def topology_request(annotations: Mapping[str, str], fallback: Mapping[str, str], *, gang_count: int | None,
+                     hosts: int) -> dict[str, Any] | None:
+    """A PodSet's topologyRequest from Kueue's annotations (the pod template's, else `fallback`:
+    the job's), as Kueue's jobframework builds it; None when none asks for one. Pods are indexed
+    by their StatefulSet ordinal; a multi-host group (`gang_count` learners of `hosts` pods) has
+    one sub-group per learner, so a slice topology keeps each learner's hosts together."""
+    source = annotations if any(k in annotations for k in TOPOLOGY_ANNOTATIONS) else fallback
+    out: dict[str, Any] = {}
+    if REQUIRED in source:
+        out["required"] = source[REQUIRED]
+    elif PREFERRED in source:
+        out["preferred"] = source[PREFERRED]
+    elif UNCONSTRAINED in source:
+        out["unconstrained"] = source[UNCONSTRAINED].lower() == "true"
+    if SLICE_TOPOLOGY in source:
+        out["podSetSliceRequiredTopology"] = source[SLICE_TOPOLOGY]
+        size = source.get(SLICE_SIZE, "")
+        out["podSetSliceSize"] = int(size) if size.isdigit() else hosts
+    if not out:
+        return None
+    if GROUP_NAME in source and ("required" in out or "preferred" in out):
+        out["podSetGroupName"] = source[GROUP_NAME]
+    out["podIndexLabel"] = n.INDEX
+    if gang_count is not None:
+        out["subGroupIndexLabel"], out["subGroupCount"] = n.LEARNER_INDEX, gang_count
+    return out
+
+
+def _template(template: dict[str, Any]) -> dict[str, Any]:
+    """A pod template without its config-hash annotation: a training setting changed on an admitted
+    job must not re-queue it (a changed PodSet replaces the Workload), only what Kueue reads."""
+    return {**template, "metadata": {"labels": template["metadata"]["labels"]}}
+
+
+def _annotations(template: Mapping[str, Any]) -> Mapping[str, str]:
+    return (template.get("metadata") or {}).get("annotations") or {}
+
+
+def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = None) -> list[dict[str, Any]]:
+    """One PodSet per learner group, then the syncer's: what Kueue reserves quota for."""
+    link = link or access.link(job, owner.namespace, {})
+    out = []
+    for g in job.spec.learner_groups:
+        # A multi-host learner's gangs differ only in their index: any one stands for all.
+        template = learners.pod_template(job, owner, g, link=link, index=0 if learners.is_gang(g) else None)
+        pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
+        if g.min_replicas is not None and g.min_replicas < g.replicas:
+            pod_set["minCount"] = g.min_replicas  # Kueue may admit part of it (operator/kueue/slices.py)
+        request = topology_request(_annotations(template), job.metadata.annotations,
+                                   gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
+        out.append({**pod_set, **({"topologyRequest": request} if request else {})})
+    if job.spec.syncer.external is None:
+        template = render.syncer_pod_template(job, owner)
+        request = topology_request(_annotations(template), {}, gang_count=None, hosts=1)
+        out.append({"name": SYNCER_POD_SET, "count": job.spec.syncer.shards, "template": _template(template),
+                    **({"topologyRequest": request} if request else {})})
+    return out
+
+
+@dataclass(frozen=True)
+class Priority:
+    """The priority class a Workload names (`kind` WorkloadPriorityClass or PriorityClass) and its value."""
+
+    kind: str
+    name: str
+    value: int
+
+
+def priority_class(job: DecoupledDiLoCoJob) -> tuple[str, str] | None:
+    """(kind, name) of the class whose value is the job's priority in Kueue, as Kueue's
+    integrations choose it: the job's WorkloadPriorityClass label, else the first pod template's
+    PriorityClass (the groups' in order, then the syncer's); None: Kueue's default."""
+    if (name := (job.metadata.labels or {}).get(PRIORITY_LABEL)):
+        return "WorkloadPriorityClass", name
+    shapes = [(g.pod, g.template) for g in job.spec.learner_groups] + [(job.spec.syncer.pod, job.spec.syncer.template)]
+    for pod, template in shapes:
+        name = (template.spec.get("priorityClassName") if template is not None else None) or \
+            (pod.priority_class_name if pod is not None else None)
+        if name:
+            return "PriorityClass", str(name)
+    return None
+
+
+def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
+    """The Workload spec's priority fields in `version`'s words."""
+    if priority is None:
+        return {}
+    if version == "v1beta1":
+        return {"priorityClassName": priority.name, "priorityClassSource": SOURCES[priority.kind],
+                "priority": priority.value}
+    return {"priorityClassRef": {"group": GROUPS[priority.kind], "kind": priority.kind, "name": priority.name},
+            "priority": priority.value}
+
+
+def elastic(job: DecoupledDiLoCoJob) -> bool:
+    """Whether any learner group may run on part of its replicas (`minReplicas`): Kueue then
+    admits it in part and grows it by slices (operator/kueue/slices.py)."""
+    return any(g.min_replicas is not None for g in job.spec.learner_groups)
+
+
+def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str, link: access.Link | None = None, *,
+             version: str = NEWEST, priority: Priority | None = None) -> dict[str, Any]:
+    """The job's Workload in Kueue API `version` (spec only: its status is Kueue's)."""
+    md = meta(owner, workload_name(owner.name, owner.uid))
+    if elastic(job):
+        md["annotations"] = {**(md.get("annotations") or {}), ELASTIC: "true"}
+    return {"apiVersion": f"{KUEUE_GROUP}/{version}", "kind": KIND,
+            "metadata": md,
+            "spec": {"queueName": queue_name, "podSets": pod_sets(job, owner, link),
+                     **priority_fields(priority, version)}}
+
+
+def _true(wl: Mapping[str, Any] | None, type_: str) -> bool:
+    return c.is_true(list(((wl or {}).get("status") or {}).get("conditions") or []), type_)
+
+
+def admitted(wl: Mapping[str, Any] | None) -> bool:
+    """Kueue admitted it: quota reserved and every admission check passed (v1beta1's Admitted)."""
+    return _true(wl, ADMITTED)
+
+
+def evicted(wl: Mapping[str, Any] | None) -> bool:
+    """Kueue took the admission back (preempted, deactivated, ...): the job must stop."""
+    return _true(wl, EVICTED)
+
+
+def finished(wl: Mapping[str, Any] | None) -> bool:
+    return _true(wl, FINISHED)
+
+
+def holds_quota(wl: Mapping[str, Any] | None) -> bool:
+    return _true(wl, QUOTA_RESERVED) or bool(((wl or {}).get("status") or {}).get("admission"))
+
+
+def deleting(wl: Mapping[str, Any] | None) -> bool:
+    return bool(((wl or {}).get("metadata") or {}).get("deletionTimestamp"))
+
+
+# What a held Workload keeps: its PodSets (Kueue refuses changing them), its queue, and the
+# priority class it names (v1beta1 refuses a changed source); the priority's value may change.
+HELD = ("podSets", "queueName", "priorityClassName", "priorityClassSource", "priorityClassRef")
+
+
+def stale(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    """A held Workload whose PodSets, queue or priority class no longer match the job: Kueue
+    refuses changing them, so it is replaced (deleted, then created afresh and queued again)."""
+    if live is None or not holds_quota(live):
+        return False
+    spec, want = live.get("spec") or {}, desired["spec"]
+    return any(not drift.contains(spec.get(k), want[k]) for k in HELD if k in want)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a queued job's spec.suspend must be, and its Admitted condition."""
+
+    suspend: bool
+    admitted: bool
+    reason: str
+    message: str
+
+
+def gate(live: Mapping[str, Any] | None, name: str, queue_name: str) -> Gate:
+    """Run only while Kueue admits the Workload and has not evicted it (one being deleted, being
+    replaced, admits nothing)."""
+    where = f"Workload {name} in LocalQueue {queue_name}"
+    if deleting(live):
+        live = None
+    if evicted(live):
+        cond = c.find(list(((live or {}).get("status") or {}).get("conditions") or []), EVICTED) or {}
+        why = f"{cond.get('reason', 'Evicted')}: {cond.get('message', '')}".rstrip(": ")
+        if holds_quota(live):
+            return Gate(True, False, "Evicted", f"Kueue evicted {where} ({why}); stopping its pods, then its quota "
+                                                "is given back")
+        if ((live or {}).get("spec") or {}).get("active") is False:
+            return Gate(True, False, "Deactivated", f"Kueue evicted {where} ({why}) and it is inactive; set its "
+                                                    "spec.active to true to queue it again")
+        return Gate(True, False, "Requeued", f"Kueue evicted {where} ({why}); its quota is given back and it waits "
+                                             "in its queue again, to resume from the syncer's checkpoint")
+    if admitted(live):
+        cq = (((live or {}).get("status") or {}).get("admission") or {}).get("clusterQueue", "")
+        return Gate(False, True, "Admitted", f"Kueue admitted {where}" + (f" to ClusterQueue {cq}" if cq else ""))
+    return Gate(True, False, "WaitingForAdmission", f"suspended until Kueue admits {where}")
+
+
+def condition(conds: list[dict[str, Any]], g: Gate | None, now: str, generation: int) -> list[dict[str, Any]]:
+    """The job's Admitted condition; gone when the job is not queued (any more)."""
+    if g is None:
+        return [x for x in conds if x.get("type") != JOB_ADMITTED]
+    return c.set_condition(conds, JOB_ADMITTED, g.admitted, reason=g.reason, message=g.message, now=now,
+                           generation=generation)

@@ -1,0 +1,257 @@
+"""Pure `spec -> manifests`: everything the operator creates for one job, as plain dicts.
+
+No I/O and no clock, so every rule here is tested without a cluster. `children()` decides
+which parts exist in each state (running, suspended, finished, blocked on a Secret); the
+builders below (operator/render/learners.py for the learners, operator/render/policies.py for the NetworkPolicy, the
+disruption budget and what a finished or deleted job keeps) say how each part looks. Learner pods
+find the syncer through the `access.Link` (its Service, or another cluster's endpoint);
+learners and syncer read the job token from a file of a Secret volume, never from args or env.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from diloco.contract import (
+    SHARD_FROM_HOSTNAME,
+    SYNCER_GRPC_PORT,
+    SYNCER_METRICS_PORT,
+    SyncerArgs,
+    container_command,
+)
+from diloco.operator.render import access, exposure, learners, overlay, parts, policies
+from diloco.operator.render import naming as n
+from diloco.operator.render.parts import Owner, meta
+from diloco.shapes import parameter_shapes
+from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
+
+
+def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """Names that Kubernetes would refuse later, TPU slices the learners cannot fill, and a
+    checkpoint volume nobody can size; reported like spec errors, with the field path."""
+    sized = job.spec.syncer.checkpoint_storage is not None or parameter_shapes(job.spec.model) is not None
+    return learners.problems(job) + overlay.job_problems(job) + ([] if sized else [STORAGE_NEEDED])
+
+
+def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
+                         statefulset: Mapping[str, Any] | None) -> str | None:
+    """A running syncer's shard count is fixed: each shard's checkpoint holds the fragments it
+    owns, so new shards would start from Θ₀ beside the old syncer. Refused like a spec error."""
+    running = 1 if deployment else int((statefulset or {}).get("spec", {}).get("replicas") or 0)
+    if not running or running == job.spec.syncer.shards:
+        return None
+    return (f"spec.syncer.shards: the job's syncer runs as {running} shard(s), and the shard count cannot change "
+            f"while it runs (each shard's checkpoint holds only its own fragments); set it back to {running}")
+
+
+def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool, finished: bool,
+             blocked: bool = False, link: access.Link | None = None,
+             expose_annotations: Mapping[str, str] | None = None, outcome: policies.Outcome | None = None,
+             peers: policies.Peers | None = None) -> list[dict[str, Any]]:
+    """The children that should exist now.
+
+    Suspended before it ever ran: nothing (Kueue admits jobs by un-suspending them). Suspended
+    later: no pods at all, the syncer's included (a suspended job holds no compute); its state
+    stays (checkpoint volume, config, token, Services, so addresses survive) and a resume
+    restores the syncer from its last checkpoint. Blocked (a Secret it names is missing, the
+    syncer refuses its token): the state only. Finished (`outcome`: how, when known): the
+    state, plus the pods spec.runPolicy.cleanPodPolicy keeps. A cluster whose syncer is
+    external runs learners only: no syncer, checkpoint volume or token of its own.
+    """
+    spec = job.spec
+    if spec.suspend and not started:
+        return []
+    link = link or access.link(job, owner.namespace, {})
+    peers = peers or policies.Peers()
+    external = spec.syncer.external is not None
+    out = [config_map(job, owner)]
+    if not external:
+        out += [token_secret(owner, token), policies.network_policy(job, owner, peers)]
+        out += [policies.retained(spec, claim) for claim in checkpoint_claims(spec, owner)]
+    if blocked:
+        return out
+    if finished:
+        keep_syncer = not external and policies.keeps_syncer(spec, outcome)
+        out += [syncer_workload(job, owner), syncer_service(owner, spec.syncer.shards)] if keep_syncer else []
+        if spec.run_policy.clean_pod_policy == "None":
+            out += [x for group in spec.learner_groups for x in learners.learner_children(job, owner, group, link)]
+        return out
+    if not external:
+        out.append(syncer_service(owner, spec.syncer.shards))
+        if spec.syncer.expose is not None:
+            out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
+    if spec.suspend:
+        return out
+    if not external:
+        out += [syncer_workload(job, owner), policies.disruption_budget(owner)]
+    for group in spec.learner_groups:
+        out += learners.learner_children(job, owner, group, link)
+    return out
+
+
+def config_map(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """The validated manifest, defaults filled in, exactly what `diloco learner/syncer --config` loads."""
+    manifest = dump_job(job)
+    manifest.pop("status", None)
+    manifest["metadata"] = {"name": owner.name, "namespace": owner.namespace}
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(owner, n.config_map(owner.name)),
+            "data": {n.CONFIG_KEY: yaml.safe_dump(manifest, sort_keys=False)}}
+
+
+def token_secret(owner: Owner, token: str) -> dict[str, Any]:
+    encoded = base64.b64encode(token.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta(owner, n.token_secret(owner.name)),
+            "type": "Opaque", "data": {n.TOKEN_KEY: encoded}}
+
+
+def checkpoint_bytes(spec: JobSpec) -> int | None:
+    """Room for the checkpoints the syncer keeps, as its own code sizes them, from the model's
+    shapes as the spec fixes them (no JAX: the operator runs from the syncer image). None for a
+    user's own module, whose shapes only its code knows."""
+    from diloco.checkpoint import disk_bytes, state_bytes
+
+    shapes = parameter_shapes(spec.model)
+    if shapes is None:
+        return None
+    # With room for momentum buffers even at the default outer momentum 0, which keeps none:
+    # spec.syncer.outerMomentum may be turned on later, and a claim does not grow by itself.
+    return disk_bytes(state_bytes(shapes, momentum=True))
+
+
+def checkpoint_storage(spec: JobSpec) -> str:
+    """The checkpoint claim's size: spec.syncer.checkpointStorage, else twice the estimate (head-room)."""
+    if spec.syncer.checkpoint_storage is not None:
+        return spec.syncer.checkpoint_storage
+    estimate = checkpoint_bytes(spec)
+    if estimate is None:  # name_problems refuses such a job before anything is rendered
+        raise ValueError(STORAGE_NEEDED)
+    return f"{max(1, math.ceil(2 * estimate / 2**30))}Gi"
+
+
+STORAGE_NEEDED = ("spec.syncer.checkpointStorage: a model from spec.model.module has shapes only its code knows, "
+                  "and one from spec.model.pretrained that leaves out its architecture only its config.json, "
+                  "so the operator cannot size the syncer's checkpoint volume; set it (e.g. \"50Gi\": about "
+                  "4 checkpoints x 8 bytes per parameter, twice over for head-room)")
+
+
+def checkpoint_claim(owner: Owner, name: str, storage: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": meta(owner, name, n.SYNCER),
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": storage}}}}
+
+
+def checkpoint_claims(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
+    """The syncer's volume, or one per shard under the names the StatefulSet's claim template
+    would give them: made first by the operator, they carry the job's retention policy."""
+    storage = checkpoint_storage(spec)
+    if spec.syncer.shards == 1:
+        return [checkpoint_claim(owner, n.checkpoints(owner.name), storage)]
+    return [checkpoint_claim(owner, n.shard_checkpoints(owner.name, i), storage) for i in range(spec.syncer.shards)]
+
+
+def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
+    return parts.digest(job.spec.syncer_inputs())
+
+
+def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -> dict[str, Any]:
+    """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
+    pod_security, container_security = parts.security()
+    volumes, mounts = parts.common_volumes(owner, n.token_secret(owner.name))
+    if shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
+        volumes.append({"name": n.CHECKPOINT_VOLUME,
+                        "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
+    mounts.append({"name": n.CHECKPOINT_VOLUME, "mountPath": n.CHECKPOINT_DIR})
+    expose = job.spec.syncer.expose
+    tls: dict[str, str] = {}
+    if expose is not None and expose.tls.enabled and expose.tls.secret_name:
+        volume, mount = parts.tls_volume(expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY))
+        volumes.append(volume)
+        mounts.append(mount)
+        tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
+    args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", port=SYNCER_GRPC_PORT, metrics_port=SYNCER_METRICS_PORT,
+                      checkpoint_dir=n.CHECKPOINT_DIR, token_file=n.TOKEN_FILE, shard=shard, **tls)
+    container = {
+        "name": n.SYNCER,
+        "image": job.spec.syncer.image,
+        "command": container_command("syncer"),
+        "args": args.argv(),
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": SYNCER_METRICS_PORT, "protocol": "TCP"}],
+        # Restoring a large checkpoint takes a while; only then does the port open.
+        "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10, "failureThreshold": 6},
+        "resources": parts.resources(job.spec.syncer.resources),
+        "securityContext": container_security,
+        "volumeMounts": mounts,
+    }
+    return overlay.shape({
+        "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
+        "spec": {"containers": [container], "securityContext": pod_security,
+                 "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
+                 **parts.pod_basics(), "volumes": volumes},
+    }, job.spec.syncer.pod, job.spec.syncer.template)
+
+
+def syncer_pod_template(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """The syncer's pod template as its Deployment or StatefulSet runs it (Kueue's PodSet: operator/kueue/integration.py)."""
+    return _syncer_template(job, owner, None if job.spec.syncer.shards == 1 else SHARD_FROM_HOSTNAME)
+
+
+def syncer_workload(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """One syncer: a Deployment. A sharded one: a StatefulSet, one pod per shard."""
+    return syncer_deployment(job, owner) if job.spec.syncer.shards == 1 else syncer_statefulset(job, owner)
+
+
+def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
+        "spec": {
+            "replicas": 1,
+            # One writer of the checkpoint volume, ever: the old pod stops before the new starts.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
+            "template": _syncer_template(job, owner, None),
+        },
+    }
+
+
+def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
+    """Shard i is pod <job>-syncer-i (its ordinal, read from the pod's hostname: every version
+    has it), with its own checkpoint volume; a StatefulSet never runs two pods of one ordinal,
+    so each volume has one writer. The operator makes the volumes beforehand (checkpoint_claims),
+    under the names the claim template gives them, so they follow spec.runPolicy.checkpointRetention."""
+    name = n.syncer(owner.name)
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": meta(owner, name, n.SYNCER),
+        "spec": {
+            "replicas": job.spec.syncer.shards,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",  # shards never wait for each other
+            "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
+            "template": _syncer_template(job, owner, SHARD_FROM_HOSTNAME),
+            "volumeClaimTemplates": [{
+                "metadata": {"name": n.CHECKPOINT_VOLUME, "labels": n.labels(owner.name, n.SYNCER)},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": checkpoint_storage(job.spec)}}},
+            }],
+        },
+    }
+
+
+def syncer_service(owner: Owner, shards: int = 1) -> dict[str, Any]:
+    """A sharded syncer's is headless: learners dial each shard pod by its stable name."""
+    headless = {"clusterIP": "None"} if shards > 1 else {}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
+            "spec": {**headless, "selector": n.selector(owner.name, n.SYNCER),
+                     "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                                "appProtocol": "grpc"},
+                               {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]}}

@@ -1,0 +1,1 @@
+"""Pure status logic: phase, conditions, goodput, and when a job ends."""

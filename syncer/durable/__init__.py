@@ -1,0 +1,1 @@
+"""What outlives a syncer incarnation: checkpoints' metadata, the publish lease, the merges learners hand back."""

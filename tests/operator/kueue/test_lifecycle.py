@@ -1,0 +1,182 @@
+"""What the operator writes on a Workload after Kueue decides (lifecycle.py), and the
+elastic admission's slices (slices.py): pure, no cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from diloco.operator.kueue import integration as kueue
+from diloco.operator.kueue import lifecycle, slices
+from diloco.operator.render import job as render
+from diloco.operator.render import naming as n
+from diloco.operator.status.conditions import find
+from diloco.spec import SpecError, parse_job
+
+OWNER = render.Owner("demo", "jobs", "uid-1")
+NOW = "2026-12-06T08:00:00Z"
+
+
+def job(replicas: int = 8, min_replicas: int | None = 2, **group: Any) -> Any:
+    g = {"name": "local", "replicas": replicas, **({"minReplicas": min_replicas} if min_replicas else {}), **group}
+    return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+                      "metadata": {"name": "demo", "namespace": "jobs"},
+                      "spec": {"learnerGroups": [g], "syncer": {"fragments": 2}}})
+
+
+def cond(type_: str, status: bool, reason: str = "") -> dict[str, Any]:
+    return {"type": type_, "status": "True" if status else "False", "reason": reason or type_, "message": f"{type_}!"}
+
+
+def live(desired: dict[str, Any], *conds: dict[str, Any], counts: dict[str, int] | None = None, name: str = "",
+         created: str = "2026-12-06T07:00:00Z", annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    md = {**desired["metadata"], "name": name or desired["metadata"]["name"], "creationTimestamp": created,
+          "resourceVersion": "7", "generation": 1,
+          "annotations": {**(desired["metadata"].get("annotations") or {}), **(annotations or {})}}
+    status: dict[str, Any] = {"conditions": list(conds)}
+    if counts is not None:
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": k, "count": v, "flavors": {"cpu": "default"}} for k, v in counts.items()]}
+    return {**desired, "metadata": md, "status": status}
+
+
+HELD = (cond("QuotaReserved", True), cond("Admitted", True))
+
+
+# --- eviction: the reservation given back once the pods are gone --------------------------------
+
+@pytest.mark.parametrize(("reason", "requeued"), [("Preempted", True), ("NodeFailures", True),
+                                                  ("PodsReadyTimeout", False), ("Deactivated", False)])
+def test_release_clears_the_admission_as_kueues_jobframework_does(reason: str, requeued: bool) -> None:
+    desired = kueue.workload(job(), OWNER, "training")
+    wl = live(desired, *HELD, cond("Evicted", True, reason), counts={"local": 8, "syncer": 1})
+    out = lifecycle.release(wl, NOW)
+    assert out is not None and out["admission"] is None
+    conds = out["conditions"]
+    assert find(conds, "Requeued")["status"] == ("True" if requeued else "False")
+    assert find(conds, "Requeued")["reason"] == reason
+    assert (find(conds, "QuotaReserved")["status"], find(conds, "QuotaReserved")["reason"]) == ("False",
+                                                                                               "PendingEvaluation")
+    assert (find(conds, "Admitted")["status"], find(conds, "Admitted")["reason"]) == ("False", "NoReservation")
+    assert find(conds, "Evicted")["status"] == "True"  # Kueue's: it resets it when it admits again
+    released = {**wl, "status": out}
+    assert not kueue.holds_quota(released) and lifecycle.release(released, NOW) is None
+    assert lifecycle.release(live(desired, *HELD, counts={"local": 8}), NOW) is None  # not evicted
+
+
+def pod(component: str, group: str | None, ready: bool, name: str = "p") -> dict[str, Any]:
+    labels = {n.COMPONENT: component, **({n.GROUP: group} if group else {})}
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def test_pods_ready_follows_kueues_reasons_through_a_loss_and_a_recovery() -> None:
+    desired = kueue.workload(job(3, None), OWNER, "training")
+    wl = live(desired, *HELD, counts={"local": 3, "syncer": 1})
+    admitted = slices.given(wl)
+    pods = [pod(n.LEARNER, "local", True, f"l{i}") for i in range(3)] + [pod(n.SYNCER, None, True)]
+    assert not lifecycle.all_ready(admitted, pods[:2] + pods[3:])
+    assert lifecycle.all_ready(admitted, pods)
+    steps = []
+    for ready in (False, True, True, False, False, True):
+        out = lifecycle.pods_ready(wl, ready, NOW)
+        if out is not None:
+            wl = {**wl, "status": {**wl["status"], **out}}
+        got = find(wl["status"]["conditions"], "PodsReady")
+        steps.append((got["status"], got["reason"], out is not None))
+    assert steps == [("False", "WaitForStart", True), ("True", "Started", True), ("True", "Started", False),
+                     ("False", "WaitForRecovery", True), ("False", "WaitForRecovery", False),
+                     ("True", "Recovered", True)]
+    waiting = live(desired)
+    assert find(lifecycle.pods_ready(waiting, True, NOW)["conditions"], "PodsReady")["reason"] == "WaitForStart"
+
+
+def test_stopped_only_when_no_pod_of_the_job_is_left() -> None:
+    assert lifecycle.stopped([])
+    terminating = pod(n.LEARNER, "local", False)
+    terminating["metadata"]["deletionTimestamp"] = NOW
+    assert not lifecycle.stopped([terminating])  # it still holds its node
+    assert not lifecycle.stopped([pod(n.SYNCER, None, True)])
+
+
+# --- elastic admission ------------------------------------------------------------------------------
+
+def test_min_replicas_is_the_pod_sets_min_count_and_marks_the_workload_elastic() -> None:
+    wl = kueue.workload(job(8, 2), OWNER, "training")
+    local, syncer = wl["spec"]["podSets"]
+    assert (local["count"], local["minCount"]) == (8, 2) and "minCount" not in syncer
+    assert wl["metadata"]["annotations"][kueue.ELASTIC] == "true"
+    plain = kueue.workload(job(8, None), OWNER, "training")
+    assert "minCount" not in plain["spec"]["podSets"][0] and kueue.ELASTIC not in plain["metadata"].get("annotations", {})
+    assert "minCount" not in kueue.workload(job(8, 8), OWNER, "training")["spec"]["podSets"][0]
+
+
+@pytest.mark.parametrize(("group", "field"), [({"replicas": 2, "minReplicas": 3}, "minReplicas: 3 exceeds"),
+                                              ({"replicas": 2, "minReplicas": 1, "hostsPerLearner": 2},
+                                               "multi-host")])
+def test_min_replicas_refused_where_it_cannot_hold(group: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError, match=field):
+        parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "d"},
+                   "spec": {"learnerGroups": [{"name": "g", **group}]}})
+
+
+def test_a_partial_admission_runs_what_was_given_and_queues_a_slice_for_the_rest() -> None:
+    desired = kueue.workload(job(8, 2), OWNER, "training")
+    held = live(desired, *HELD, counts={"local": 3, "syncer": 1})
+    plan = slices.plan(desired, [held], generation=1)
+    assert plan.held is held and plan.admitted == {"local": 3, "syncer": 1}
+    first, grow = plan.workloads
+    assert first["metadata"]["name"] == held["metadata"]["name"] and first["spec"]["podSets"][0]["count"] == 8
+    assert grow["metadata"]["name"] == f"{desired['metadata']['name']}-1"
+    ann = grow["metadata"]["annotations"]
+    assert ann[slices.REPLACEMENT_FOR] == f"jobs/{held['metadata']['name']}"
+    assert ann[slices.SLICE_NAME] == held["metadata"]["name"] and ann[kueue.ELASTIC] == "true"
+    assert [(p["count"], "minCount" in p) for p in grow["spec"]["podSets"]] == [(8, False), (1, False)]
+    running = slices.running(job(8, 2), plan.admitted)
+    assert running.spec.learner_groups[0].replicas == 3
+    whole = slices.running(job(8, 2), {"local": 8, "syncer": 1})
+    # The same shards either way: learner i of a partial job reads what it would in the whole one.
+    assert [running.spec.shard_of("local", i) for i in range(3)] == [whole.spec.shard_of("local", i) for i in range(3)]
+    assert running.spec.learner_inputs("local") == whole.spec.learner_inputs("local")
+
+
+def test_once_kueue_admits_the_slice_and_finishes_the_old_one_the_job_runs_whole() -> None:
+    desired = kueue.workload(job(8, 2), OWNER, "training")
+    old = live(desired, *HELD, counts={"local": 3, "syncer": 1})
+    name = f"{desired['metadata']['name']}-1"
+    grown = live(slices.plan(desired, [old], generation=1).workloads[1], *HELD, name=name,
+                 counts={"local": 8, "syncer": 1}, created="2026-12-06T07:05:00Z")
+    both = slices.plan(desired, [old, grown], generation=1)  # admitted, the old not finished yet
+    assert both.held is grown and both.admitted["local"] == 8
+    old_done = {**old, "status": {**old["status"], "conditions": [*HELD, cond("Finished", True,
+                                                                               "WorkloadSliceReplaced")]}}
+    plan = slices.plan(desired, [old_done, grown], generation=1)
+    assert plan.held is grown and [w["metadata"]["name"] for w in plan.workloads] == [name]  # the old one goes
+    assert plan.workloads[0]["metadata"]["annotations"][slices.REPLACEMENT_FOR].endswith(old["metadata"]["name"])
+
+
+def test_shrinking_lowers_the_held_counts_in_place_and_growing_again_queues_a_slice() -> None:
+    desired8 = kueue.workload(job(8, 2), OWNER, "training")
+    held = live(desired8, *HELD, counts={"local": 8, "syncer": 1})
+    desired5 = kueue.workload(job(5, 2), OWNER, "training")
+    assert not slices.stale(held, desired5)  # only the counts differ: no replacement
+    plan = slices.plan(desired5, [held], generation=2)
+    assert [w["spec"]["podSets"][0]["count"] for w in plan.workloads] == [5] and plan.admitted["local"] == 5
+    assert kueue.stale(held, desired5)  # a job that is not elastic would be replaced
+    desired10 = kueue.workload(job(10, 2), OWNER, "training")
+    grow = slices.plan(desired10, [held], generation=3)
+    assert [w["spec"]["podSets"][0]["count"] for w in grow.workloads] == [8, 10] and grow.admitted["local"] == 8
+    other = kueue.workload(job(8, 2, resources={"requests": {"cpu": "2"}}), OWNER, "training")
+    assert slices.stale(held, other)  # anything but a count still replaces it
+
+
+def test_nothing_held_queues_the_whole_job_under_the_name_it_has() -> None:
+    desired = kueue.workload(job(8, 2), OWNER, "training")
+    assert [w["metadata"]["name"] for w in slices.plan(desired, [], generation=1).workloads] == \
+        [desired["metadata"]["name"]]
+    requeued = live(desired, cond("QuotaReserved", False), cond("Evicted", True, "Preempted"), name="x-1")
+    plan = slices.plan(desired, [requeued], generation=1)
+    assert plan.held is None and plan.waiting is requeued and plan.admitted == {}
+    assert [w["metadata"]["name"] for w in plan.workloads] == ["x-1"]
+    assert plan.workloads[0]["spec"]["podSets"][0]["minCount"] == 2  # partial admission again
