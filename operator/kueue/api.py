@@ -1,6 +1,6 @@
 """Kueue's reads and writes: the cluster-scoped objects a queued job's pass reads (the
 ResourceFlavors an admission names, the job's priority class) and the Workload status writes
-(lifecycle.py decides them), each guarded by the Workload's resourceVersion.
+(operator/kueue/lifecycle.py decides them), each guarded by the Workload's resourceVersion.
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ needs (the API version served, the priority class, the admitted flavors), `decid
 the writes go out with the rest of the pass (operator/reconcile/apply.py).
 
 `decide` runs before the children are rendered: the job's Workload(s) in the Kueue version the
-cluster serves (operator/kueue/integration.py; slices for an elastic job, slices.py), spec.suspend from the
+cluster serves (operator/kueue/integration.py; slices for an elastic job, operator/kueue/slices.py), spec.suspend from the
 admission, and the job as this pass runs it (the learners Kueue admitted). `settle` runs on the
 job's pods: the reservation given back after an eviction, once the pods are gone, and PodsReady
-(lifecycle.py).
+(operator/kueue/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _suspend(q: Queued, *, finished: bool) -> Queued:
 
 def settle(queued: Queued, job_pods: list[dict[str, Any]], *, finished: bool, now: str) -> list[WorkloadWrite]:
     """Pure: the Workload status Kueue waits for from the integration: an evicted job's
-    reservation given back once its pods are gone (with an Event), and PodsReady (lifecycle.py)."""
+    reservation given back once its pods are gone (with an Event), and PodsReady (operator/kueue/lifecycle.py)."""
     wl = queued.current
     if wl is None or finished or kueue.finished(wl) or kueue.deleting(wl):
         return []

@@ -111,7 +111,7 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     seen = Observed(body, config, now, None, problems, refused, queue)
     if job is None:
         return seen
-    # What keeps a valid spec from running here (spec_checks.py): read before its children are.
+    # What keeps a valid spec from running here (operator/admission/checks.py): read before its children are.
     problems = spec_checks.install_problems(job, gateway_api=config.gateway_api, queued=queue is not None)
     if problems:
         return Observed(body, config, now, None, problems, refused, queue)

@@ -2,8 +2,8 @@
 
 Every pass re-reads the job under its lock, so create, update, resume and the timers all
 call the same code and converge on the same state. The reconcile is three steps: observe
-(observe_.py) reads, plan (reconcile_plan_.py) decides purely, apply
-(apply_.py) writes; the pod-event and chaos passes read, call the pure modules (pods,
+(operator/reconcile/observe.py) reads, plan (operator/reconcile/plan.py) decides purely, apply
+(operator/reconcile/apply.py) writes; the pod-event and chaos passes read, call the pure modules (pods,
 gangs, chaos) and write here.
 """
 
@@ -17,9 +17,7 @@ from diloco.contract import LearnerId
 from diloco.operator.context import Context, post
 from diloco.operator.failures import chaos as chaos_mod
 from diloco.operator.failures import gangs, pods, restarts
-from diloco.operator.reconcile import apply as apply_
-from diloco.operator.reconcile import observe as observe_
-from diloco.operator.reconcile import plan as reconcile_plan_
+from diloco.operator.reconcile import apply, observe, plan
 from diloco.operator.reconcile.loading import effective as _effective
 from diloco.operator.reconcile.loading import load as load
 from diloco.operator.render import access, learners
@@ -39,7 +37,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
             return
         try:
             now = time.time()
-            apply_.apply(ctx, reconcile_plan_.plan(observe_.observe(ctx, body, now), now))
+            apply.apply(ctx, plan.plan(observe.observe(ctx, body, now), now))
         except Exception:  # kopf logs it and retries; the counter makes it visible to alerts
             ctx.metrics.reconciles.labels("error").inc()
             raise
@@ -48,7 +46,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
 def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, why: str) -> None:
     meta = ref["metadata"]
     log.info("%s/%s: learner %s re-admitted", meta["namespace"], meta["name"], learner)
-    count, event = reconcile_plan_.readmitted(ref, learner, why)
+    count, event = plan.readmitted(ref, learner, why)
     ctx.metrics.readmissions.labels(*count.labels).inc()
     post(ref, event.reason, event.message, warning=event.warning)
 

@@ -1,5 +1,5 @@
-"""What the operator writes on a Workload after Kueue decides (lifecycle.py), and the
-elastic admission's slices (slices.py): pure, no cluster."""
+"""What the operator writes on a Workload after Kueue decides (operator/kueue/lifecycle.py), and the
+elastic admission's slices (operator/kueue/slices.py): pure, no cluster."""
 
 from __future__ import annotations
 

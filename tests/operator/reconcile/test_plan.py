@@ -1,4 +1,4 @@
-"""The reconcile's plan as tables: what one pass observed -> what it decides (reconcile_plan.py).
+"""The reconcile's plan as tables: what one pass observed -> what it decides (operator/reconcile/plan.py).
 
 No cluster, no client, no clock: each row builds an Observed as reconcile_observe.observe would
 have read it and checks the Plan (children, status, Events and counts, pod deletions, Kueue's
