@@ -30,6 +30,7 @@ run: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	bash scripts/typecheck.sh
+	bash scripts/imports.sh
 
 check: lint
 	$(BIN)/pytest -m "not e2e and not slow"

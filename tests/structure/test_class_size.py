@@ -10,24 +10,21 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-FOLDERS = ("diloco", "trainer", "syncer", "operator", "apps")  # the product: pyproject.toml's package-dir
+from tests.structure.house import PACKAGES, ROOT, sources
+
 MAX_LINES = 200  # issue 53's bound: SyncerCore, split by job in the third step, came to 197
 
 
 def offenders(root: Path, limit: int = MAX_LINES) -> list[str]:
     """`path:line Class: N lines` for every class over `limit` lines (decorators not counted)."""
     out = []
-    for folder in FOLDERS:
-        for path in sorted((root / folder).rglob("*.py")):
-            if "proto" in path.parts or ".venv" in path.parts:
-                continue
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.ClassDef):
-                    assert node.end_lineno is not None
-                    lines = node.end_lineno - node.lineno + 1
-                    if lines > limit:
-                        out.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {lines} lines")
+    for path in sources(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    out.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {lines} lines")
     return out
 
 
@@ -38,7 +35,7 @@ def test_no_class_is_over_200_lines() -> None:
 
 @pytest.mark.parametrize("body, found", [(MAX_LINES - 1, []), (MAX_LINES, ["apps/big.py:1 Big: 201 lines"])])
 def test_a_planted_large_class_is_caught(tmp_path: Path, body: int, found: list[str]) -> None:
-    for folder in FOLDERS:
+    for folder in PACKAGES:
         (tmp_path / folder).mkdir()
     (tmp_path / "apps" / "big.py").write_text("class Big:\n" + "    x = 1\n" * body)
     (tmp_path / "syncer" / "small.py").write_text("class Small:\n    pass\n")

@@ -11,15 +11,11 @@ package back, is a loop too.
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# Folder -> package, read from pyproject.toml's package-dir (trainer -> diloco.trainer, ...).
-PACKAGES = {folder: package for package, folder in
-            tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].items()}
+from tests.structure.house import PACKAGES, ROOT, sources
 
 
 def module_of(path: Path, root: Path) -> str:
@@ -30,13 +26,7 @@ def module_of(path: Path, root: Path) -> str:
 
 def product(root: Path) -> dict[str, Path]:
     """Module name -> source file, for every module of the product's folders."""
-    out = {}
-    for folder in PACKAGES:
-        for path in sorted((root / folder).rglob("*.py")):
-            if "proto" in path.parts or ".venv" in path.parts or "__pycache__" in path.parts:
-                continue
-            out[module_of(path, root)] = path
-    return out
+    return {module_of(path, root): path for path in sources(root)}
 
 
 def targets(path: Path, module: str, modules: dict[str, Path]) -> set[str]:

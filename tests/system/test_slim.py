@@ -5,7 +5,7 @@ Every other operator test runs the operator in-process in the dev venv, which ha
 of the trainer on the operator's path passes there and fails every job in the image (it did:
 sizing the checkpoint volume imported the model). Here each command runs as a process of the
 slim venv's own interpreter, from a folder outside the source tree, against the real control
-plane where it needs a cluster. tests/structure/test_layers.py reads the same rule from the source."""
+plane where it needs a cluster. pyproject.toml's import-linter contract reads the same rule from the source."""
 
 from __future__ import annotations
 
