@@ -18,7 +18,7 @@ for Kueue's built-in kinds; for this CRD the operator is the integration):
 - `Finished` when the job ends (its quota goes back at once).
 
 Each write replaces the condition list whole, guarded by the Workload's resourceVersion (the other
-conditions are Kueue's); a conflict waits for the next pass. Pure: kueue_io.write writes.
+conditions are Kueue's); a conflict waits for the next pass. Pure: operator/kueue/api.py writes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What an admitted Workload puts into its job's pods, as Kueue's JobFramework takes it from the
 admission: the assigned flavors' node labels and tolerations, Kueue's podset label, its topology
 gate, the admission checks' podSetUpdates; and where that clashes with the pods' own template.
-Pure: the ResourceFlavors come in read (kueue_io.lookup_flavors).
+Pure: the ResourceFlavors come in read (operator/kueue/api.py, lookup_flavors).
 """
 
 from __future__ import annotations

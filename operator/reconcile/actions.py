@@ -38,7 +38,7 @@ class PodDelete:
 
 @dataclass(frozen=True)
 class WorkloadWrite:
-    """A Workload status write (kueue_io.write, guarded by its resourceVersion); `event`: posted
+    """A Workload status write (operator/kueue/api.py write, guarded by its resourceVersion); `event`: posted
     only once it is written (a conflict waits for the next pass)."""
 
     workload: dict[str, Any]

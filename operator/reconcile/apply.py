@@ -4,7 +4,7 @@ Events, the pods, the Workload status, the job's status, its metrics, and a job 
 
 What the API server answers feeds back only where the plan says it does: a refused child write,
 and a pod the controllers cannot create for the children as written (the one read here,
-pod_refusals.read), show on the job's status (reconcile_plan.settle); a pod already gone or a
+pod_refusals.read), show on the job's status (plan.settle); a pod already gone or a
 Workload write that lost a race posts nothing.
 """
 

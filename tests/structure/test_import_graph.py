@@ -135,9 +135,9 @@ def plant(root: Path, files: dict[str, str]) -> None:
       "diloco/spec/copies.py": "from diloco.spec import Base\n"},
      ["diloco.spec", "diloco.spec.copies"]),
     # Through the package-dir mapping: trainer/ is diloco.trainer.
-    ({"trainer/recipe.py": "from diloco.trainer.step_cache import load\n",
-      "trainer/step_cache.py": "def load():\n    from diloco.trainer import recipe\n"},
-     ["diloco.trainer.recipe", "diloco.trainer.step_cache"]),
+    ({"trainer/recipe.py": "from diloco.trainer.stepper import load\n",
+      "trainer/stepper.py": "def load():\n    from diloco.trainer import recipe\n"},
+     ["diloco.trainer.recipe", "diloco.trainer.stepper"]),
 ])
 def test_a_planted_cycle_is_caught(tmp_path: Path, files: dict[str, str], cycle: list[str]) -> None:
     plant(tmp_path, files)

@@ -1,6 +1,6 @@
 """The reconcile's plan as tables: what one pass observed -> what it decides (operator/reconcile/plan.py).
 
-No cluster, no client, no clock: each row builds an Observed as reconcile_observe.observe would
+No cluster, no client, no clock: each row builds an Observed as observe.observe would
 have read it and checks the Plan (children, status, Events and counts, pod deletions, Kueue's
 writes) through the main phases of a job: new, running, a learner lost and back, queued,
 admitted and evicted by Kueue, finished, failed, past its TTL.
