@@ -16,7 +16,7 @@ from typing import Any
 from diloco.contract import LearnerId
 from diloco.operator.context import Context, post
 from diloco.operator.failures import chaos as chaos_mod
-from diloco.operator.failures import gangs, pods, restarts
+from diloco.operator.failures import pods, readmission, restarts
 from diloco.operator.reconcile import apply, observe, plan
 from diloco.operator.reconcile.loading import effective as _effective
 from diloco.operator.reconcile.loading import load as load
@@ -43,12 +43,11 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
             raise
 
 
-def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, why: str) -> None:
+def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, back: readmission.Readmitted) -> None:
     meta = ref["metadata"]
     log.info("%s/%s: learner %s re-admitted", meta["namespace"], meta["name"], learner)
-    count, event = plan.readmitted(ref, learner, why)
-    ctx.metrics.readmissions.labels(*count.labels).inc()
-    post(ref, event.reason, event.message, warning=event.warning)
+    getattr(ctx.metrics, back.count.metric).labels(*back.count.labels).inc()
+    post(ref, back.event.reason, back.event.message, warning=back.event.warning)
 
 
 def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None:
@@ -75,7 +74,6 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
         if bool(gang) != learners.is_gang(group):
             return  # the group's hostsPerLearner changed: these pods go with their old StatefulSet
         now, patch = time.time(), {}
-        back = pods.ready(pod)
         members = ctx.api.list("Pod", namespace, n.gang_selector(job_name, learner.group, learner.index)) \
             if gang else [pod]
         if steps.finished(job.spec, members):
@@ -84,16 +82,12 @@ def pod_event(ctx: Context, event_type: str | None, pod: dict[str, Any]) -> None
             gone = pod if event_type == "DELETED" else None
             patch = restarts.settle(ctx, ref, status=status, learner=learner, hosts=group.hosts_per_learner,
                                     gang_pods=members, now=now, gone=gone)
-            back = gangs.back(members, group.hosts_per_learner, gangs.run_of({**status, **patch}, str(learner)))
         current = {**status, **patch}
         if lost is not None:
             patch.update(_lose(ctx, ref, status=current, learner=learner, lost=lost, pod=pod, now=now))
-        elif back:
-            readmit = pods.record_ready(current, learner)
-            if readmit is not None:
-                patch.update(readmit)
-                _readmitted(ctx, ref, learner, f"all {group.hosts_per_learner} hosts are ready" if gang
-                            else f"pod {pod['metadata']['name']} is ready")
+        elif (back := readmission.decide(current, ref, learner, members, hosts=group.hosts_per_learner)) is not None:
+            patch.update(back.patch)
+            _readmitted(ctx, ref, learner, back)
         if patch:
             ctx.api.patch(KIND, namespace, job_name, {"status": st.validated(patch)}, sub="status")
 

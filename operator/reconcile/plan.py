@@ -16,7 +16,7 @@ from typing import Any
 
 from diloco.contract import LearnerId
 from diloco.operator.admission import immutable
-from diloco.operator.failures import capacity, gang_plan, gangs, pod_refusals, pods, refusals
+from diloco.operator.failures import capacity, gang_plan, pod_refusals, pods, readmission, refusals
 from diloco.operator.failures import policy as failures
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.kueue import lifecycle, placement, queueing
@@ -193,24 +193,18 @@ def _running_reason(status: dict[str, Any]) -> str:
     return str((c.find(status.get("conditions") or [], c.RUNNING) or {}).get("reason", ""))
 
 
-def readmitted(ref: dict[str, Any], learner: LearnerId, why: str) -> tuple[Count, Event]:
-    meta = ref["metadata"]
-    return (Count("readmissions", (meta["namespace"], meta["name"], learner.group)),
-            Event("LearnerReadmitted", f"learner {learner} is back: {why}"))
-
-
 def _readmit_ready(new: dict[str, Any], job_pods: list[dict[str, Any]], ref: dict[str, Any],
                    events: list[Event | Count]) -> dict[str, Any]:
     """Re-admit lost slots whose pod is ready but whose event was missed or came out of order
     (multi-host learners: `_settle_gangs`)."""
     for pod in job_pods:
         found = n.learner_of(pod)
-        if found is None or (pod["metadata"].get("labels") or {}).get(n.GANG) or not pods.ready(pod):
+        if found is None or (pod["metadata"].get("labels") or {}).get(n.GANG):
             continue
-        patch = pods.record_ready(new, found[1])
-        if patch is not None:
-            new = {**new, **patch}
-            events.extend(readmitted(ref, found[1], f"pod {pod['metadata']['name']} is ready"))
+        back = readmission.decide(new, ref, found[1], [pod])
+        if back is not None:
+            new = {**new, **back.patch}
+            events.extend(back.then)
     return new
 
 
@@ -235,10 +229,10 @@ def _settle_gangs(job: DecoupledDiLoCoJob, new: dict[str, Any], job_pods: list[d
             new = {**new, **step.patch}
             deletes.extend(PodDelete(p["metadata"]["name"], p["metadata"].get("uid")) for p in step.delete)
             events.extend(step.then)
-            if gangs.back(members, group.hosts_per_learner, gangs.run_of(new, str(learner))) and \
-                    (patch := pods.record_ready(new, learner)) is not None:
-                new = {**new, **patch}
-                events.extend(readmitted(ref, learner, f"all {group.hosts_per_learner} hosts are ready"))
+            back = readmission.decide(new, ref, learner, members, hosts=group.hosts_per_learner)
+            if back is not None:
+                new = {**new, **back.patch}
+                events.extend(back.then)
     return new
 
 
