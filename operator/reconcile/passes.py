@@ -4,7 +4,7 @@ Every pass re-reads the job under its lock, so create, update, resume and the ti
 call the same code and converge on the same state. The reconcile is three steps: observe
 (operator/reconcile/observe.py) reads, plan (operator/reconcile/plan.py) decides purely, apply
 (operator/reconcile/apply.py) writes; the pod-event and chaos passes read, call the pure modules (pods,
-gangs, chaos) and write here.
+readmission, gangs, chaos) and write here.
 """
 
 from __future__ import annotations
