@@ -56,7 +56,7 @@ test-images: $(VENV)/.installed
 
 # A real node: the kubelet and kube-proxy from the control plane's tree, Debian's containerd and
 # runc, the images of test-images inside it; the chart and a sized-down examples/k8s-cpu-kind.yaml
-# run there end to end (docs/KUBERNETES.md, "A real node"). Root; the first run builds for minutes.
+# run there end to end (docs/DEVELOPMENT.md, "A real node"). Root; the first run builds for minutes.
 .PHONY: test-cluster
 test-cluster: $(VENV)/.installed
 	DILOCO_TEST_CLUSTER=1 $(BIN)/pytest -m cluster -s tests/cluster/test_cluster.py

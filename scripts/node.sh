@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a real Kubernetes 1.20 node needs on this machine (docs/KUBERNETES.md, "A real node"):
+# What a real Kubernetes 1.20 node needs on this machine (docs/DEVELOPMENT.md, "A real node"):
 # the kubelet and kube-proxy built from the control plane's own tree, Debian's containerd (1.6,
 # CRI v1alpha2), runc and CNI plugins, a pause image, and our images inside containerd.
 #

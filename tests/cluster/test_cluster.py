@@ -1,4 +1,4 @@
-"""The whole product as a user runs it, on a real node (docs/KUBERNETES.md, "A real node").
+"""The whole product as a user runs it, on a real node (docs/DEVELOPMENT.md, "A real node").
 
 The control plane of tests/realapi, plus a real kubelet and kube-proxy built from the same
 Kubernetes 1.20 tree, Debian's containerd 1.6 and runc, and the images `make test-images` builds,
