@@ -10,23 +10,47 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from diloco.contract import Finished, LearnerId
-from diloco.operator.context import Config
-from diloco.operator.failures import pod_refusals, pods, refusals
+from diloco.operator.context import Config, Context
+from diloco.operator.failures import capacity, gangs, pod_refusals, pods, readmission, refusals
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.kueue import queueing
-from diloco.operator.reconcile import children
+from diloco.operator.reconcile import children, passes
 from diloco.operator.reconcile.actions import Count, Event, PodDelete
 from diloco.operator.reconcile.loading import effective
 from diloco.operator.reconcile.observe import Observed
-from diloco.operator.reconcile.plan import Plan, plan, settle
+from diloco.operator.reconcile.plan import (
+    Failing,
+    Plan,
+    Slots,
+    blocker_events,
+    desired_children,
+    force_deletes,
+    invalid,
+    job_status,
+    learner_slots,
+    link_and_blocker,
+    plan,
+    pod_failures,
+    readmit_ready,
+    settle,
+    settle_gang,
+    settle_gangs,
+    status_events,
+    through_kueue,
+    workload_writes,
+)
+from diloco.operator.render import access
 from diloco.operator.render import naming as n
 from diloco.operator.status import conditions as c
 from diloco.operator.status import job as st
+from diloco.spec import KIND
 
 T0 = 1_800_000_000.0
 TOKEN = "t" * 43
@@ -310,3 +334,327 @@ def test_the_plan_is_pure_the_same_input_the_same_plan_and_the_input_untouched()
     before = copy.deepcopy(seen)
     assert plan(seen, T0) == plan(seen, T0)
     assert seen == before
+
+
+# --- plan()'s sub-plans, each on its own ---------------------------------------------------------------
+
+REF = n.job_reference("demo", "ml", "uid-1")
+US0, US1, TPU1 = LearnerId("us", 0), LearnerId("us", 1), LearnerId("tpu", 1)
+STAMP = st.rfc3339(T0)
+TLS = {"expose": {"host": "syncer.example", "tls": {"enabled": True, "secretName": "tls"}}}
+ENDED = st.Ending(True, "StepsReached", "every learner reached spec.training.steps")
+
+
+def test_invalid_fails_the_job_told_once_and_is_the_plan_of_an_invalid_spec() -> None:
+    bad = observed(body(learnerGroups=[{"name": "us", "replicas": 2, "hostsPerLearner": 0}]))
+    p = invalid(bad, REF, 1, T0)
+    assert p == plan(bad, T0)
+    assert p.outcome == "invalid" and p.status["phase"] == "Failed" and p.desired is None
+    assert p.events == (Event("InvalidSpec", "; ".join(bad.problems), warning=True),)
+    assert invalid(replace(bad, body={**bad.body, "status": p.status}), REF, 1, T0 + 5).events == ()
+
+
+def test_link_and_blocker_block_on_a_missing_secret_only() -> None:
+    o = observed(body())
+    assert o.job is not None and link_and_blocker(o, o.job)[1] is None
+    tls = observed(body(syncer=TLS))
+    assert tls.job is not None
+    _, blocker = link_and_blocker(tls, tls.job)
+    assert blocker is not None and blocker.reason == "SecretMissing" and "Secret tls" in blocker.message
+
+
+def test_through_kueue_leaves_a_job_not_queued_as_it_is_and_admits_a_queued_one() -> None:
+    o = running()
+    assert o.job is not None
+    link, _ = link_and_blocker(o, o.job)
+    plain = through_kueue(o, o.job, link, finished=False, generation=1)
+    assert (plain.job, plain.queued, plain.gate, plain.workloads, plain.placed) == (o.job, None, None, [], {})
+    assert plain.live == o.live and plain.live is not o.live  # a copy: the plan leaves what it read alone
+    q = queued(ADMITTED, suspend=True)
+    assert q.job is not None
+    admitted = through_kueue(q, q.job, link, finished=False, generation=1)
+    assert admitted.queued is not None and admitted.gate is not None and admitted.gate.admitted
+    assert admitted.job.spec.suspend is False and admitted.live == q.live
+    assert [children.key(w) for w in admitted.workloads] == [children.key(ADMITTED)]
+    grown = observed(body({}, labels=QUEUE, learnerGroups=[{"name": "us", "replicas": 3}]), config=QUEUED,
+                     live={**RUNNING_LIVE, children.key(ADMITTED): ADMITTED}, kueue=SERVED)
+    assert grown.job is not None
+    replaced = through_kueue(grown, grown.job, link, finished=False, generation=1)
+    assert replaced.queued is not None and replaced.queued.replace is ADMITTED
+    assert children.key(ADMITTED) not in replaced.live and children.key(ADMITTED) in grown.live
+
+
+def test_pod_failures_count_a_new_failure_once_and_none_once_the_job_finished() -> None:
+    bad = learner(1, ready=False, state={"waiting": {"reason": "ErrImagePull", "message": "no such image"}})
+    o = running(pods_=[learner(0), bad, syncer_pod()])
+    assert o.job is not None
+    found = pod_failures(o.status, o.job, o.pods, finished=False, now=T0)
+    assert bad in found.mine and set(found.counted) == {"failures"}
+    assert [(e.reason, e.warning) for e in found.events] == [("ImagePullFailed", True)]
+    again = pod_failures({**o.status, **found.counted}, o.job, o.pods, finished=False, now=T0 + 5)
+    assert again.events == ()  # told once
+    assert pod_failures(o.status, o.job, o.pods, finished=True, now=T0) == Failing()
+
+
+def test_job_status_computes_the_status_with_kueues_condition() -> None:
+    o = running()
+    assert o.job is not None
+    obs = st.Observation(now=T0, ready={"us": 2}, syncer_ready=True, syncer=view())
+    plain = job_status(o, o.job, o.status, obs, ended=None, gate=None, stamp=STAMP, generation=1)
+    assert plain["phase"] == "Running" and c.find(plain["conditions"], kueue.JOB_ADMITTED) is None
+    gate = kueue.Gate(True, False, "KueueNotServed", "suspended: Kueue is not served")
+    gated = job_status(o, o.job, o.status, obs, ended=None, gate=gate, stamp=STAMP, generation=1)
+    found = c.find(gated["conditions"], kueue.JOB_ADMITTED) or {}
+    assert (found.get("status"), found.get("reason")) == ("False", "KueueNotServed")
+    assert list(gated) == list(plain)  # the conditions replaced in place, nothing else moved
+    ended = job_status(o, o.job, o.status, obs, ended=ENDED, gate=None, stamp=STAMP, generation=1)
+    assert ended["phase"] == "Succeeded"
+
+
+def waiting_condition(pod: str) -> dict[str, Any]:
+    return {"type": c.PODS_UNSCHEDULABLE, "status": "True", "reason": capacity.WAITING,
+            "message": f"pod {pod} (learner {pod}) is waiting for capacity, unschedulable since {STAMP}"}
+
+
+TROUBLE = kueue.Gate(True, False, "KueueNotServed", "suspended: not served")
+SAID = {"conditions": [{"type": kueue.JOB_ADMITTED, "status": "False", "reason": "KueueNotServed"}]}
+# Each row: name, the status read, the new status's conditions, the gate, the refusals, the ending -> the Events.
+STATUS_EVENTS: list[tuple[str, dict[str, Any], list[dict[str, Any]], kueue.Gate | None, list[str],
+                          st.Ending | None, list[Event]]] = [
+    ("nothing new", {}, [], None, [], None, []),
+    ("Kueue's trouble, new", {}, [], TROUBLE, [], None, [Event("KueueNotServed", "suspended: not served", True)]),
+    ("Kueue's trouble, already shown", SAID, [], TROUBLE, [], None, []),
+    ("an admission is no trouble", {}, [], kueue.Gate(False, True, "Admitted", "admitted"), [], None, []),
+    ("an edit to an immutable field refused", {}, [], None, ["spec.a", "spec.b"], None,
+     [Event("SpecImmutable", "spec.a; spec.b", True)]),
+    ("the job succeeded", {}, [], None, [], ENDED, [Event("StepsReached", ENDED.message)]),
+    ("the job failed", {}, [], None, [], st.Ending(False, "BackoffLimitExceeded", "too many"),
+     [Event("BackoffLimitExceeded", "too many", True)]),
+    ("a pod starts waiting for capacity", {}, [waiting_condition("demo-us-0")], None, [], None,
+     [Event(capacity.WAITING, waiting_condition("demo-us-0")["message"], True)]),
+    ("the same pod still waiting", {"conditions": [waiting_condition("demo-us-0")]}, [waiting_condition("demo-us-0")],
+     None, [], None, []),
+    ("all at once, in order", {}, [waiting_condition("demo-us-1")], TROUBLE, ["spec.a"], ENDED,
+     [Event("KueueNotServed", "suspended: not served", True), Event("SpecImmutable", "spec.a", True),
+      Event("StepsReached", ENDED.message), Event(capacity.WAITING, waiting_condition("demo-us-1")["message"], True)]),
+]
+
+
+@pytest.mark.parametrize(("row", "old", "conds", "gate", "refused", "ended", "want"), STATUS_EVENTS,
+                         ids=[r[0] for r in STATUS_EVENTS])
+def test_status_events_tell_the_statuss_news_once_in_order(row: str, old: dict[str, Any], conds: list[dict[str, Any]],
+                                                           gate: kueue.Gate | None, refused: list[str],
+                                                           ended: st.Ending | None, want: list[Event]) -> None:
+    assert list(status_events(old, {"conditions": conds}, gate=gate, refused=refused, ended=ended)) == want
+
+
+def test_desired_children_render_the_running_job_and_what_stays_once_it_ended() -> None:
+    o = running()
+    assert o.job is not None
+    link, _ = link_and_blocker(o, o.job)
+    runs = kinds(desired_children(o, o.job, link=link, blocker=None, new=o.status, ended=None, placed={}))
+    assert {("StatefulSet", "demo-us"), ("Deployment", "demo-syncer"), ("Secret", "demo-token")} <= runs
+    finished = plan(running(pods_=[done(0), done(1), syncer_pod()]), T0 + 10).status
+    stays = kinds(desired_children(o, o.job, link=link, blocker=None, new=finished, ended=ENDED, placed={}))
+    assert ("StatefulSet", "demo-us") not in stays and ("Deployment", "demo-syncer") not in stays
+    assert {("Secret", "demo-token"), ("ConfigMap", "demo-config")} <= stays
+
+
+def test_slots_compose_in_order() -> None:
+    first = Slots({"a": 1, "b": [1]}, (Event("A", "a"),), (PodDelete("p", "u"),))
+    then = Slots({"b": [2], "c": 3}, (Count("readmissions", ("x",)),), (PodDelete("q", None),))
+    assert first + then == Slots({"a": 1, "b": [2], "c": 3}, (Event("A", "a"), Count("readmissions", ("x",))),
+                                 (PodDelete("p", "u"), PodDelete("q", None)))
+    assert Slots() + first == first == first + Slots()
+
+
+def lose(status: dict[str, Any], *learners_: LearnerId) -> dict[str, Any]:
+    for lid in learners_:
+        status = {**status, **(pods.record_loss(status, lid, lost=pods.Loss("Deleted", "pod deleted"),
+                                                pod_uid="gone", now=T0) or {})}
+    return status
+
+
+def test_readmit_ready_readmits_each_lost_one_host_slot_whose_pod_is_ready_in_turn() -> None:
+    both = lose(lost(1), US0)
+    s = readmit_ready(both, RUNNING_PODS, REF)
+    assert s.patch["lostLearners"] == [] and s.patch["learnerGroups"][0]["readmitted"] == 2 and s.deletes == ()
+    assert s.events == (Count("readmissions", ("ml", "demo", "us")),
+                        Event("LearnerReadmitted", "learner us-0 is back: pod demo-us-0 is ready"),
+                        Count("readmissions", ("ml", "demo", "us")),
+                        Event("LearnerReadmitted", "learner us-1 is back: pod demo-us-1 is ready"))
+    assert readmit_ready(lost(1), [learner(0), learner(1, ready=False), syncer_pod()], REF) == Slots()
+    assert readmit_ready(running().status, RUNNING_PODS, REF) == Slots()  # nobody lost
+
+
+# A job with a multi-host group: tpu, 2 learners of 2 hosts each.
+GANGED = [{"name": "us", "replicas": 2}, {"name": "tpu", "replicas": 2, "hostsPerLearner": 2}]
+
+
+def host(i: int, h: int, uid: str | None = None, ready: bool = True) -> dict[str, Any]:
+    """Host `h` of learner tpu-`i` (gang demo-tpu-`i`)."""
+    cs = {"name": n.LEARNER, "ready": ready, "restartCount": 0, "state": {"running": {}}}
+    return {"metadata": {"name": f"demo-tpu-{i}-{h}", "uid": uid or f"t{i}-{h}", "namespace": "ml",
+                         "labels": {**n.selector("demo", n.LEARNER, "tpu"), n.GANG: f"demo-tpu-{i}",
+                                    n.LEARNER_INDEX: str(i), n.INDEX: str(h)}},
+            "status": {"phase": "Running", "containerStatuses": [cs],
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+GANG_NEW = plan(observed(body(learnerGroups=GANGED)), T0)
+GANG_LIVE = applied(GANG_NEW)
+GANG_PODS = [learner(0), learner(1), host(0, 0), host(0, 1), host(1, 0), host(1, 1), syncer_pod()]
+
+
+def ganged(status: dict[str, Any], pods_: list[dict[str, Any]] = GANG_PODS) -> Observed:
+    return observed(body(status, learnerGroups=GANGED), live=GANG_LIVE, pods=pods_, syncer=(view(4), ""))
+
+
+GANG_RUNNING = plan(ganged(GANG_NEW.status), T0).status  # every gang's run recorded
+
+
+def test_the_gangs_runs_are_recorded_once_all_their_hosts_run() -> None:
+    assert GANG_NEW.status.get(gangs.RUNS) is None
+    assert gangs.run_of(GANG_RUNNING, "tpu-0") == ("t0-0/0", "t0-1/0")
+    assert gangs.run_of(GANG_RUNNING, "tpu-1") == ("t1-0/0", "t1-1/0")
+
+
+def test_settle_gang_restarts_a_gang_that_lost_a_host_then_readmits_it_once_all_its_hosts_are_back() -> None:
+    restart = settle_gang(GANG_RUNNING, REF, TPU1, 2, [host(1, 0)], now=T0)
+    assert restart.deletes == (PodDelete("demo-tpu-1-0", "t1-0"),)
+    assert restart.events == (Count("losses", ("ml", "demo", "tpu", "Deleted")), Count("restarts", ("ml", "demo", "tpu")),
+                              Event("LearnerRestarting", "learner tpu-1 restarting as a whole: host 1 of 2 lost "
+                                                         "(pod demo-tpu-1-1 deleted); the other learners keep training",
+                                    warning=True))
+    assert [x["slot"] for x in pods.open_losses(restart.patch)] == ["tpu-1"]
+    restarted = {**GANG_RUNNING, **restart.patch}
+    fresh = [host(1, 0, uid="n0"), host(1, 1, uid="n1")]
+    back = settle_gang(restarted, REF, TPU1, 2, fresh, now=T0 + 30)
+    assert back.deletes == () and gangs.run_of(back.patch, "tpu-1") == ("n0/0", "n1/0")
+    assert back.events == (Count("readmissions", ("ml", "demo", "tpu")),
+                           Event("LearnerReadmitted", "learner tpu-1 is back: all 2 hosts are ready"))
+    assert pods.open_losses(back.patch) == []
+    assert settle_gang({**restarted, **back.patch}, REF, TPU1, 2, fresh, now=T0 + 40) == Slots()  # settled
+
+
+def test_settle_gangs_settles_each_multi_host_learner_in_turn_but_not_one_that_finished() -> None:
+    o = ganged(GANG_RUNNING)
+    assert o.job is not None
+    missing = [p for p in GANG_PODS if p["metadata"]["name"] not in ("demo-tpu-0-1", "demo-tpu-1-1")]
+    both = settle_gangs(o.job, GANG_RUNNING, missing, REF, now=T0, finished=set())
+    assert both.deletes == (PodDelete("demo-tpu-0-0", "t0-0"), PodDelete("demo-tpu-1-0", "t1-0"))
+    assert [x["slot"] for x in pods.open_losses(both.patch)] == ["tpu-0", "tpu-1"]
+    assert [g["restarts"] for g in both.patch["learnerGroups"] if g["name"] == "tpu"] == [2]
+    one = settle_gangs(o.job, GANG_RUNNING, missing, REF, now=T0, finished={"tpu-0"})
+    assert one.deletes == (PodDelete("demo-tpu-1-0", "t1-0"),)
+
+
+def test_learner_slots_settle_the_gangs_only_while_the_job_runs_its_pods() -> None:
+    o = ganged(GANG_RUNNING)
+    assert o.job is not None
+    status = lose(GANG_RUNNING, US1)
+    missing = [p for p in GANG_PODS if p["metadata"]["name"] != "demo-tpu-1-1"]
+    ready = readmit_ready(status, missing, REF)
+    assert learner_slots(o.job, status, missing, REF, now=T0, finished=set(), gangs=False) == ready
+    both = learner_slots(o.job, status, missing, REF, now=T0, finished=set(), gangs=True)
+    assert both == ready + settle_gangs(o.job, {**status, **ready.patch}, missing, REF, now=T0, finished=set())
+    assert [e.reason for e in both.events if isinstance(e, Event)] == ["LearnerReadmitted", "LearnerRestarting"]
+
+
+def test_blocker_events_tell_a_blocker_when_it_becomes_the_running_reason() -> None:
+    blocker = access.Blocker("SecretMissing", "Secret tls does not exist")
+    assert blocker_events({}, blocker) == (Event("SecretMissing", "Secret tls does not exist", warning=True),)
+    shown = {"conditions": [{"type": c.RUNNING, "status": "False", "reason": "SecretMissing"}]}
+    assert blocker_events(shown, blocker) == () and blocker_events({}, None) == ()
+
+
+def test_force_deletes_only_pods_terminating_past_the_timeout() -> None:
+    late = learner(1, deletionTimestamp=st.rfc3339(T0 - 1000))
+    recent = learner(0, deletionTimestamp=st.rfc3339(T0 - 10))
+    (forced,) = force_deletes([recent, late, syncer_pod()], REF, now=T0, timeout=120)
+    assert (forced.name, forced.uid, forced.grace_seconds) == ("demo-us-1", "pod-1", 0)
+    assert [type(x) for x in forced.then] == [Count, Event]  # counted and told once the pod is deleted
+    assert force_deletes(RUNNING_PODS, REF, now=T0, timeout=120) == ()
+
+
+def test_workload_writes_finish_a_finished_queued_jobs_workload_else_settle_it() -> None:
+    assert workload_writes(None, plan(running(), T0).status, RUNNING_PODS, finished=False, stamp=STAMP) == ()
+    o = queued(ADMITTED, suspend=False, pods_=RUNNING_PODS)
+    assert o.job is not None
+    q = through_kueue(o, o.job, link_and_blocker(o, o.job)[0], finished=False, generation=1).queued
+    assert q is not None
+    ended = plan(running(pods_=[done(0), done(1), syncer_pod()]), T0 + 10).status
+    (finish,) = workload_writes(q, ended, [], finished=False, stamp=STAMP)
+    marked = c.find(finish.status["conditions"], kueue.FINISHED) or {}
+    assert (marked.get("status"), marked.get("reason")) == ("True", "Succeeded")
+    runs = plan(running(), T0).status
+    assert workload_writes(q, runs, RUNNING_PODS, finished=False, stamp=STAMP) == \
+        tuple(queueing.settle(q, RUNNING_PODS, finished=False, now=STAMP))
+
+
+# --- re-admission: the pod-event pass and the plan take the one decision ---------------------------------
+
+class Api:
+    """The API server as the pod-event pass uses it: the job and its pods read, the status writes recorded."""
+
+    def __init__(self, job: dict[str, Any], pods_: list[dict[str, Any]]) -> None:
+        self.job, self.pods = job, pods_
+        self.patches: list[dict[str, Any]] = []
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.job if (kind, namespace, name) == (KIND, "ml", "demo") else None
+
+    def list(self, kind: str, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [p for p in self.pods if labels.items() <= (p["metadata"].get("labels") or {}).items()]
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any], sub: str | None = None) -> None:
+        self.patches.append(patch)
+
+
+class Metrics:
+    """The operator's counters, as the Counts they were incremented by."""
+
+    def __init__(self) -> None:
+        self.counted: list[Count] = []
+
+    def __getattr__(self, metric: str) -> Any:
+        return SimpleNamespace(labels=lambda *labels: SimpleNamespace(
+            inc=lambda: self.counted.append(Count(metric, labels))))
+
+
+def pod_event(job: dict[str, Any], pods_: list[dict[str, Any]], pod: dict[str, Any],
+              monkeypatch: pytest.MonkeyPatch) -> tuple[list[dict[str, Any]], list[Count], list[Event]]:
+    """The pod-event pass on `pod`'s MODIFIED event: the status writes, the counts and the Events."""
+    api, metrics = Api(job, pods_), Metrics()
+    posted: list[Event] = []
+    monkeypatch.setattr(passes, "post", lambda ref, reason, message, warning=False:
+                        posted.append(Event(reason, message, warning)))
+    passes.pod_event(Context(PLAIN, metrics=cast(Any, metrics), kube=cast(Any, api)), "MODIFIED", pod)
+    return api.patches, metrics.counted, posted
+
+
+def test_a_one_host_learner_is_readmitted_alike_by_the_pod_event_and_the_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    read, pod = lost(1), learner(1, namespace="ml")
+    decided = readmission.decide(read, REF, US1, [pod])
+    assert decided is not None
+    writes, counted, posted = pod_event(body(read), [pod], pod, monkeypatch)
+    assert writes == [{"status": st.validated(decided.patch)}]
+    assert counted == [decided.count] and posted == [decided.event]
+    assert readmit_ready(read, RUNNING_PODS, REF) == Slots(decided.patch, decided.then)  # the plan's sub-plan
+    p = plan(running(read), T0 + 10)
+    assert [e for e in p.events if e in decided.then] == list(decided.then)
+    assert {k: p.status[k] for k in decided.patch} == decided.patch
+
+
+def test_a_multi_host_learner_is_readmitted_alike_by_the_pod_event_and_the_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read, gang = lose(GANG_RUNNING, TPU1), [host(1, 0), host(1, 1)]
+    decided = readmission.decide(read, REF, TPU1, gang, hosts=2)
+    assert decided is not None and decided.event.message == "learner tpu-1 is back: all 2 hosts are ready"
+    writes, counted, posted = pod_event(body(read, learnerGroups=GANGED), GANG_PODS, host(1, 1), monkeypatch)
+    assert writes == [{"status": st.validated(decided.patch)}]
+    assert counted == [decided.count] and posted == [decided.event]
+    assert settle_gang(read, REF, TPU1, 2, GANG_PODS, now=T0) == Slots(decided.patch, decided.then)  # the plan's
+    p = plan(ganged(read), T0 + 10)
+    assert [e for e in p.events if e in decided.then] == list(decided.then)
+    assert {k: p.status[k] for k in decided.patch} == decided.patch
