@@ -40,7 +40,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
                                                                    seconds_since_seen=ls.seconds_since_seen, loss=ls.loss))
             got.joins = max(got.joins, ls.joins)
             got.contributions += ls.contributions
-            got.tokens = max(got.tokens, ls.tokens)
+            got.tokens_merged = max(got.tokens_merged, ls.tokens_merged)
             got.tokens_trained = max(got.tokens_trained, ls.tokens_trained)  # each shard sees the pushes it owns
             got.bytes_received += ls.bytes_received
             if ls.seconds_since_seen < got.seconds_since_seen:

@@ -90,6 +90,7 @@ def _load() -> tuple[ModuleType, ModuleType]:
 
 
 if TYPE_CHECKING:  # the generated .pyi types every message; the stubs module is plain Python
+    from diloco.core.ledger import Push
     from diloco.proto import diloco_pb2 as pb
     from diloco.proto import diloco_pb2_grpc as rpc
 else:
@@ -233,6 +234,19 @@ def chunks(blob: bytes | memoryview, size: int = CHUNK_BYTES) -> Iterator[memory
         yield view[start : start + size]
     if not view:
         yield view
+
+
+def push_header(push: Push, *, learner: str, region: str, session: int, secret: bytes) -> pb.PushHeader:
+    """The one conversion of a learner's push record (diloco/core/ledger.py `Push`) into its wire
+    shape, the `PushHeader` that goes ahead of `push.blob`; the sender's identity (learner id,
+    region, process, session secret) comes from its Join. The syncer turns the header into its
+    own merge input in one place too (syncer/round.py `contribution`)."""
+    return pb.PushHeader(
+        learner=learner, region=region, incarnation=push.incarnation, fragment=push.fragment,
+        base_version=push.base_version, steps=push.steps, tokens=push.tokens, step_seconds=push.step_seconds,
+        total_bytes=len(push.blob), loss=push.loss, session=session, push_id=push.push_id, slot=push.slot,
+        session_tokens=push.session_tokens, session_secret=secret,
+    )
 
 
 def push_chunks(header: pb.PushHeader, blob: bytes | memoryview) -> Iterator[pb.PushChunk]:

@@ -63,8 +63,8 @@ def check_header(h: pb.PushHeader, incarnation: str, max_push_bytes: list[int], 
         problem = f"push of {h.total_bytes} bytes exceeds the {max_push_bytes[h.fragment]}-byte bound of fragment {h.fragment}"
     elif not np.isfinite(h.step_seconds) or h.step_seconds < 0 or h.steps < 1:
         problem = "steps must be >= 1 and step_seconds finite and non-negative"
-    elif h.slot > (1 << 48) or h.trained_tokens > (1 << 62):
-        problem = "slot and trained_tokens are out of range"
+    elif h.slot > (1 << 48) or h.session_tokens > (1 << 62):
+        problem = "slot and session_tokens are out of range"
     elif h.push_id and h.fragment not in (due := due_fragments(h.slot, num, shards)):
         problem = (f"slot {h.slot} is due for fragment{'s' if shards > 1 else ''} {_listed(due)}, not fragment "
                    f"{h.fragment} (slot s is due for fragment{'s' if shards > 1 else ''} {_rule(num, shards)})")

@@ -157,7 +157,7 @@ class SyncerCore:
         open rounds carry beyond it. Learners set their learning-rate schedule by it (core/schedule.py
         JobProgress); the merged count alone trails by the merge's latency (4-7 steps, ~1% of held-out loss)."""
         with self.lock:
-            return self.model.tokens_trained()
+            return self.model.job_tokens()
 
     def join(self, request: pb.JoinRequest) -> tuple[pb.JoinHeader, Pieces]:
         """Admit a (re)joining learner whose model is this job's (syncer/joins/readmission.py): its
@@ -168,7 +168,7 @@ class SyncerCore:
             readmission.admit_data(self.model, listing, learner)
             secret = self.registry.open_session(learner, request.process, request.supersede)
             info = self.registry.joined(learner, request.region)
-            slot, job_tokens = self.book.next_slot, self.model.tokens_trained()
+            slot, job_tokens = self.book.next_slot, self.model.job_tokens()
         view = self.publisher.snapshot()
         self.metrics.joins.labels("readmission" if info.joins > 1 else "first").inc()
         log.info("learner %s joined (%s, join #%d)", learner, request.region, info.joins)

@@ -126,11 +126,11 @@ class Counters:
             self.merged.setdefault((origin, p), deque(maxlen=HISTORY)).append((version, at))
 
 
-def credit_limit(trained_tokens: int, known: int, tokens: int) -> int:
-    """A learner process's cumulative trained tokens as far as one accepted push can vouch for:
-    at most `tokens` (the push's own, bounded by `Counters`) beyond what is already `known` of
-    it. An honest process trains about one step between two of its pushes, far less than a
+def credit_limit(session_tokens: int, known: int, tokens: int) -> int:
+    """A learner process's cumulative trained tokens (a push's `session_tokens`) as far as one
+    accepted push can vouch for: at most `tokens` (the push's own, bounded by `Counters`) beyond
+    what is already `known` of it. An honest process trains about one step between two of its pushes, far less than a
     push's P steps, so the limit only bites a liar (or, briefly, a process whose count this
     syncer last saw long ago: after a restart from an older checkpoint, it catches up over a
     few pushes)."""
-    return min(trained_tokens, known + tokens)
+    return min(session_tokens, known + tokens)

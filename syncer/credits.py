@@ -29,11 +29,12 @@ class TokenCredits:
     reported: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
     _unmerged: int = field(default=0, init=False, compare=False, repr=False)
 
-    def report(self, key: str, trained_tokens: int) -> None:
+    def report(self, key: str, session_tokens: int) -> None:
         """An accepted push of process `key` ("learner/session") says it has trained this many."""
-        if trained_tokens > self.reported.get(key, 0):
-            self._unmerged += self._beyond_credit(key, trained_tokens) - self._beyond_credit(key, self.reported.get(key, 0))
-            self.reported[key] = trained_tokens
+        if session_tokens > self.reported.get(key, 0):
+            before = self._beyond_credit(key, self.reported.get(key, 0))
+            self._unmerged += self._beyond_credit(key, session_tokens) - before
+            self.reported[key] = session_tokens
 
     def known(self, key: str) -> int:
         """A learner process's trained tokens as far as this syncer has taken them (credited in a
@@ -61,10 +62,10 @@ class TokenCredits:
         credits: dict[str, int] = {}
         for c in contributions:
             key = process_key(c.learner, c.session)
-            credit = max(0, c.trained_tokens - self.credited.get(key, 0))
+            credit = max(0, c.session_tokens - self.credited.get(key, 0))
             if credit:
                 before = self._beyond_credit(key, self.reported.get(key, 0))
-                self.credited[key] = c.trained_tokens
+                self.credited[key] = c.session_tokens
                 self._unmerged += self._beyond_credit(key, self.reported.get(key, 0)) - before
                 credits[c.learner] = credits.get(c.learner, 0) + credit
         return credits

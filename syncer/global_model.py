@@ -43,7 +43,7 @@ class MergeResult:
     fragment: int
     version: int
     learners: list[str]
-    tokens: int  # trained tokens this merge credited, each counted once over the whole job
+    tokens_merged: int  # trained tokens this merge credited, each counted once over the whole job
     update_norm: float
     credits: dict[str, int]  # the same, by learner
 
@@ -117,7 +117,7 @@ class GlobalModel:
         held = self.held()
         self.params = {n: v if n in held else placeholder(v.shape) for n, v in self.params.items()}
 
-    def tokens_trained(self) -> int:
+    def job_tokens(self) -> int:
         """The job's trained tokens: those merged, plus what accepted pushes carry beyond their credit."""
         return self.tokens_merged + self.credits.unmerged()
 

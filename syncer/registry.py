@@ -31,7 +31,7 @@ class LearnerInfo:
     region: str = ""
     joins: int = 0
     contributions: int = 0
-    tokens: int = 0
+    tokens_merged: int = 0  # credited to it by merges since this syncer started
     last_seen: float = 0.0
     loss: float = float("nan")
     subscriptions: int = 0
@@ -112,7 +112,7 @@ class LearnerRegistry:
         origins = [(c.origin, c.received_at) for c in done.closed.contributions]
         self.counters.merged_into(origins, done.fragment, done.result.version)
         for learner, credit in done.result.credits.items():
-            self.learners[learner].tokens += credit
+            self.learners[learner].tokens_merged += credit
 
     def subscribe(self, learner: str, delta: int) -> None:
         """A subscription stream opened (+1) or closed (-1): the learner is active while it has one."""

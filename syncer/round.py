@@ -102,12 +102,24 @@ def round_book(model: GlobalModel) -> RoundBook[Outer]:
     return book
 
 
+def contribution(h: pb.PushHeader, payload: Outer, *, session_tokens: int, received_at: float) -> Contribution[Outer]:
+    """The one conversion of a push's wire header (the learner made it from its `Push` record in
+    one place too: diloco/wire.py `push_header`) into the syncer's merge input, `Contribution`,
+    whose payload is the parsed outer gradient. `session_tokens` is the header's as far as the
+    syncer credits it (syncer/counter_bounds.py `credit_limit`). A header without a push id (a
+    learner from before the shared schedule) is on schedule by definition: no slot."""
+    return Contribution(learner=h.learner, fragment=h.fragment, base_version=int(h.base_version), steps=int(h.steps),
+                        tokens=int(h.tokens), payload=payload, session=int(h.session), push_id=int(h.push_id),
+                        slot=int(h.slot) if h.push_id else None, session_tokens=session_tokens,
+                        received_at=received_at)
+
+
 def combine(old: Contribution[Outer], new: Contribution[Outer]) -> Contribution[Outer]:
     """Two pushes of one learner process in one round carry disjoint progress: add them."""
     payload = {n: values_of(old.payload[n]) + values_of(new.payload[n]) for n in old.payload}
     return replace(new, base_version=min(old.base_version, new.base_version), steps=old.steps + new.steps,
                    tokens=old.tokens + new.tokens, payload=payload,
-                   trained_tokens=max(old.trained_tokens, new.trained_tokens))
+                   session_tokens=max(old.session_tokens, new.session_tokens))
 
 
 class RoundDriver:
@@ -133,12 +145,10 @@ class RoundDriver:
         """Offer an admitted push (header checked, outer gradient parsed) to its round: the
         outlier bound on its norm (raises Refused), the step time the grace window scales with
         (the learners' median), the book's verdict; if accepted, recorded for retries and its
-        trained tokens reported. The caller holds `lock`."""
+        session tokens reported. The caller holds `lock`."""
         p, key = h.fragment, process_key(h.learner, h.session)
-        c = Contribution(h.learner, p, int(h.base_version), int(h.steps), int(h.tokens), dict[str, Source](tensors),
-                         session=int(h.session), push_id=int(h.push_id), slot=int(h.slot) if h.push_id else None,
-                         trained_tokens=credit_limit(int(h.trained_tokens), self.model.credits.known(key), int(h.tokens)),
-                         received_at=received_at)
+        c = contribution(h, dict[str, Source](tensors), received_at=received_at, session_tokens=credit_limit(
+            int(h.session_tokens), self.model.credits.known(key), int(h.tokens)))
         ratio = self.admission.check_norm(p, norm, h.learner)
         if step_time is not None:
             self.book.observe_step_time(step_time)
@@ -148,7 +158,7 @@ class RoundDriver:
         # The open round closes into the next version, or the one after if p is being merged now.
         merged_into = self.model.versions[p] + (2 if self.in_merge == p else 1)
         self.admission.taken(c.origin, c.push_id, p=p, norm=norm, merged_into=merged_into)
-        self.model.credits.report(key, c.trained_tokens)
+        self.model.credits.report(key, c.session_tokens)
         return Taken(offer, merged_into, ratio)
 
     def merge_ready(self, active: Callable[[], set[str]], *, flush: bool = False) -> list[Round]:

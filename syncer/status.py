@@ -17,7 +17,7 @@ def status_reply(*, now: float, incarnation: str, model: GlobalModel, registry: 
     """One consistent snapshot of the syncer's parts (the caller holds the core's lock)."""
     learners = [
         pb.LearnerStatus(learner=n, region=i.region, joins=i.joins, contributions=i.contributions,
-                         tokens=i.tokens, seconds_since_seen=now - i.last_seen, loss=i.loss,
+                         tokens_merged=i.tokens_merged, seconds_since_seen=now - i.last_seen, loss=i.loss,
                          bytes_received=i.bytes_received, tokens_trained=model.credits.reported_by(n))
         for n, i in sorted(registry.learners.items())
     ]
@@ -42,7 +42,7 @@ def _regions(registry: LearnerRegistry) -> list[pb.RegionStatus]:
         r = out.setdefault(registry.region_of(name), pb.RegionStatus(region=registry.region_of(name)))
         r.learners += 1
         r.active_learners += name in active
-        r.tokens_merged += info.tokens
+        r.tokens_merged += info.tokens_merged
         r.bytes_received += info.bytes_received
         r.contributions += info.contributions
         r.mean_staleness += info.staleness  # a sum until divided below

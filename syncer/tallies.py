@@ -63,7 +63,7 @@ class Tallies:
             self.metrics.region_tokens.labels(region_of(learner)).inc(credit)
         self.last_publish = self.clock()
         self.metrics.merges.inc()
-        self.metrics.tokens.inc(result.tokens)
+        self.metrics.tokens.inc(result.tokens_merged)
         self.metrics.quorum_size.observe(len(closed.contributions))
         self.metrics.grace_wait.observe(max(0.0, done.closed_at - (done.deadline - book.timings.grace(book.policy))))
         self.metrics.outer_version.set(version_sum)

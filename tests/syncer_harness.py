@@ -59,7 +59,7 @@ class Harness:
     def push(self, fragment: int, tensors: dict[str, np.ndarray] | None = None, blob: bytes | None = None,
              token: str = TOKEN, learner: str = "a-0", base_version: int | None = None, steps: int = 4,
              total_bytes: int | None = None, codec: str = "int4", session: int = 1, push_id: int | None = None,
-             slot: int | None = None, trained_tokens: int | None = None, secret: bytes | None = None,
+             slot: int | None = None, session_tokens: int | None = None, secret: bytes | None = None,
              unary: bool = False, tokens: int | None = None) -> pb.PushReply:
         """A push as the learner's client makes it; `unary`: through PushOne (one chunk)."""
         if blob is None:
@@ -71,7 +71,7 @@ class Harness:
             total_bytes=len(blob) if total_bytes is None else total_bytes, session=session,
             push_id=next(self.push_ids) if push_id is None else push_id,
             slot=fragment // self.core.spec.shards if slot is None else slot,  # core/schedule.py due_fragments
-            trained_tokens=steps * TOKENS_PER_STEP if trained_tokens is None else trained_tokens,
+            session_tokens=steps * TOKENS_PER_STEP if session_tokens is None else session_tokens,
             session_secret=self.secret(learner) if secret is None else secret,
         )
         msgs = list(push_chunks(header, blob))

@@ -89,7 +89,9 @@ def _report(fragments: Fragments, metrics: LearnerMetrics, *, epoch: float) -> N
          loss=pr.loss, step_seconds=pr.step_ema, host_wait_seconds=round(pr.host_wait, 6),
          learning_rate=float(fragments.recipe.lr(job.at)),
          lr_position=job.at,  # the job's progress in steps of one learner (JobProgress)
-         train_seconds=pr.train_seconds, trained_tokens=pr.trained_tokens, skipped_slots=fragments.schedule.skipped,
+         # The events' key stays `trained_tokens` (the runner's tracker, the benches and recorded
+         # event logs read it): the push header's `session_tokens`, this process's count.
+         train_seconds=pr.train_seconds, trained_tokens=pr.session_tokens, skipped_slots=fragments.schedule.skipped,
          acked_train_seconds=link.acked_train_seconds, bytes_sent=link.bytes_sent,
          bytes_received=link.bytes_received, versions=fragments.ledger.versions)
 
@@ -107,7 +109,7 @@ def _exited(fragments: Fragments, *, flushed: bool, reason: str) -> None:
     """The exit event: where the learner stopped, what the syncer acknowledged, and why."""
     pr, link = fragments.progress, fragments.link
     emit(Event.EXIT, step=pr.step, slot=fragments.schedule.slot, train_seconds=pr.train_seconds,
-         trained_tokens=pr.trained_tokens, acked_train_seconds=link.acked_train_seconds, bytes_sent=link.bytes_sent,
+         trained_tokens=pr.session_tokens, acked_train_seconds=link.acked_train_seconds, bytes_sent=link.bytes_sent,
          bytes_received=link.bytes_received, flushed=flushed, reason=reason)
 
 
@@ -182,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                           adoption=me.spec.syncer.adoption, shards=me.spec.syncer.shards,
                           learners=me.spec.shard_count, tokens_per_step=tokens_per_step, emit=emit)
     opt_state = recipe.init_state(fragments.theta)
-    next_batch = joined.resume_tokens // tokens_per_step  # 0 on a first start
+    next_batch = joined.tokens_merged // tokens_per_step  # 0 on a first start
     peers = _begin(me, fragments, metrics, real=real, stop=stop, started=t_process, join_began=t_join,
                    batch=next_batch)  # the join's event; the sender and subscriber start; SIGTERM stops us
 

@@ -37,7 +37,7 @@ from diloco.syncer.counter_bounds import Counters
 from diloco.syncer.global_model import GlobalModel
 from diloco.syncer.publisher import Publisher
 from diloco.syncer.round import RoundDriver
-from diloco.wire import pb
+from diloco.wire import pb, push_header
 
 Tensors = dict[str, np.ndarray]
 
@@ -79,7 +79,7 @@ class _Learner:
     schedule: Schedule | None = None
     session: int = 0
     push_seq: int = 0
-    trained_tokens: int = 0  # this life's (the push header's cumulative counter)
+    session_tokens: int = 0  # this life's (the push header's cumulative counter)
     earlier_tokens: int = 0  # earlier lives'
     steps: int = 0
     progress: JobProgress | None = None  # where the learning-rate schedule stands (as the learner's)
@@ -93,7 +93,7 @@ class Sent:
     """A push on its way to the syncer: its header and bytes, and when its learner sent it."""
 
     header: pb.PushHeader
-    blob: Blob
+    blob: bytes | Blob
     at: float
 
 
@@ -160,7 +160,7 @@ class Replay:
                 break
         self._merge(flush=True)  # the syncer's final flush
         return ReplayResult(params={n: v.copy() for n, v in self.model.params.items()}, rounds=self.rounds,
-                            tokens_trained=sum(lr.trained_tokens + lr.earlier_tokens for lr in self.learners),
+                            tokens_trained=sum(lr.session_tokens + lr.earlier_tokens for lr in self.learners),
                             tokens_merged=self.model.tokens_merged,
                             skipped_slots=sum(lr.schedule.skipped for lr in self.learners if lr.schedule),
                             refused=self.refused, outer_steps=self.model.outer_steps, curve=self.curve)
@@ -186,14 +186,14 @@ class Replay:
         lr.ledger = Ledger(self.fragments, lr.params, self.model.versions, self.adoption)  # type: ignore[arg-type]
         lr.schedule = self.schedule_factory(len(self.fragments), self.book.next_slot, m)
         lr.progress = JobProgress(len(self.learners), self.trainer.tokens_per_step)
-        lr.progress.observe(self.model.tokens_trained())  # the Join reply's count
+        lr.progress.observe(self.model.job_tokens())  # the Join reply's count
         lr.state = self.trainer.fresh_state(m, lr.params)
         peers = [o for o in self.learners if o.alive and o.m != m and o.state is not None]
         if self.peer_state and peers and lr.schedule.slot > 0:  # spec.training.peerOptimizerState
             lr.state = peers[0].state  # a live peer's AdamW moments (immutable arrays: shared, not copied)
         lr.session, lr.push_seq = lr.life, 0
-        lr.earlier_tokens += lr.trained_tokens  # a new process counts its tokens from zero
-        lr.trained_tokens = 0
+        lr.earlier_tokens += lr.session_tokens  # a new process counts its tokens from zero
+        lr.session_tokens = 0
         lr.refused, lr.accepted, lr.inbox = [], [], {}
         self.at(self.now, "step", m, lr.life)
 
@@ -217,7 +217,7 @@ class Replay:
         lr.params, lr.state, tokens = self.trainer.step(m, lr.params, lr.state, lr.progress.position())
         lr.progress.stepped()
         lr.ledger.stepped(tokens)
-        lr.trained_tokens += tokens
+        lr.session_tokens += tokens
         lr.steps += 1
         slot, due = lr.schedule.take()
         t_done = self.now + lr.script.step_seconds * (1 + lr.script.jitter * (2 * self.rngs[m].random() - 1))
@@ -232,12 +232,12 @@ class Replay:
     def _push(self, lr: _Learner, p: int, slot: int, t_sent: float) -> None:
         assert lr.ledger is not None
         lr.push_seq += 1
-        blob, f = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, push_id=lr.push_seq,
-                               codec=self.spec.compression, block_size=self.spec.block_size)
-        header = pb.PushHeader(learner=f"l{lr.m}", fragment=p, base_version=lr.ledger.books[p].version, steps=f.steps,
-                               tokens=f.tokens, step_seconds=lr.script.step_seconds, total_bytes=blob.nbytes,
-                               session=lr.session, push_id=lr.push_seq, slot=slot, trained_tokens=lr.trained_tokens)
-        self.at(t_sent + self.latency, "arrive", lr.m, lr.life, Sent(header, blob, t_sent))
+        push = prepare_push(lr.ledger, p, {n: lr.params[n] for n in self.fragments[p]}, codec=self.spec.compression,
+                            block_size=self.spec.block_size, push_id=lr.push_seq, slot=slot,
+                            session_tokens=lr.session_tokens, incarnation="", step_seconds=lr.script.step_seconds,
+                            loss=0.0, train_seconds=0.0)
+        header = push_header(push, learner=f"l{lr.m}", region="", session=lr.session, secret=b"")
+        self.at(t_sent + self.latency, "arrive", lr.m, lr.life, Sent(header, push.blob, t_sent))
 
     def _flush(self, lr: _Learner) -> None:
         """The end of the job for this learner: push everything unpushed, each fragment in its
@@ -291,7 +291,7 @@ class Replay:
         """The driver's publish: the publisher encodes Θ_p's delta against V_p and advances V_p;
         each live learner receives the new V_p (what it decodes, bit for bit) after the latency."""
         self.publisher.publish(p, version, values, slot)
-        arrival = Arrival(version, dict(self.publisher.heads[p].view), slot + 1, self.model.tokens_trained())
+        arrival = Arrival(version, dict(self.publisher.heads[p].view), slot + 1, self.model.job_tokens())
         for lr in self.learners:
             if lr.alive:
                 self.at(self.now + self.latency, "publish", lr.m, lr.life, p, arrival)

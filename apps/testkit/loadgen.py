@@ -192,7 +192,7 @@ def _push_loop(lr: _Learner, shard: int, token: str, payloads: Sequence[bytes | 
         header = pb.PushHeader(
             learner=lr.name, region="bench", incarnation=link.header.incarnation, fragment=p,
             base_version=lr.versions[p], steps=1, tokens=1024, step_seconds=step_seconds, total_bytes=len(blob),
-            push_id=next(ids), slot=s, trained_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
+            push_id=next(ids), slot=s, session_tokens=1024 * (s - first_slot + 1), session=os.getpid(),
             session_secret=link.header.session_secret)
         try:
             accepted = push(link.stub, header, blob, auth_metadata(token), timeout=60).accepted  # as a learner's client pushes

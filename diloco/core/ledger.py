@@ -33,24 +33,36 @@ from diloco.core.schedule import Schedule
 Tensors = dict[str, np.ndarray]
 
 
-@dataclass
-class InFlight:
-    """One push of one fragment, from the moment it was handed to the sender."""
+@dataclass(kw_only=True)
+class Push:
+    """One push of one fragment: the learner's only record of it. `prepare_push` makes it (by
+    keyword: kw_only, so no caller can mix up its counts); the ledger books it while it is in
+    flight (`delta`, `merged_into`); the syncer client queues it and `diloco.wire.push_header`,
+    the one conversion, puts it on the wire as a `PushHeader` plus `blob`."""
 
-    push_id: int
+    fragment: int
+    base_version: int  # the version of the anchor the outer gradient is against
+    push_id: int  # increasing per process: the syncer's answers name it, a retry repeats it
+    slot: int  # the schedule slot it is for
+    steps: int  # inner steps since the anchor
+    tokens: int  # tokens since the anchor: with `steps`, the push's merge weight
+    session_tokens: int  # tokens this process has trained in all, up to this push
     delta: Tensors  # exactly what the syncer decodes: −(the progress this push carries)
-    steps: int
-    tokens: int
-    merged_into: int | None = None  # set when the syncer accepts it
+    blob: bytes | Blob  # `delta` encoded: what goes on the wire (an encoder's view); let go once accepted
+    incarnation: str  # the syncer incarnation whose anchors the outer gradient is against
+    step_seconds: float  # the learner's recent step time (the syncer's grace window)
+    loss: float  # its recent training loss (shown, never trusted)
+    train_seconds: float  # its cumulative training time when this was made
+    merged_into: int | None = None  # set when the syncer accepts it: the version that merges it
 
 
 @dataclass
 class FragmentBook:
     version: int
     anchor: Tensors
-    in_flight: list[InFlight] = field(default_factory=list)
+    in_flight: list[Push] = field(default_factory=list)
     steps: int = 0  # inner steps whose progress no push carries yet
-    tokens: int = 0
+    tokens: int = 0  # their tokens
 
 
 class Ledger:
@@ -95,14 +107,16 @@ class Ledger:
         anchor = self.books[p].anchor
         return {n: anchor[n] - v for n, v in self.carried(p, local).items()}
 
-    def pushed(self, p: int, push_id: int, sent: Tensors) -> InFlight:
-        """Record a push handed to the sender; `sent` is its outer gradient as the syncer decodes
-        it, fresh fp32 arrays the ledger keeps as they are."""
-        b = self.books[p]
-        f = InFlight(push_id, {n: sent[n] for n in self.fragments[p]}, b.steps, b.tokens)
-        b.in_flight.append(f)
+    def pushed(self, push: Push) -> Push:
+        """Book a push handed to the sender (`prepare_push` makes it): it carries the fragment's
+        unpushed steps and tokens, and its `delta` (fresh fp32 arrays, kept as they are)."""
+        b = self.books[push.fragment]
+        if (push.base_version, push.steps, push.tokens) != (b.version, b.steps, b.tokens):
+            raise ValueError(f"push {push.push_id} of fragment {push.fragment} does not carry its book's "
+                             f"version, steps and tokens")
+        b.in_flight.append(push)
         b.steps, b.tokens = 0, 0
-        return f
+        return push
 
     # -- what the syncer said ---------------------------------------------------------
 
@@ -110,6 +124,7 @@ class Ledger:
         for f in self.books[p].in_flight:
             if f.push_id == push_id:
                 f.merged_into = merged_into
+                f.blob = b""  # answered: never sent again, and the rebase needs only `delta`
 
     def refused(self, p: int, push_id: int) -> None:
         """Its progress was never merged: it is still in θ − A and goes out with the next push."""
@@ -119,7 +134,7 @@ class Ledger:
             b.steps += f.steps
             b.tokens += f.tokens
 
-    def _merged(self, p: int) -> list[InFlight]:
+    def _merged(self, p: int) -> list[Push]:
         """Take the pushes the held global version already contains off the books."""
         b = self.books[p]
         merged = [f for f in b.in_flight if f.merged_into is not None and f.merged_into <= b.version]
@@ -236,10 +251,16 @@ def absorb(ledger: Ledger, schedule: Schedule, local: Callable[[int], Tensors], 
         schedule.observe(arrival.next_slot)
 
 
-def prepare_push(ledger: Ledger, p: int, local: Tensors, *, push_id: int, codec: Codec,
-                 block_size: int) -> tuple[Blob, InFlight]:
-    """Encode fragment p's unpushed progress and record it as the syncer will decode it, so
-    the compression error stays in θ − A and leaves with the next push (error feedback).
-    Δ = A_p − ledger.carried(p, θ_p) (`outer_gradient`), encoded and decoded in one fused pass."""
-    blob, sent = encode_difference(ledger.books[p].anchor, ledger.carried(p, local), codec, block_size)
-    return blob, ledger.pushed(p, push_id, sent)
+def prepare_push(ledger: Ledger, p: int, local: Tensors, *, codec: Codec, block_size: int, push_id: int, slot: int,
+                 session_tokens: int, incarnation: str, step_seconds: float, loss: float,
+                 train_seconds: float) -> Push:
+    """Encode fragment p's unpushed progress and book it as the syncer will decode it, so the
+    compression error stays in θ − A and leaves with the next push (error feedback).
+    Δ = A_p − ledger.carried(p, θ_p) (`outer_gradient`), encoded and decoded in one fused pass.
+    The keywords after `block_size` are what the push reports beside its books (`Push`)."""
+    b = ledger.books[p]
+    blob, sent = encode_difference(b.anchor, ledger.carried(p, local), codec, block_size)
+    return ledger.pushed(Push(
+        fragment=p, base_version=b.version, push_id=push_id, slot=slot, steps=b.steps, tokens=b.tokens,
+        session_tokens=session_tokens, delta={n: sent[n] for n in ledger.fragments[p]}, blob=blob,
+        incarnation=incarnation, step_seconds=step_seconds, loss=loss, train_seconds=train_seconds))

@@ -67,18 +67,23 @@ class Timings:
         return min(max(policy.gamma * slack, 0.0), cap)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Contribution(Generic[Payload]):
+    """A push as the syncer merges it: the round's input, generic over its payload (the outer
+    gradient's tensors on the syncer; anything in tests). The syncer makes one from a push's
+    wire header in one place (syncer/round.py `contribution`); by keyword only, like the
+    learner's record of a push (core/ledger.py `Push`), so no caller mixes up its counts."""
+
     learner: str
     fragment: int
     base_version: int
     steps: int
-    tokens: int
+    tokens: int  # tokens since the anchor: with `steps`, the merge weight
     payload: Payload
     session: int = 0  # (learner, session) is one learner process: its pushes are disjoint progress
     push_id: int = 0
     slot: int | None = None  # the schedule slot; None: on schedule by definition
-    trained_tokens: int = 0  # the session's cumulative trained tokens at this push
+    session_tokens: int = 0  # the session's cumulative trained tokens at this push (as far as credited)
     received_at: float = 0.0  # when the syncer took it (its clock): where the learner's counters start over once merged
 
     @property

@@ -94,18 +94,18 @@ class JobProgress:
 
     learners: int  # M: the job's learners (its data shards)
     tokens_per_step: int  # one learner's batch x context
-    tokens: int = 0  # the job's trained tokens, as the syncer last said
+    job_tokens: int = 0  # the job's trained tokens, as the syncer last said
     since: int = 0  # our own steps since then
     at: int = 0
 
     def observe(self, job_tokens: int) -> None:
-        if job_tokens > self.tokens:
-            self.tokens, self.since = job_tokens, 0
+        if job_tokens > self.job_tokens:
+            self.job_tokens, self.since = job_tokens, 0
 
     def stepped(self) -> None:
         self.since += 1
 
     def position(self) -> int:
         own = self.since * self.tokens_per_step
-        self.at = max(self.at, (self.tokens + own) // (self.learners * self.tokens_per_step))
+        self.at = max(self.at, (self.job_tokens + own) // (self.learners * self.tokens_per_step))
         return self.at

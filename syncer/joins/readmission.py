@@ -71,7 +71,7 @@ def join_header(model: GlobalModel, spec: SyncerSpec, view: tuple[dict[int, int]
         fragments=[pb.FragmentNames(names=list(f)) for f in model.plan.fragments],
         codec=spec.compression, block_size=spec.block_size, slot=slot, tags=[tagged.get(p, b"") for p in range(num)],
         session_secret=secret, shard=shard, shards=spec.shards,
-        resume_tokens=model.credits.credited_to(learner), job_tokens=job_tokens,
+        tokens_merged=model.credits.credited_to(learner), job_tokens=job_tokens,
     )
 
 
@@ -82,11 +82,11 @@ def check_state_size(header: pb.StateHeader, max_state_bytes: int) -> None:
                       f"expected 1 to {max_state_bytes} (two moments of this model)")
 
 
-def check_state_count(header: pb.StateHeader, tokens_trained: int, tokens_per_step: int, cycle: int) -> None:
+def check_state_count(header: pb.StateHeader, job_tokens: int, tokens_per_step: int, cycle: int) -> None:
     """A donor's AdamW step count, which sets the joiner's bias correction, must lie within the
-    steps the job's accepted pushes vouch for (`tokens_trained`); not the donor's own: a
+    steps the job's accepted pushes vouch for (`job_tokens`); not the donor's own: a
     re-admitted learner carries on the count of the peer whose moments it adopted."""
-    bound = tokens_trained // max(tokens_per_step, 1) + SLACK_CYCLES * cycle
+    bound = job_tokens // max(tokens_per_step, 1) + SLACK_CYCLES * cycle
     if not 0 < (count := int(header.count)) <= bound:
         raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                       f"optimizer state at step {count}: the job's learners have trained at most {bound} steps "

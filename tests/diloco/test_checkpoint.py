@@ -24,7 +24,7 @@ def trained_model() -> GlobalModel:
     model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
     for p in (0, 1, 0):
         delta = {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(p).items()}
-        c = Contribution("a-0", p, model.versions[p], 4, 2048, delta)
+        c = Contribution(learner="a-0", fragment=p, base_version=model.versions[p], steps=4, tokens=2048, payload=delta)
         model.apply(Closed(p, model.versions[p], [c], [1.0], 0.0))
     return model
 
@@ -43,7 +43,8 @@ def test_state_round_trip_bit_for_bit(tmp_path: Path) -> None:
     # The momentum survived too: the next outer step is identical.
     delta = {n: np.full(s, -0.2, np.float32) for n, s in model.shapes(0).items()}
     for m in (model, restored):
-        m.apply(Closed(0, m.versions[0], [Contribution("b", 0, m.versions[0], 2, 100, delta)], [1.0], 0.0))
+        c = Contribution(learner="b", fragment=0, base_version=m.versions[0], steps=2, tokens=100, payload=delta)
+        m.apply(Closed(0, m.versions[0], [c], [1.0], 0.0))
     for n in SHAPES:
         assert np.array_equal(restored.params[n], model.params[n])
 
@@ -196,7 +197,8 @@ def test_participation_scaling_moves_theta_by_the_share_of_active_learners() -> 
     for scaling in (True, False):
         model = GlobalModel.fresh(spec.model_copy(update={"participation_scaling": scaling}), params())
         before = {n: model.params[n].copy() for n in delta}
-        model.apply(Closed(0, 0, [Contribution("a-0", 0, 0, 4, 2048, delta)], [1.0], 0.0), active=3)
+        c = Contribution(learner="a-0", fragment=0, base_version=0, steps=4, tokens=2048, payload=delta)
+        model.apply(Closed(0, 0, [c], [1.0], 0.0), active=3)
         moved.append(float(np.mean([np.abs(model.params[n] - before[n]).mean() for n in delta])))
     assert moved[0] == pytest.approx(0.1, rel=1e-5) and moved[1] == pytest.approx(0.3, rel=1e-5)
 
@@ -207,7 +209,8 @@ def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
 
     model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
     delta = {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(0).items()}
-    push = Contribution("a-0", 0, 0, 4, 4096, delta, session=9, push_id=1, slot=6, trained_tokens=4096)
+    push = Contribution(learner="a-0", fragment=0, base_version=0, steps=4, tokens=4096, payload=delta, session=9,
+                        push_id=1, slot=6, session_tokens=4096)
     model.apply(Closed(0, 0, [push], [1.0], 0.0, slot=6))
     book: RoundBook[object] = RoundBook(2, policy(2))
     book.closed_slot, book.next_slot = [6, -1], 7
@@ -218,9 +221,10 @@ def test_token_credits_and_schedule_survive_a_restart(tmp_path: Path) -> None:
     assert loaded is not None
     restored = GlobalModel.from_state(model.spec, loaded.arrays, loaded.meta, expect=SHAPES)
     assert restored.tokens_merged == 4096 and restored.schedule == {"next_slot": 7, "closed_slot": [6, -1]}
-    later = Contribution("a-0", 1, 0, 4, 4096, {n: np.full(s, 0.1, np.float32) for n, s in model.shapes(1).items()},
-                         session=9, push_id=2, slot=7, trained_tokens=6144)
-    assert restored.apply(Closed(1, 0, [later], [1.0], 0.0)).tokens == 2048  # only what is new
+    later = Contribution(learner="a-0", fragment=1, base_version=0, steps=4, tokens=4096,
+                         payload={n: np.full(s, 0.1, np.float32) for n, s in model.shapes(1).items()},
+                         session=9, push_id=2, slot=7, session_tokens=6144)
+    assert restored.apply(Closed(1, 0, [later], [1.0], 0.0)).tokens_merged == 2048  # only what is new
     bad = dict(loaded.meta, credited={"a-0/9": -1})
     with pytest.raises(ValueError, match="credited"):
         GlobalModel.from_state(model.spec, loaded.arrays, bad, expect=SHAPES)
@@ -245,7 +249,7 @@ def test_state_bytes_is_what_a_checkpoint_of_a_trained_model_holds(tmp_path: Pat
                 min_size=1, max_size=12))
 def test_the_jobs_trained_tokens_are_merged_plus_what_pushes_report_beyond_their_credit(
         events: list[tuple[str, int, bool]]) -> None:
-    """`tokens_trained` keeps a running total; it must equal the formula over every process,
+    """`job_tokens` keeps a running total; it must equal the formula over every process,
     whatever order reports and merges come in (a merge credits a push it holds, and a stale
     report never lowers a process's count)."""
     model = GlobalModel.fresh(SyncerSpec(fragments=2), params())
@@ -257,7 +261,8 @@ def test_the_jobs_trained_tokens_are_merged_plus_what_pushes_report_beyond_their
         if merge:
             learner, _, session = key.partition("/")
             delta = {n: np.full(s, 0.01, np.float32) for n, s in model.shapes(0).items()}
-            c = Contribution(learner, 0, model.versions[0], 4, 1000, delta, session=int(session), trained_tokens=tokens)
+            c = Contribution(learner=learner, fragment=0, base_version=model.versions[0], steps=4, tokens=1000,
+                             payload=delta, session=int(session), session_tokens=tokens)
             model.apply(Closed(0, model.versions[0], [c], [1.0], 0.0))
         expected = model.tokens_merged + sum(max(0, t - model.credits.credited.get(k, 0)) for k, t in newest.items())
-        assert model.tokens_trained() == expected
+        assert model.job_tokens() == expected

@@ -251,7 +251,7 @@ class Cluster:
             r = self.stub.Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=timeout)
         except grpc.RpcError:
             return None
-        learners = {ls.learner: {"joins": ls.joins, "contributions": ls.contributions, "tokens": ls.tokens,
+        learners = {ls.learner: {"joins": ls.joins, "contributions": ls.contributions, "tokens_merged": ls.tokens_merged,
                                  "seconds_since_seen": ls.seconds_since_seen} for ls in r.learners}
         return Status(time.time(), r.incarnation, list(r.versions), r.outer_steps, r.tokens_merged,
                       r.active_learners, r.contributions_refused, r.checkpoint_version, r.seconds_since_publish,

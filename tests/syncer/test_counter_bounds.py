@@ -41,7 +41,7 @@ def honest_rounds(h: sh.Harness, rounds: int) -> None:
             for i, learner in enumerate(("a-0", "b-0")):
                 slot = r * P + p
                 assert h.push(p, h.fragment_tensors(p, 0.01 * (i + 1)), learner=learner, steps=P,
-                              slot=slot, trained_tokens=(slot + 1) * TPS).accepted
+                              slot=slot, session_tokens=(slot + 1) * TPS).accepted
             h.clock.now += 10
             assert h.core.merge_ready() == [p]
 
@@ -72,14 +72,14 @@ def test_a_push_with_counters_out_of_bounds_is_refused_and_nothing_moves(syncer:
     syncer.secret("liar-0")  # it joins with the others, and lies two rounds later
     honest_rounds(syncer, 2)
     params, versions, merged, job_tokens = job_state(syncer)
-    honest = JobProgress(learners=2, tokens_per_step=TPS, tokens=job_tokens)
+    honest = JobProgress(learners=2, tokens_per_step=TPS, job_tokens=job_tokens)
     position = honest.position()
     bound = syncer.core.registry.counters.steps_bound(("liar-0", 1), 0, versions[0], syncer.clock.now)
     assert bound == pytest.approx(40 / (0.05 / SPEED) + SLACK_CYCLES * P, abs=1)
     if steps == PAST:
         steps, tokens = bound + 1, (bound + 1) * TPS
     details = refusal(lambda: syncer.push(0, syncer.fragment_tensors(0, 0.01), learner="liar-0", steps=steps,
-                                          tokens=tokens, slot=2 * P, trained_tokens=tokens))
+                                          tokens=tokens, slot=2 * P, session_tokens=tokens))
     assert why in details and "re-sync" in details
     syncer.clock.now += 10
     assert syncer.core.merge_ready() == []  # nothing was offered to a round
@@ -93,7 +93,7 @@ def test_a_push_with_counters_out_of_bounds_is_refused_and_nothing_moves(syncer:
     assert status.contributions_refused == 1
     syncer.clock.now -= 10
     assert syncer.push(0, syncer.fragment_tensors(0, 0.01), learner="liar-0", steps=bound, slot=2 * P,
-                       trained_tokens=bound * TPS).accepted  # at the bound: taken
+                       session_tokens=bound * TPS).accepted  # at the bound: taken
 
 
 def test_a_lie_about_the_processes_trained_tokens_moves_the_count_by_at_most_its_push(syncer: sh.Harness) -> None:
@@ -103,7 +103,7 @@ def test_a_lie_about_the_processes_trained_tokens_moves_the_count_by_at_most_its
     honest_rounds(syncer, 2)
     _, _, merged, job_tokens = job_state(syncer)
     assert syncer.push(0, syncer.fragment_tensors(0, 0.01), learner="liar-0", steps=P, slot=2 * P,
-                       trained_tokens=2**62).accepted
+                       session_tokens=2**62).accepted
     assert syncer.core.job_tokens() == job_tokens + P * TPS
     syncer.clock.now += 10
     assert syncer.core.merge_ready() == [0]
@@ -194,9 +194,9 @@ def test_counters_at_their_bounds_pass_and_past_them_are_refused(steps: int, ext
     assert c.merged == {}  # checking records nothing
 
 
-@given(trained=st.integers(0, 2**63), known=st.integers(0, 2**40), tokens=st.integers(1, 2**40))
-def test_the_credit_of_one_push_is_at_most_its_tokens(trained: int, known: int, tokens: int) -> None:
-    vouched = credit_limit(trained, known, tokens)
-    assert vouched <= trained and vouched - known <= tokens
-    if trained <= known + tokens:
-        assert vouched == trained  # an honest count is taken as is
+@given(session_tokens=st.integers(0, 2**63), known=st.integers(0, 2**40), tokens=st.integers(1, 2**40))
+def test_the_credit_of_one_push_is_at_most_its_tokens(session_tokens: int, known: int, tokens: int) -> None:
+    vouched = credit_limit(session_tokens, known, tokens)
+    assert vouched <= session_tokens and vouched - known <= tokens
+    if session_tokens <= known + tokens:
+        assert vouched == session_tokens  # an honest count is taken as is

@@ -127,7 +127,8 @@ def test_stale_downweighting_is_an_absolute_factor() -> None:
     spec = exact_spec(fragments=1)
     model = GlobalModel.fresh(spec, {"w": np.zeros(4, np.float32)})
     one = {"w": np.ones(4, np.float32)}
-    model.apply(Closed(0, 0, [Contribution("a", 0, 0, 1, 1, one)], [0.5], 0.0))
+    model.apply(Closed(0, 0, [Contribution(learner="a", fragment=0, base_version=0, steps=1, tokens=1, payload=one)],
+                       [0.5], 0.0))
     assert np.allclose(model.params["w"], -0.5)  # half of a lone stale push, not renormalised away
 
 

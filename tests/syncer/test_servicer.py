@@ -14,7 +14,7 @@ from diloco.spec import Syncer as SyncerSpec
 from diloco.syncer.core import SyncerCore
 from diloco.syncer.global_model import GlobalModel
 from diloco.syncer.servicer import SyncerServicer
-from diloco.trainer.sync.client import Outgoing, SyncerClient
+from diloco.trainer.sync.client import Push, SyncerClient
 from diloco.wire import add_syncer, auth_metadata, pb, server_options
 from tests import syncer_harness as sh
 
@@ -292,10 +292,10 @@ def test_the_final_flush_closes_rounds_below_quorum(syncer: sh.Harness) -> None:
 
 def test_join_reports_the_schedule_position_and_the_jobs_tokens(syncer: sh.Harness) -> None:
     # A process's pushes of 4 steps (2048 tokens) each; its count reaches 2 x 2048 in the second.
-    assert syncer.push(1, syncer.fragment_tensors(1), slot=41, trained_tokens=2048).accepted
+    assert syncer.push(1, syncer.fragment_tensors(1), slot=41, session_tokens=2048).accepted
     syncer.clock.now += 10
     assert syncer.core.merge_ready() == [1]
-    assert syncer.push(0, syncer.fragment_tensors(0), slot=44, trained_tokens=2 * 2048).accepted  # not merged yet
+    assert syncer.push(0, syncer.fragment_tensors(0), slot=44, session_tokens=2 * 2048).accepted  # not merged yet
     req = pb.JoinRequest(learner="b-0", region="r",
                          tensors=[pb.TensorShape(name=n, shape=list(s)) for n, s in sh.SHAPES.items()])
     header = next(iter(syncer.stub.Join(req, metadata=auth_metadata(sh.TOKEN)))).header
@@ -445,8 +445,9 @@ def test_the_client_pushes_unary_and_streams_to_a_syncer_without_push_one(syncer
         plan = syncer.core.model.plan
         for push_id, p in enumerate((0, 1), start=1):
             delta = {n: np.full(sh.SHAPES[n], 0.01, np.float32) for n in plan.fragments[p]}
-            client.submit(Outgoing(p, 0, 4, 2048, 0.05, 2.0, encode_tensors(delta, "int4"), 1.0, client.incarnation,
-                                   push_id=push_id, slot=p, trained_tokens=2048 * push_id))
+            client.submit(Push(fragment=p, base_version=0, push_id=push_id, slot=p, steps=4, tokens=2048,
+                               session_tokens=2048 * push_id, delta=delta, blob=encode_tensors(delta, "int4"),
+                               incarnation=client.incarnation, step_seconds=0.05, loss=2.0, train_seconds=1.0))
         assert client.flush(timeout=10)
         assert {p for p in (0, 1) if "a-0" in syncer.core.book.contributors(p)} == {0, 1}  # both admitted
         # A current syncer takes both as PushOne; an older one refuses the first, and the

@@ -57,7 +57,7 @@ def tensors(p, seed):
 def state(owned, incarnation):
     params = {n: v for p in owned for n, v in tensors(p, 10 + p).items()}
     return JoinState(incarnation, [4, 5, 6], [list(f) for f in fragments], params, "int4", 64, 17, list(owned),
-                     shard=1, shards=2, resume_tokens=2**40, job_tokens=12345)
+                     shard=1, shards=2, tokens_merged=2**40, job_tokens=12345)
 
 script = [
     Updates(None, {}, [], []),
@@ -97,7 +97,7 @@ def arrays(d):
 def js(s):
     return None if s is None else {"incarnation": s.incarnation, "versions": s.versions, "fragments": s.fragments,
             "params": arrays(s.params), "codec": s.codec, "block_size": s.block_size, "slot": s.slot,
-            "owned": s.owned, "shard": s.shard, "shards": s.shards, "resume": s.resume_tokens, "job": s.job_tokens}
+            "owned": s.owned, "shard": s.shard, "shards": s.shards, "merged": s.tokens_merged, "job": s.job_tokens}
 
 seen = {"join": js(client.join_with_retry(shapes)), "steps": []}
 for i in range(len(script)):

@@ -23,18 +23,18 @@ from collections.abc import Callable
 import grpc
 
 from diloco.contract import Event
-from diloco.core.ledger import Arrival
+from diloco.core.ledger import Arrival, Push
 from diloco.core.seed import InitialModel
 from diloco.trainer.sync import session as s
 from diloco.trainer.sync.global_copy import GlobalCopy, recovery
 from diloco.trainer.sync.link import SyncerLink
 
 # Re-exported: callers import the client's vocabulary from here.
-from diloco.trainer.sync.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
+from diloco.trainer.sync.messages import JoinRefused, JoinState, Unauthenticated, Updates
 from diloco.trainer.sync.transport import carry_out, join_call, seed_call, send_loop, subscribe_loop
 from diloco.wire import auth_metadata, channel, parse_unseeded, pb, rpc
 
-__all__ = ["JoinRefused", "JoinState", "Outgoing", "SyncerClient", "Unauthenticated", "Updates"]
+__all__ = ["JoinRefused", "JoinState", "Push", "SyncerClient", "Unauthenticated", "Updates"]
 log = logging.getLogger("diloco.learner")
 
 
@@ -66,7 +66,7 @@ class SyncerClient:
         self.supersede = supersede
         self.secret = b""  # the session secret of our latest Join
         self.push_one = True  # until a syncer without PushOne answers UNIMPLEMENTED
-        self.outbox: deque[Outgoing] = deque()
+        self.outbox: deque[Push] = deque()
         self.inbox: dict[int, Arrival] = {}
         self.accepted: list[tuple[int, int, int, bool]] = []
         self.refused: list[tuple[int, int]] = []
@@ -181,7 +181,7 @@ class SyncerClient:
             t.start()
             self.threads.append(t)
 
-    def submit(self, item: Outgoing) -> None:
+    def submit(self, item: Push) -> None:
         with self.lock:
             self.outbox.append(item)
             self.lock.notify_all()

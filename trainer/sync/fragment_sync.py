@@ -27,7 +27,7 @@ from diloco.core.schedule import JobProgress, Schedule
 from diloco.trainer.hosts import Hosts
 from diloco.trainer.recipe import Recipe
 from diloco.trainer.sync.link import LearnerLink
-from diloco.trainer.sync.messages import JoinState, Outgoing, Updates
+from diloco.trainer.sync.messages import JoinState, Updates
 
 # A push that waits for the next step's dispatch: (fragment, its slot, θ_p on the devices).
 Waiting = tuple[int, int, dict[str, Any]]
@@ -35,13 +35,13 @@ Waiting = tuple[int, int, dict[str, Any]]
 
 @dataclass
 class Progress:
-    """The loop's running counters; every outer gradient carries the latest (messages.Outgoing)."""
+    """The loop's running counters; every push reports the latest (diloco/core/ledger.py `Push`)."""
 
     step: int = 0  # inner steps taken, the ones a divergence threw away included
     train_seconds: float = 0.0  # time in inner steps, stretched by the group's slowdown
     step_ema: float = 0.0  # a step's seconds, smoothed; 0 until the first step is read
     loss: float = float("nan")  # the last step's loss; NaN until the first is read
-    trained_tokens: int = 0  # this process's trained tokens since it started
+    session_tokens: int = 0  # this process's trained tokens since it started
     host_wait: float = 0.0  # the devices' wait on this loop between two steps (the gap)
     step_done: float | None = None  # when the devices last finished (monotonic); None before the first step
 
@@ -56,7 +56,7 @@ class Progress:
         dt = self.step_done - t0
         self.train_seconds += dt
         self.step_ema = dt if self.step == 0 else 0.9 * self.step_ema + 0.1 * dt  # about the last 10 steps
-        self.trained_tokens += tokens
+        self.session_tokens += tokens
         return dt
 
 
@@ -141,11 +141,11 @@ class Fragments:
         """Hand fragment p's unpushed progress (θ_p as the step that filled `slot` left it, still
         on the devices) to the sender, recorded as the syncer will decode it."""
         self.push_seq += 1
-        blob, f = prepare_push(self.ledger, p, self.hosts.host_copy(theta), push_id=self.push_seq, codec=self.codec,
-                               block_size=self.block_size)
         pr = self.progress
-        self.link.submit(Outgoing(p, self.ledger.books[p].version, f.steps, f.tokens, pr.step_ema, pr.loss, blob,
-                                  pr.train_seconds, self.incarnation, self.push_seq, slot, pr.trained_tokens))
+        self.link.submit(prepare_push(
+            self.ledger, p, self.hosts.host_copy(theta), codec=self.codec, block_size=self.block_size,
+            push_id=self.push_seq, slot=slot, session_tokens=pr.session_tokens, incarnation=self.incarnation,
+            step_seconds=pr.step_ema, loss=pr.loss, train_seconds=pr.train_seconds))
 
     def take_due(self, *, poison: bool) -> int:
         """Our slot in the shared schedule: its due fragments' outer gradients (one per syncer

@@ -15,8 +15,9 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from diloco.core.ledger import Push
     from diloco.core.seed import InitialModel
-    from diloco.trainer.sync.messages import JoinState, Outgoing, Updates
+    from diloco.trainer.sync.messages import JoinState, Updates
 
 
 class SyncerLink(Protocol):
@@ -34,8 +35,8 @@ class SyncerLink(Protocol):
         """Start the background sender and subscriber."""
         ...
 
-    def submit(self, item: Outgoing) -> None:
-        """Queue one outer gradient for the sender; never blocks on the network."""
+    def submit(self, item: Push) -> None:
+        """Queue one push (the ledger's record of it) for the sender; never blocks on the network."""
         ...
 
     def take_updates(self) -> Updates:

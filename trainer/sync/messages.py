@@ -1,5 +1,6 @@
-"""What the learner loop and its syncer client hand each other: the joined state, outgoing
-pushes, the updates gathered between step boundaries, and the two refusals that end a learner."""
+"""What the learner loop and its syncer client hand each other: the joined state, the updates
+gathered between step boundaries, and the two refusals that end a learner. Pushes travel as the
+ledger's own record of them (diloco/core/ledger.py `Push`)."""
 
 from __future__ import annotations
 
@@ -34,24 +35,8 @@ class JoinState:
     owned: list[int]
     shard: int = 0
     shards: int = 1
-    resume_tokens: int = 0  # this learner's tokens already merged: where its data resumes
+    tokens_merged: int = 0  # this learner id's tokens that merges credited: where its data resumes
     job_tokens: int = 0  # the job's trained tokens: where its learning-rate schedule stands (core/schedule.py JobProgress)
-
-
-@dataclass
-class Outgoing:
-    fragment: int
-    base_version: int
-    steps: int
-    tokens: int
-    step_seconds: float
-    loss: float
-    blob: bytes | memoryview  # an encoder's read-only view (codecs.Blob)
-    train_seconds: float  # the learner's cumulative training time when this was made
-    incarnation: str  # the syncer incarnation whose anchors the outer gradient is against
-    push_id: int = 0
-    slot: int = 0
-    trained_tokens: int = 0  # this process's cumulative trained tokens when this was made
 
 
 @dataclass

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from diloco.core.codecs import CODECS
-from diloco.core.ledger import Arrival
+from diloco.core.ledger import Arrival, Push
 from diloco.trainer.hosts import Hosts, fits
 from diloco.trainer.sync.link import LearnerLink, SyncerLink
-from diloco.trainer.sync.messages import JoinRefused, JoinState, Outgoing, Unauthenticated, Updates
+from diloco.trainer.sync.messages import JoinRefused, JoinState, Unauthenticated, Updates
 
 if TYPE_CHECKING:
     from diloco.core.seed import InitialModel
@@ -92,7 +92,7 @@ class MirroredClient:
                     ints = [UNFIT, 0]
                 else:
                     ints = [STATE, len(state.incarnation.encode()), int(same), CODECS.index(state.codec),
-                            state.block_size, state.slot, state.shard, state.shards, state.resume_tokens,
+                            state.block_size, state.slot, state.shard, state.shards, state.tokens_merged,
                             state.job_tokens, len(owned), len(state.versions), *owned, *state.versions,
                             *_words(state.incarnation)]
         record = self.hosts.share_ints(ints)
@@ -105,7 +105,7 @@ class MirroredClient:
             message = _text(record[2:], size) if kind != UNFIT else \
                 "host 0's join state does not fit the fragment plan and the model's shapes"
             raise {UNAUTHENTICATED: Unauthenticated, JOIN_REFUSED: JoinRefused}.get(kind, RuntimeError)(message)
-        plan, codec, block_size, slot, shard, shards, resume, job, n_owned, n_versions = record[2:12]
+        plan, codec, block_size, slot, shard, shards, merged, job, n_owned, n_versions = record[2:12]
         owned = record[12:12 + n_owned]
         versions = record[12 + n_owned:12 + n_owned + n_versions]
         incarnation = _text(record[12 + n_owned + n_versions:], size)
@@ -117,7 +117,7 @@ class MirroredClient:
             return dataclasses.replace(state, params=params)
         return JoinState(incarnation=incarnation, versions=versions, fragments=[list(f) for f in self.fragments]
                          if plan else [], params=params, codec=CODECS[codec], block_size=block_size, slot=slot,
-                         owned=owned, shard=shard, shards=shards, resume_tokens=resume, job_tokens=job)
+                         owned=owned, shard=shard, shards=shards, tokens_merged=merged, job_tokens=job)
 
     def join_with_retry(self, shapes: dict[str, tuple[int, ...]], initial: InitialModel | None = None) -> JoinState:
         if self.hosts.count == 1:
@@ -136,7 +136,7 @@ class MirroredClient:
         if self.client is not None:
             self.client.start()
 
-    def submit(self, item: Outgoing) -> None:
+    def submit(self, item: Push) -> None:
         if self.client is not None:  # the other hosts computed the same push; host 0 sends it
             self.client.submit(item)
 

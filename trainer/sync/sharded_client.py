@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from diloco.core.fragments import owner
+from diloco.core.ledger import Push
 from diloco.core.seed import InitialModel
-from diloco.trainer.sync.client import JoinState, Outgoing, SyncerClient, Updates
+from diloco.trainer.sync.client import JoinState, SyncerClient, Updates
 from diloco.trainer.sync.link import SyncerLink
 
 
@@ -62,7 +63,7 @@ class ShardedClient:
         for c in self.shards:
             c.start()
 
-    def submit(self, item: Outgoing) -> None:
+    def submit(self, item: Push) -> None:
         s = owner(item.fragment, len(self.shards))
         self.shards[s].submit(dataclasses.replace(item, incarnation=self.adopted[s]))
 
@@ -108,6 +109,6 @@ def merge_states(states: Sequence[JoinState]) -> JoinState:
         incarnation="+".join(st.incarnation for st in states), versions=versions, fragments=first.fragments,
         params={k: v for st in states for k, v in st.params.items()}, codec=first.codec,
         block_size=first.block_size, slot=max(st.slot for st in states), owned=owned, shard=0, shards=n,
-        resume_tokens=max(st.resume_tokens for st in states),  # each shard credits every push it merges
+        tokens_merged=max(st.tokens_merged for st in states),  # each shard credits every push it merges
         job_tokens=max(st.job_tokens for st in states),  # so does each shard's count of the job's
     )

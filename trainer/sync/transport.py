@@ -18,11 +18,12 @@ import grpc
 from diloco.contract import Event
 from diloco.core.codecs import CODECS, decode_tensors
 from diloco.core.fragments import owned_by
+from diloco.core.ledger import Push
 from diloco.core.seed import InitialModel
 from diloco.trainer.sync import session as s
 from diloco.trainer.sync.global_copy import GlobalCopy, decode
-from diloco.trainer.sync.messages import JoinRefused, JoinState, Outgoing
-from diloco.wire import pb, push, seed_chunks
+from diloco.trainer.sync.messages import JoinRefused, JoinState
+from diloco.wire import pb, push, push_header, seed_chunks
 
 log = logging.getLogger("diloco.learner")
 
@@ -47,7 +48,7 @@ class Driven(Protocol):
     machine: s.Session
     lock: threading.Condition
     turn: threading.Condition
-    outbox: deque[Outgoing]
+    outbox: deque[Push]
     inbox: dict[int, Any]
     accepted: list[tuple[int, int, int, bool]]
     refused: list[tuple[int, int]]
@@ -67,7 +68,7 @@ class Driven(Protocol):
     def rejoin(self) -> None: ...
 
 
-def carry_out(client: Driven, actions: Iterable[s.Action], item: Outgoing | None = None,
+def carry_out(client: Driven, actions: Iterable[s.Action], item: Push | None = None,
               state: JoinState | None = None) -> None:
     """Carry out the session's actions for the threads (those of a join are the join's own)."""
     for a in actions:
@@ -130,7 +131,7 @@ def join_call(client: Driven, shapes: dict[str, tuple[int, ...]], timeout: float
     params = decode_tensors(bytes(buf), {n: shape for n, shape in shapes.items() if n in names})
     return header, JoinState(header.incarnation, list(header.versions), [list(f.names) for f in header.fragments],
                              params, codec, header.block_size, int(header.slot), owned, header.shard, shards,
-                             int(header.resume_tokens), int(header.job_tokens))
+                             tokens_merged=int(header.tokens_merged), job_tokens=int(header.job_tokens))
 
 
 def seed_call(client: Driven, shapes: dict[str, tuple[int, ...]], shard: int, shards: int) -> None:
@@ -145,16 +146,11 @@ def seed_call(client: Driven, shapes: dict[str, tuple[int, ...]], shard: int, sh
     log.info("seeded the syncer with Θ₀ (%s)", "adopted" if reply.adopted else "already seeded by a peer")
 
 
-def push_call(client: Driven, item: Outgoing) -> pb.PushReply:
+def push_call(client: Driven, item: Push) -> pb.PushReply:
     """Through PushOne when it fits (wire.push); to a syncer that predates PushOne, through
     Push from the first UNIMPLEMENTED on."""
-    header = pb.PushHeader(
-        learner=client.learner, region=client.region, incarnation=item.incarnation, fragment=item.fragment,
-        base_version=item.base_version, steps=item.steps, tokens=item.tokens,
-        step_seconds=item.step_seconds, total_bytes=len(item.blob), loss=item.loss,
-        session=client.session, push_id=item.push_id, slot=item.slot, trained_tokens=item.trained_tokens,
-        session_secret=client.secret,
-    )
+    header = push_header(item, learner=client.learner, region=client.region, session=client.session,
+                         secret=client.secret)
     try:
         return push(client.stub, header, item.blob, client.metadata, timeout=60, unary=client.push_one)
     except grpc.RpcError as exc:
@@ -164,7 +160,7 @@ def push_call(client: Driven, item: Outgoing) -> pb.PushReply:
     return push(client.stub, header, item.blob, client.metadata, timeout=60, unary=False)
 
 
-def _next(client: Driven) -> Outgoing | None:
+def _next(client: Driven) -> Push | None:
     """The outbox's next push (marked in flight); None once the client stops."""
     with client.lock:
         while not client.stopping.is_set():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
 
+import numpy as np
+import pytest
+
+from diloco.core.codecs import Codec
 from diloco.core.fragments import owner
-from diloco.core.ledger import Arrival, Ledger, absorb, prepare_push
+from diloco.core.ledger import Arrival, Ledger, Push, absorb, prepare_push
 from diloco.core.rounds import Contribution, RoundBook
 from diloco.core.schedule import JobProgress, Schedule, due_fragments, slot_of
 from tests.helpers import policy
@@ -24,6 +28,12 @@ def train(theta: dict[str, np.ndarray], ledger: Ledger, by: float) -> None:
     ledger.stepped(10)
 
 
+def push(ledger: Ledger, p: int, local: dict[str, np.ndarray], push_id: int, codec: Codec = "fp32") -> Push:
+    """`prepare_push` with what the books do not read set to plain values."""
+    return prepare_push(ledger, p, local, codec=codec, block_size=64, push_id=push_id, slot=0, session_tokens=0,
+                        incarnation="", step_seconds=0.0, loss=0.0, train_seconds=0.0)
+
+
 def adopt(ledger: Ledger, theta: dict[str, np.ndarray], version: int, value: float) -> None:
     """Fragment 0 ("a") adopts Θ_a = `value` at `version`: θ_a plus the shift the books return."""
     shift = ledger.adopt(0, version, {"a": np.full(3, value, np.float32)}, lambda: {"a": theta["a"]})
@@ -33,10 +43,31 @@ def adopt(ledger: Ledger, theta: dict[str, np.ndarray], version: int, value: flo
 def test_push_carries_unpushed_progress_and_a_second_push_only_what_is_new() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    _blob, first = prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
+    first = push(ledger, 0, {"a": theta["a"]}, push_id=1)
     assert np.allclose(first.delta["a"], -1.0) and (first.steps, first.tokens) == (1, 10)
     train(theta, ledger, 2.0)
     assert np.allclose(ledger.outer_gradient(0, theta)["a"], -2.0)  # the first push's progress is in flight
+
+
+def test_one_push_record_from_the_books_to_the_wire_built_by_keyword_only() -> None:
+    """`prepare_push` makes the learner's one record of a push: the books' version and counts,
+    what the loop reports, the bytes. Positional construction is refused (kw_only), so no caller
+    can swap two of its counts; once the syncer accepted it the books let go of its bytes."""
+    ledger, theta = books()
+    train(theta, ledger, 1.0)
+    train(theta, ledger, 1.0)
+    sent = prepare_push(ledger, 0, {"a": theta["a"]}, codec="fp32", block_size=64, push_id=3, slot=5,
+                        session_tokens=900, incarnation="inc", step_seconds=0.25, loss=2.5, train_seconds=7.0)
+    assert (sent.fragment, sent.base_version, sent.push_id, sent.slot, sent.steps, sent.tokens, sent.session_tokens,
+            sent.incarnation, sent.step_seconds, sent.loss, sent.train_seconds, sent.merged_into) == \
+        (0, 0, 3, 5, 2, 20, 900, "inc", 0.25, 2.5, 7.0, None)
+    assert len(sent.blob) > 0 and ledger.books[0].in_flight == [sent] and ledger.books[0].steps == 0
+    with pytest.raises(TypeError):
+        Push(*(getattr(sent, f.name) for f in dataclasses.fields(Push)))  # type: ignore[misc]
+    with pytest.raises(ValueError, match="does not carry its book's"):
+        ledger.pushed(dataclasses.replace(sent, fragment=1, steps=3))
+    ledger.accepted(0, 3, merged_into=1)
+    assert sent.merged_into == 1 and len(sent.blob) == 0 and np.allclose(sent.delta["a"], -2.0)
 
 
 def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -> None:
@@ -44,7 +75,7 @@ def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -
         ledger, theta = books()
         schedule = Schedule(2)
         train(theta, ledger, 1.0)
-        prepare_push(ledger, 0, {"a": theta["a"]}, push_id=7, codec="fp32", block_size=64)
+        push(ledger, 0, {"a": theta["a"]}, push_id=7)
         train(theta, ledger, 0.5)  # progress made while the push is in flight
 
         def shift(v: dict[str, np.ndarray], theta: dict[str, np.ndarray] = theta) -> None:
@@ -65,7 +96,7 @@ def test_merged_push_is_subtracted_once_whether_reply_or_publish_comes_first() -
 def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
+    push(ledger, 0, {"a": theta["a"]}, push_id=1)
     ledger.accepted(0, 1, merged_into=2)  # it will be merged into version 2, not 1
     adopt(ledger, theta, 1, 0.3)
     assert np.allclose(theta["a"], 1.3) and ledger.busy(0)
@@ -76,10 +107,10 @@ def test_a_publish_without_our_push_keeps_all_our_progress() -> None:
 def test_a_refused_push_goes_out_again_with_the_next_one() -> None:
     ledger, theta = books()
     train(theta, ledger, 1.0)
-    prepare_push(ledger, 0, {"a": theta["a"]}, push_id=1, codec="fp32", block_size=64)
+    push(ledger, 0, {"a": theta["a"]}, push_id=1)
     train(theta, ledger, 1.0)
     ledger.refused(0, 1)
-    _, again = prepare_push(ledger, 0, {"a": theta["a"]}, push_id=2, codec="fp32", block_size=64)
+    again = push(ledger, 0, {"a": theta["a"]}, push_id=2)
     assert np.allclose(again.delta["a"], -2.0) and (again.steps, again.tokens) == (2, 20)
 
 
@@ -88,7 +119,7 @@ def test_int4_push_error_stays_local_and_leaves_with_the_next_push() -> None:
     ledger = Ledger(FRAGMENTS, zero, [0, 0])
     theta = {"a": np.random.default_rng(0).standard_normal(256).astype(np.float32)}
     ledger.stepped(1)
-    _, sent = prepare_push(ledger, 0, theta, push_id=1, codec="int4", block_size=64)
+    sent = push(ledger, 0, theta, push_id=1, codec="int4")
     residual = ledger.outer_gradient(0, theta)["a"]  # what the next push of fragment 0 carries
     assert np.allclose(residual, -theta["a"] - sent.delta["a"], atol=1e-6)
     assert 0 < np.linalg.norm(residual) < 0.2 * np.linalg.norm(theta["a"])  # int4's error, nothing more
@@ -136,18 +167,20 @@ def test_the_learning_rate_follows_the_jobs_tokens_not_our_slots() -> None:
     job.observe(4 * 10 * 20 + 10)  # news holding fewer of our steps than we counted: never back
     assert job.position() == 21
     job.observe(0)  # older news changes nothing
-    assert job.position() == 21 and job.tokens == 4 * 10 * 20 + 10
+    assert job.position() == 21 and job.job_tokens == 4 * 10 * 20 + 10
 
 
 def c(learner: str, slot: int, fragment: int = 0, session: int = 1, steps: int = 4) -> Contribution[int]:
-    return Contribution(learner, fragment, 0, steps, steps, steps, session=session, push_id=slot + 1, slot=slot)
+    return Contribution(learner=learner, fragment=fragment, base_version=0, steps=steps, tokens=steps, payload=steps,
+                        session=session, push_id=slot + 1, slot=slot)
 
 
 def test_a_late_push_rides_along_with_the_next_round_of_its_fragment() -> None:
     book: RoundBook[int] = RoundBook(2, policy(2, quorum=1, cap_seconds=1.0),
-                                     combine=lambda a, b: Contribution(a.learner, a.fragment, 0, a.steps + b.steps,
-                                                                       a.tokens + b.tokens, a.payload + b.payload,
-                                                                       a.session, b.push_id, b.slot))
+                                     combine=lambda a, b: Contribution(
+                                         learner=a.learner, fragment=a.fragment, base_version=0, steps=a.steps + b.steps,
+                                         tokens=a.tokens + b.tokens, payload=a.payload + b.payload, session=a.session,
+                                         push_id=b.push_id, slot=b.slot))
     book.observe_step_time(1.0)
     book.offer(c("a", 0), 0.0, 0)
     assert book.ready(1.0, {"a", "b"}) == [0]
@@ -186,7 +219,7 @@ def test_a_slot_late_at_every_shard_skips_one_slot_not_one_per_shard() -> None:
     schedule = Schedule(2, slot=4, per_slot=2)
     train(theta, ledger, 1.0)
     for p, push_id in ((0, 1), (1, 2)):
-        prepare_push(ledger, p, {n: theta[n] for n in FRAGMENTS[p]}, push_id=push_id, codec="fp32", block_size=64)
+        push(ledger, p, {n: theta[n] for n in FRAGMENTS[p]}, push_id=push_id)
     absorb(ledger, schedule, lambda p: {n: theta[n] for n in FRAGMENTS[p]}, lambda v: None,
            accepted=[(0, 1, 1, True), (1, 2, 1, True)])
     assert (schedule.slot, schedule.skipped) == (5, 1)

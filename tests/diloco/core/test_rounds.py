@@ -7,7 +7,9 @@ from tests.helpers import policy
 
 
 def push(book: RoundBook, learner: str, t: float, fragment: int = 0, base: int = 0, steps: int = 4, current: int = 0):
-    return book.offer(Contribution(learner, fragment, base, steps, steps * 1024, None), t, current)
+    c = Contribution(learner=learner, fragment=fragment, base_version=base, steps=steps, tokens=steps * 1024,
+                     payload=None)
+    return book.offer(c, t, current)
 
 
 def test_grace_formula_and_clamps() -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from diloco.core.ledger import Arrival
+from diloco.core.ledger import Arrival, Push
 from diloco.trainer.hosts import Hosts
 from diloco.trainer.sync.fragment_sync import Fragments, Progress
-from diloco.trainer.sync.messages import JoinState, Outgoing, Updates
+from diloco.trainer.sync.messages import JoinState, Updates
 
 PLAN = (("a",), ("b",))
 
@@ -40,11 +40,11 @@ class Link:
     def __init__(self, script: list[Updates], rounds: int = 10) -> None:
         self.stopping, self.resync = threading.Event(), threading.Event()
         self.stop_requested = False
-        self.sent: list[Outgoing] = []
+        self.sent: list[Push] = []
         self.script, self.rounds = list(script), rounds
         self.flushed_with: float | None = None
 
-    def submit(self, item: Outgoing) -> None:
+    def submit(self, item: Push) -> None:
         self.sent.append(item)
 
     def take_updates(self) -> Updates:
@@ -90,7 +90,9 @@ def test_news_of_a_waiting_fragment_sends_its_push_first_and_the_rest_after_the_
     assert f.ledger.versions == [1, 0]
     f.send(kept)
     assert [(o.fragment, o.base_version, o.push_id) for o in link.sent] == [(0, 0, 1), (1, 0, 2)]
-    assert all(o.incarnation == "inc" and o.slot == 0 and o.trained_tokens == 8 for o in link.sent)
+    assert all(o.incarnation == "inc" and o.slot == 0 and o.session_tokens == 8 for o in link.sent)
+    # The link got the ledger's own records: no second shape of a push on the learner's side.
+    assert all(b.in_flight[0] is o for b, o in zip(f.ledger.books, link.sent, strict=True))
 
 
 def test_a_syncer_restart_drops_the_waiting_pushes() -> None:
@@ -139,6 +141,6 @@ def test_progress_counts_the_devices_wait_between_steps_and_smooths_step_time() 
     pr.dispatched(1.0)  # the first step: nothing to wait for
     assert pr.host_wait == 0.0
     dt = pr.read(0.0, 8)
-    assert pr.step_ema == dt and pr.trained_tokens == 8 and pr.step_done is not None
+    assert pr.step_ema == dt and pr.session_tokens == 8 and pr.step_done is not None
     pr.dispatched(pr.step_done + 0.5)
     assert abs(pr.host_wait - 0.5) < 1e-9

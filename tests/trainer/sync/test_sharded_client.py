@@ -14,7 +14,7 @@ from diloco.core.codecs import decode_tensors, encode_tensors
 from diloco.core.fragments import owned_by, owner
 from diloco.shards import aggregate, syncer_addresses
 from diloco.spec import Syncer as SyncerSpec
-from diloco.trainer.sync.client import Outgoing, SyncerClient
+from diloco.trainer.sync.client import Push, SyncerClient
 from diloco.trainer.sync.sharded_client import ShardedClient
 from diloco.wire import auth_metadata, chunks, pb
 from tests import syncer_harness as sh
@@ -109,8 +109,9 @@ def test_a_sharded_client_joins_pushes_to_owners_and_adopts_from_all(shards: lis
         plan = shards[0].core.model.plan
         for p in range(4):
             delta = {n: np.full(sh.SHAPES[n], 0.01, np.float32) for n in plan.fragments[p]}
-            client.submit(Outgoing(p, 0, 4, 4 * 512, 0.05, 2.0, encode_tensors(delta, "int4"), 1.0, "", push_id=p + 1,
-                                   slot=p // 2, trained_tokens=(p // 2 + 1) * 2048))
+            client.submit(Push(fragment=p, base_version=0, push_id=p + 1, slot=p // 2, steps=4, tokens=4 * 512,
+                               session_tokens=(p // 2 + 1) * 2048, delta=delta, blob=encode_tensors(delta, "int4"),
+                               incarnation="", step_seconds=0.05, loss=2.0, train_seconds=1.0))
         wait_for(lambda: sum(len(h.core.book.contributors(p)) for h in shards for p in h.core.owned) == 4)
         for h in shards:
             h.core.merge_ready(flush=True)
@@ -151,15 +152,17 @@ def test_a_client_given_the_shards_out_of_order_refuses_to_start(shards: list[sh
 def test_status_of_shards_adds_up_to_one_syncer() -> None:
     a = pb.StatusReply(incarnation="x", versions=[3, 0, 5, 0], outer_steps=8, tokens_merged=900, bytes_sent=10,
                        checkpoint_version=8, seconds_since_publish=2.0, shard=0, shards=2,
-                       learners=[pb.LearnerStatus(learner="a-0", contributions=4, tokens=900, seconds_since_seen=1.0)])
+                       learners=[pb.LearnerStatus(learner="a-0", contributions=4, tokens_merged=900,
+                                                  seconds_since_seen=1.0)])
     b = pb.StatusReply(incarnation="y", versions=[0, 4, 0, 6], outer_steps=10, tokens_merged=1000, bytes_sent=20,
                        checkpoint_version=7, seconds_since_publish=0.5, shard=1, shards=2,
-                       learners=[pb.LearnerStatus(learner="a-0", contributions=5, tokens=1000, seconds_since_seen=3.0)])
+                       learners=[pb.LearnerStatus(learner="a-0", contributions=5, tokens_merged=1000,
+                                                  seconds_since_seen=3.0)])
     s = aggregate([a, b])
     assert list(s.versions) == [3, 4, 5, 6] and s.outer_steps == 18 and s.tokens_merged == 1000
     assert s.incarnation == "x+y" and s.bytes_sent == 30 and s.checkpoint_version == 15
     assert s.seconds_since_publish == 0.5
-    assert [(ls.learner, ls.contributions, ls.tokens) for ls in s.learners] == [("a-0", 9, 1000)]
+    assert [(ls.learner, ls.contributions, ls.tokens_merged) for ls in s.learners] == [("a-0", 9, 1000)]
     assert aggregate([a]) is a
 
 

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from diloco.contract import Event
-from diloco.trainer.sync.client import JoinState, Outgoing, SyncerClient
+from diloco.trainer.sync.client import JoinState, Push, SyncerClient
 from diloco.trainer.sync.session import Joined
 from diloco.trainer.sync.transport import send_loop, subscribe_loop
 from diloco.wire import pb
@@ -74,8 +74,9 @@ def client(pushes: list[Any], subscribe: dict[str, grpc.RpcError] | None = None)
     return c, events
 
 
-def item(fragment: int = 0, push_id: int = 1) -> Outgoing:
-    return Outgoing(fragment, 0, 4, 2048, 0.05, 2.0, b"x" * 16, 1.0, "inc-1", push_id=push_id)
+def item(fragment: int = 0, push_id: int = 1) -> Push:
+    return Push(fragment=fragment, base_version=0, push_id=push_id, slot=0, steps=4, tokens=2048, session_tokens=0,
+                delta={}, blob=b"x" * 16, incarnation="inc-1", step_seconds=0.05, loss=2.0, train_seconds=1.0)
 
 
 def run(target: Any, c: SyncerClient) -> threading.Thread:
