@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from diloco.wire import _varint, chunk_parser, pb
+from diloco.core.ledger import Push
+from diloco.wire import _varint, chunk_parser, pb, push_header
 
 KINDS = [(pb.PushChunk, pb.PushHeader), (pb.RecoverChunk, pb.RecoverHeader), (pb.StateChunk, pb.StateHeader)]
 # A varint, 64-bit or 32-bit field of a number these chunks do not have (a newer sender's).
@@ -42,6 +43,19 @@ def test_any_bytes_give_a_chunk_or_a_reason_never_an_exception(raw: bytes) -> No
     else:  # what we accept, protobuf reads the same way
         want = pb.PushChunk.FromString(raw)
         assert bytes(got.data) == want.data and (got.header is not None) == want.HasField("header")
+
+
+def test_a_push_record_fills_every_field_of_its_header() -> None:
+    """`push_header` is the one conversion of the learner's push record to the wire: each header
+    field comes from the record or the sender's Join, and a field added to PushHeader that it
+    forgets fails here."""
+    push = Push(fragment=3, base_version=7, push_id=11, slot=13, steps=4, tokens=2048, session_tokens=8192,
+                delta={}, blob=b"x" * 17, incarnation="inc", step_seconds=0.25, loss=2.5, train_seconds=9.0)
+    h = push_header(push, learner="a-0", region="eu", session=5, secret=b"s3cret")
+    assert all(h.HasField(f.name) if f.has_presence else getattr(h, f.name) for f in h.DESCRIPTOR.fields)
+    assert (h.learner, h.region, h.session, h.session_secret) == ("a-0", "eu", 5, b"s3cret")
+    assert (h.fragment, h.base_version, h.push_id, h.slot, h.steps, h.tokens, h.session_tokens, h.incarnation,
+            h.step_seconds, h.loss, h.total_bytes) == (3, 7, 11, 13, 4, 2048, 8192, "inc", 0.25, 2.5, 17)
 
 
 @pytest.mark.slow
