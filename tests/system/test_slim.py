@@ -65,11 +65,12 @@ def test_the_slim_venv_is_the_image_install(slim: Path, tmp_path: Path) -> None:
 def rendered_children(python: Path, examples: list[Path], cwd: Path) -> dict[str, Any]:
     program = (
         "import json, sys\n"
-        "from diloco.operator import reconcile, render\n"
+        "from diloco.operator.reconcile import passes\n"
+        "from diloco.operator.render import job as render\n"
         "from diloco.spec import load_job\n"
         "out = {}\n"
         "for path in sys.argv[1:]:\n"
-        "    job, problems = reconcile.load({'apiVersion': 'diloco.dev/v1alpha1', 'kind': 'DecoupledDiLoCoJob',\n"
+        "    job, problems = passes.load({'apiVersion': 'diloco.dev/v1alpha1', 'kind': 'DecoupledDiLoCoJob',\n"
         "        **__import__('yaml').safe_load(open(path))})\n"
         "    assert job is not None, problems\n"
         "    owner = render.Owner(job.metadata.name, 'research', 'uid-slim')\n"

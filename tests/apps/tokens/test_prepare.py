@@ -119,7 +119,7 @@ def test_progress_on_stderr_and_no_jax(tmp_path: Path) -> None:
     (tmp_path / "t").mkdir()
     for i in range(6):
         (tmp_path / "t" / f"{i}.txt").write_text("\n".join(LINES) * 20)
-    script = ("import sys; from diloco.trainer import prepare; prepare.REPORT_SECONDS = 0.0; from diloco.apps.cli import main; "
+    script = ("import sys; from diloco.apps.tokens import prepare; prepare.REPORT_SECONDS = 0.0; from diloco.apps.cli import main; "
               f"rc = main(['prepare-tokens', {str(tmp_path / 't' / '*.txt')!r}, '--out', {str(tmp_path / 'o')!r}, "
               "'--workers', '2', '--shard-size', '2000']); assert 'jax' not in sys.modules, 'JAX imported'; sys.exit(rc)")
     done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=120)

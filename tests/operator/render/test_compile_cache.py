@@ -79,7 +79,7 @@ def test_an_object_store_url_reaches_jaxs_configuration() -> None:
     volume, _, env = cache_of(pod)
     assert volume == {"name": "compilation-cache", "emptyDir": {}}  # the lowered step stays local
     assert env["JAX_COMPILATION_CACHE_DIR"] == url
-    probe = ("import json, jax; from diloco.trainer import compile_cache as c; "
+    probe = ("import json, jax; from diloco.trainer.caches import compile_cache as c; "
              "print(json.dumps([jax.config.jax_compilation_cache_dir, c.files_dir()]))")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "DILOCO_"))}
     done = subprocess.run([sys.executable, "-P", "-c", probe], env={**clean, **env}, capture_output=True, text=True,
@@ -100,7 +100,7 @@ def test_a_bad_cache_is_refused_naming_the_field(bad: dict[str, Any], field: str
 @pytest.mark.slow
 def test_a_second_start_reads_what_the_first_compiled(tmp_path: Any) -> None:
     """What the learner's joined line reports: misses on a cold start, only hits on the next."""
-    program = ("import json, jax, jax.numpy as jnp; from diloco.trainer import compile_cache as c; c.watch(); "
+    program = ("import json, jax, jax.numpy as jnp; from diloco.trainer.caches import compile_cache as c; c.watch(); "
                "jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((8, 8))).block_until_ready(); "
                "print(json.dumps(c.tally()))")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("JAX_")},
