@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from diloco import contract, extras
 
 if TYPE_CHECKING:
-    from diloco.spec import JobSpec
+    from diloco.spec import DecoupledDiLoCoJob, JobSpec
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -163,6 +163,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = exc.problems
     else:
         problems = spec_checks.problems(job, gateway_api=args.gateway_api, kueue_enabled=not args.no_kueue)
+        if args.inputs and not problems:
+            problems = read_data(job)
     if problems:
         for line in problems:
             print(line, file=sys.stderr)
@@ -175,6 +177,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     _print_copies(spec, compared=args.inputs)
     return 0
+
+
+def read_data(job: DecoupledDiLoCoJob) -> list[str]:
+    """The job's data read as the learner will read it (trainer/data/probe.py, with the learner's
+    own readers), as `diloco run` reads it before it starts; in an install without the readers
+    (the syncer image: no tokenizers, pyarrow or zstandard), the line naming the extra that has
+    them. Imported by name, as `_call` imports the learner's commands: the syncer image's commands
+    import nothing of the trainer (pyproject.toml, [tool.importlinter])."""
+    import importlib
+
+    from diloco import inputs
+
+    if not inputs.reads_data(job):
+        return []
+    try:
+        probe = importlib.import_module("diloco.trainer.data.probe")
+    except ImportError as exc:
+        return [inputs.missing_reader("spec.data.source", exc.name or str(exc))]
+    found: list[str] = probe.problems(job)
+    return found
 
 
 def _print_copies(spec: JobSpec, *, compared: bool) -> None:

@@ -36,6 +36,19 @@ GPT2_GELU: Final = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 BUFFERS: Final = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
 # The fields a model's parameter shapes depend on (diloco/shapes.py).
 SHAPED: Final = frozenset({"family", "layers", "d_model", "heads", "mlp_hidden", "vocab_size", "tie_embeddings"})
+# Special tokens by the names tokenizers give them (GPT-2, Llama/SentencePiece, Llama 3, Gemma): a
+# job's documents are joined with the first end-of-text token its tokenizer has (trainer/data/sources.py),
+# and an export names it as the model's eos (apps/export_hf.py).
+END_OF_TEXT: Final = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+BEGIN_OF_TEXT: Final = ("<s>", "<|begin_of_text|>", "<bos>")
+# Byte-level ids (`tokenizer: bytes`) are a text's UTF-8 bytes. Their end-of-text token is id 255,
+# the byte 0xFF, which UTF-8 never holds: no document's byte is ever read as it, and the vocabulary
+# needs no 257th row (the model's is fixed at 256). The byte-level pipeline joins documents with a
+# newline, not with it, so a byte-level model never learns to emit it; `diloco sample` and an hf
+# export's generation config stop at it, and byte-level text that holds 0xFF (not UTF-8) is refused
+# (docs/CHECKPOINTS.md, "Special tokens").
+BYTE_END_OF_TEXT: Final = 255
+BYTE_END_OF_TEXT_NAME: Final = "<|endoftext|>"  # its name in an hf export's tokenizer, as GPT-2 names its own
 
 Tensors = dict[str, np.ndarray]
 

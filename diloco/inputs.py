@@ -4,12 +4,15 @@ machine it runs on; `diloco validate --inputs` does the same for a manifest you 
 
 A cluster manifest's paths are the pods' (a mounted volume, a bucket the pods' identity can
 read), so plain `validate` checks the manifest as the operator does, which reads none of them.
-Only fsspec's listing and existence calls: nothing is downloaded.
+Here only fsspec's listing and existence calls: nothing is downloaded. Once every input is
+there, both read the data itself as the learner will (a little of every file, with the learner's
+readers: trainer/data/probe.py), which needs the learner extra's readers (pyarrow, zstandard,
+tokenizers); a base install names that extra (`missing_reader`) instead.
 """
 
 from __future__ import annotations
 
-from diloco import hf
+from diloco import extras, hf
 from diloco.spec import DecoupledDiLoCoJob, SpecError
 
 # gcsfs and s3fs: the learner image has them; a local install names the extra.
@@ -71,3 +74,16 @@ def check(job: DecoupledDiLoCoJob) -> DecoupledDiLoCoJob:
     if missing:
         raise SpecError(missing)
     return job
+
+
+def reads_data(job: DecoupledDiLoCoJob) -> bool:
+    """Whether the job reads files of data or a tokenizer (the builtin corpus as bytes reads none)."""
+    return any(job.spec.data_for(g.name).source.kind != "builtin" for g in job.spec.learner_groups) or \
+        job.spec.data.source.encoding != "bytes"
+
+
+def missing_reader(field: str, module: str) -> str:
+    """The line for a reader this install lacks (the base install has no pyarrow, zstandard or
+    tokenizers: the syncer image's `diloco validate --inputs`)."""
+    return (f"{field}: reading the data as the learner will needs {module}, which this install lacks; install the "
+            f"learner extra: pip install '{extras.DISTRIBUTION}[{extras.LEARNER}]'")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +28,37 @@ def evaluate(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> float:
     return recipe.eval_loss(recipe.place(params), batches)
 
 
-def global_params(job: DecoupledDiLoCoJob, out: Path) -> dict[str, np.ndarray] | None:
-    """Θ from the final checkpoints: each shard's holds the fragments it owns."""
-    shards, merged = job.spec.syncer.shards, {}
+def held_out_loss(job: DecoupledDiLoCoJob, params: dict[str, np.ndarray]) -> tuple[float, str | None]:
+    """`evaluate`, or NaN and why when the held-out data cannot be read: a run the learners ended
+    on bad data (their fatal line says so) still writes its summary (`held_out_unread`), never a
+    traceback."""
+    try:
+        return evaluate(job, params), None
+    except (ValueError, OSError) as exc:  # records.DataError among them
+        return math.nan, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def global_params(job: DecoupledDiLoCoJob, out: Path) -> tuple[dict[str, np.ndarray] | None, list[str]]:
+    """Θ from the final checkpoints (each shard's holds the fragments it owns), and their paths
+    relative to `out` (`diloco export` names the held-out loss in its model card when it exports
+    these very checkpoints: apps/export.py)."""
+    shards, merged, paths = job.spec.syncer.shards, {}, []
     for s in range(shards):
         loaded, _ = CheckpointStore(checkpoint_dir(str(out / "checkpoints"), s, shards)).load_latest()
         if loaded is None:
-            return None
+            return None, []
         merged.update(params_of(loaded.arrays))
-    return merged
+        paths.append(str(Path(loaded.path).relative_to(out)))
+    return merged, paths
 
 
 def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: float,
                  failure: str | None = None) -> dict[str, Any]:
     from diloco.trainer.caches.theta0 import initial_params
 
-    initial = evaluate(job, initial_params(job.spec.model, job.spec.data.seed, None))  # Θ₀: a fresh init or pretrained
-    final_params = global_params(job, out)
-    final = evaluate(job, final_params) if final_params is not None else float("nan")
+    initial, unread = held_out_loss(job, initial_params(job.spec.model, job.spec.data.seed, None))  # Θ₀: fresh or pretrained
+    final_params, final_checkpoints = global_params(job, out)
+    final = held_out_loss(job, final_params)[0] if final_params is not None and unread is None else math.nan
     sent, received = tracker.bytes()
     learner_kills = sum(1 for _, target in tracker.kills if target in tracker.slots)
     summary: dict[str, Any] = {
@@ -74,6 +88,10 @@ def write_report(job: DecoupledDiLoCoJob, out: Path, tracker: RunTracker, wall: 
         "tokens_per_second": tracker.tokens_trained / wall if wall > 0 else 0.0,
         "merged_tokens_per_second": tracker.tokens_merged / wall if wall > 0 else 0.0,
     }
+    if final_checkpoints:
+        summary["final_checkpoints"] = final_checkpoints
+    if unread is not None:
+        summary["held_out_unread"] = unread
     if failure:
         summary["failure"] = failure
     if final_params is not None:  # what the model learned, at a glance; never fails the run
@@ -97,11 +115,13 @@ def plot(tracker: RunTracker, out: Path, initial: float) -> None:
         pts = [(tracker.tokens_at(t), loss) for t, n, loss in tracker.evals if n == name]
         if pts:
             ax.plot(*zip(*pts), marker=".", lw=1, label=name)
-    ax.axhline(initial, color="grey", ls="--", lw=1, label="initial model")
+    if not math.isnan(initial):
+        ax.axhline(initial, color="grey", ls="--", lw=1, label="initial model")
     ax.set_xlabel("tokens merged by the syncer")
     ax.set_ylabel("held-out loss (nats/byte)")
     ax.set_title("Eval loss against tokens")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # a run that never evaluated has no curve to name
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "eval_loss.png", dpi=110)
     plt.close(fig)

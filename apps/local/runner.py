@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -84,12 +85,16 @@ class LocalRun:
         self.stubs = [rpc.SyncerStub(c) for c in self.channels]
         self.stopping = False
         self.failure: str | None = None
+        self.failure_code = Exit.FAILED  # the exit code of `diloco run` that failed: a learner's permanent one
+        self.fatal: dict[str, str] = {}  # a child's last fatal event's reason: the line it ended on
         self.finished: set[str] = set()  # learners that reached spec.training.steps and exited 0
         self.chaos, self.kills_made = ChaosSchedule(spec.chaos), 0
 
     def record(self, event: dict[str, Any]) -> None:
         self.events.write(json.dumps(event) + "\n")
         self.tracker.observe(event)
+        if event.get("event") == "fatal" and isinstance(event.get("reason"), str):
+            self.fatal[str(event.get("source"))] = event["reason"]
 
     def runner_event(self, event: str, **fields: Any) -> None:
         self.record({"t": time.time(), "event": event, "source": "runner", **fields})
@@ -203,9 +208,21 @@ class LocalRun:
                     self.finished.add(name)
                     continue
                 if c.restarts >= self.job.spec.run_policy.backoff_limit or permanent_failure(code):
-                    return f"{name} exited with code {code}; see {c.log_path}"
+                    self.failure_code = Exit(code) if permanent_failure(code) else Exit.FAILED
+                    return self._why(name, code)
                 c.down_since = now
         return None
+
+    def _why(self, name: str, code: int) -> str:
+        """A child that ended the run: the line it ended on (its fatal event's reason, else its log's
+        last line: a learner refused its data at start-up on stderr), and where its log is."""
+        c = self.sup.children[name]
+        if c.reader is not None:  # its last events, the fatal one among them, may still be in the pipe
+            c.reader.join(timeout=2.0)
+        self._drain()
+        reason = self.fatal.get(name) or last_line(c.log_path)
+        return f"{name} exited with code {code}: {reason} (log: {c.log_path})" if reason else \
+            f"{name} exited with code {code}; see {c.log_path}"
 
     def finish(self, t0: float) -> dict[str, Any]:
         self.sup.stop_all(("learner",))
@@ -222,6 +239,17 @@ class LocalRun:
         from diloco.apps.local.report import write_report
 
         return write_report(self.job, self.out, self.tracker, wall, self.failure)
+
+
+def last_line(path: Path, tail: int = 8192) -> str | None:
+    """The last non-empty line of a log (its last `tail` bytes read), or None."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            lines = [line.strip() for line in f.read().decode("utf-8", errors="replace").splitlines()]
+    except OSError:
+        return None
+    return next((line for line in reversed(lines) if line), None)
 
 
 def core_plan(cpus: list[int], hosts: list[int], syncers: int) -> list[list[tuple[str, str | None]]]:
@@ -256,11 +284,21 @@ def cpu_devices(spec: JobSpec, hosts: int) -> dict[str, str]:
 
 def main(args: argparse.Namespace) -> int:
     from diloco.apps.local.view import make_view
+    from diloco.inputs import reads_data
+    from diloco.trainer.data import probe
 
     job = load_config(args.file, inputs=True)  # every input there, or exit 2 before any process
+    refused = probe.problems(job) if reads_data(job) else []  # the data read as the learners will read it
+    if refused:
+        for line in refused:
+            print(line, file=sys.stderr)
+        return Exit.CONFIG
     out = Path(args.out or Path("runs") / job.metadata.name)
     run = LocalRun(job, out, args.max_seconds)
     with make_view(live=not args.no_live, job=job) as view:
         summary = run.run(view)
     view.final(summary, out)
-    return 1 if summary.get("failure") else 0
+    if summary.get("failure"):  # the line the run ended on, where a person looks for it
+        print(f"diloco run: {summary['failure']}", file=sys.stderr)
+        return int(run.failure_code)
+    return 0

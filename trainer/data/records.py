@@ -33,6 +33,7 @@ PARQUET_ROWS: Final = 1024  # rows decoded at a time from a row group's text col
 # whatever a file's row groups weigh (a 200 MB row group added 276 MB resident read whole, 116 MB so).
 COLUMN_READ_BYTES: Final = 8 << 20
 LIST_THREADS: Final = 16  # Parquet footers and file sizes fetched at once: one round trip each on object storage
+PROBE_ROWS: Final = 64  # a Parquet file's first rows of its text column, decoded by `probe`
 
 
 class DataError(ValueError):
@@ -78,13 +79,60 @@ def list_units(kind: str, urls: Sequence[str], text_field: str, field: str) -> l
 def _row_groups(url: str, text_field: str, field: str) -> list[Unit]:
     with _opened(url) as f:
         meta = _parquet(f, url, field).metadata
+    col = _column(meta, url, text_field)
+    return [Unit(url, g, 0, meta.row_group(g).column(col).total_compressed_size) for g in range(meta.num_row_groups)
+            if meta.row_group(g).num_rows]
+
+
+def _column(meta: Any, url: str, text_field: str) -> int:
+    """The text column's index in a Parquet footer, or a DataError naming the columns there are."""
     paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
     if text_field not in paths:
         raise DataError(f"spec.data.source.textField: {url} has no column {text_field!r} (its columns: "
                         f"{', '.join(paths) or 'none'}); set textField to the column that holds the text")
-    col = paths.index(text_field)
-    return [Unit(url, g, 0, meta.row_group(g).column(col).total_compressed_size) for g in range(meta.num_row_groups)
-            if meta.row_group(g).num_rows]
+    return paths.index(text_field)
+
+
+def probe(kind: str, url: str, text_field: str, field: str) -> None:
+    """What `diloco validate --inputs` and `diloco run` read of one file before anything starts, with
+    the learner's own readers, so the same DataError: a Parquet file's footer, its text column and
+    that column's first PROBE_ROWS rows; a JSON Lines file's first record and its text field, and
+    for .gz and .zst the first READ_BYTES of compressed input (the whole file when it is no longer,
+    so one cut inside it is found). Bad input further on is the learner's to find (docs/DATA.md)."""
+    if kind == "parquet":
+        _probe_parquet(url, text_field, field)
+    else:
+        _probe_jsonl(url, text_field)
+
+
+def _probe_parquet(url: str, text_field: str, field: str) -> None:
+    with _opened(url) as f:
+        pf = _parquet(f, url, field)
+        _column(pf.metadata, url, text_field)
+        groups = [g for g in range(pf.metadata.num_row_groups) if pf.metadata.row_group(g).num_rows]
+        if not groups:
+            return  # an empty file: list_units refuses a glob of nothing else
+        with _corrupt(url, groups[0]):
+            batch = next(pf.iter_batches(batch_size=PROBE_ROWS, row_groups=groups[:1], columns=[text_field],
+                                         use_threads=False), None)
+            if batch is not None:
+                _text_column(batch.column(0), text_field, url)
+
+
+def _probe_jsonl(url: str, text_field: str) -> None:
+    reader = Reader("jsonl", text_field)
+    fs, path = url_to_fs(url)
+    size = int(fs.size(path))
+    with fs.open(path, "rb") as f:
+        plain = compression(url) is None
+        lines = _range_lines(f, 0, size) if plain else _split_lines(_decompressed(f, url))
+        whole = not plain and size <= READ_BYTES  # a small compressed file is read on to its end
+        found = False
+        for offset, line in lines:
+            if not found and line.strip():  # records that are not UTF-8 are skipped, as the learner skips them
+                found = reader._record(line, url, f"byte {offset}" if plain else f"byte {offset} (decompressed)") is not None
+            if not whole and (found or offset > BATCH_BYTES):
+                return
 
 
 def _opened(url: str) -> Any:
@@ -179,30 +227,17 @@ class Reader:
                         self.skipped - before, unit.url, unit.part, self.skipped)
 
     def _parquet(self, unit: Unit) -> Iterator[str]:
-        import pyarrow as pa
-
         if self._open is None or self._open[0] != unit.url:
             self.close()
             f = _opened(unit.url)
             self._open = (unit.url, f, _parquet(f, unit.url, "spec.data.source.path"))
         pf = self._open[2]
-        try:
+        with _corrupt(unit.url, unit.part):
             for batch in pf.iter_batches(batch_size=PARQUET_ROWS, row_groups=[unit.part], columns=[self.text_field],
                                          use_threads=False):
-                column = batch.column(0)
-                if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                    column = column.cast(pa.large_binary())
-                elif not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
-                    raise DataError(f"spec.data.source.textField: column {self.text_field!r} of {unit.url} holds "
-                                    f"{column.type}, not text; set textField to a string column")
-                for raw in column.to_pylist():
+                for raw in _text_column(batch.column(0), self.text_field, unit.url).to_pylist():
                     if raw is not None:
                         yield from self._text(raw)
-        except (pa.ArrowException, OSError) as exc:
-            if not _decoding(exc):
-                raise  # reading failed, not decoding (the network, a vanished file): a restart may succeed
-            raise DataError(f"spec.data.source.path: {unit.url} row group {unit.part} cannot be read "
-                            f"({_short(exc)}); the file is corrupt: remove or rewrite it") from None
 
     def _text(self, raw: bytes) -> Iterator[str]:
         try:
@@ -244,6 +279,33 @@ class Reader:
                 self.skipped += 1
                 return None
         return text
+
+
+def _text_column(column: Any, text_field: str, url: str) -> Any:
+    """A batch's text column as binary (decoded by the caller), or a DataError if it is not text."""
+    import pyarrow as pa
+
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        return column.cast(pa.large_binary())
+    if not (pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type)):
+        raise DataError(f"spec.data.source.textField: column {text_field!r} of {url} holds "
+                        f"{column.type}, not text; set textField to a string column")
+    return column
+
+
+@contextlib.contextmanager
+def _corrupt(url: str, group: int) -> Iterator[None]:
+    """A row group that cannot be decoded is a DataError naming it; an error reading it (the
+    network, a vanished file) is raised as it is: a restart may succeed."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        if not _decoding(exc):
+            raise
+        raise DataError(f"spec.data.source.path: {url} row group {group} cannot be read "
+                        f"({_short(exc)}); the file is corrupt: remove or rewrite it") from None
 
 
 def _batched(texts: Iterator[str]) -> Iterator[list[str]]:

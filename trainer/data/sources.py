@@ -8,6 +8,7 @@ reads when a job does not start.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
@@ -16,9 +17,11 @@ from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 from tokenizers import Tokenizer
 
+from diloco import hf
+
 # Documents are joined with the tokenizer's end-of-text token when it has one of these names
 # (GPT-2, Llama/SentencePiece, Llama 3, Gemma), else with a newline, as the built-in corpus is.
-END_OF_TEXT: Final = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+END_OF_TEXT: Final = hf.END_OF_TEXT
 BATCH_FILES: Final = 16  # files tokenized per call: work for the tokenizer's threads, and a progress tick
 BATCH_BYTES: Final = 64 << 20  # or fewer files when they are large: memory holds one batch of text
 FULL_CHECK_TOKENS: Final = 1 << 30  # up to 1G ids (2 GB of uint16, ~1 s from the page cache) are all checked
@@ -77,6 +80,30 @@ def separator(tok: Tokenizer | None) -> np.ndarray:
         if (i := tok.token_to_id(name)) is not None:
             return np.array([i], np.uint32)
     return np.array(tok.encode("\n", add_special_tokens=False).ids, np.uint32)
+
+
+def not_utf8(raw: bytes, cut_start: bool = True) -> int | None:
+    """Where `raw` stops being UTF-8 (None: it is), a character cut at either end of it aside
+    (a text shard is a range of a file's bytes: `cut_start` when it may begin inside one)."""
+    lead = 0
+    if cut_start:
+        while lead < min(3, len(raw)) and 0x80 <= raw[lead] < 0xC0:  # continuation bytes of a cut character
+            lead += 1
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(raw[lead:], final=False)  # a cut tail waits for more
+    except UnicodeDecodeError as exc:
+        return lead + exc.start
+    return None
+
+
+def refuse_not_utf8(raw: bytes, url: str, start: int, field: str = "spec.data.source") -> None:
+    """Byte-level text must be UTF-8: its ids are the bytes, and 255, which UTF-8 never holds, is
+    the end-of-text token (hf.BYTE_END_OF_TEXT). ValueError naming the first byte that is not."""
+    at = not_utf8(raw, cut_start=start > 0)
+    if at is not None:
+        raise ValueError(f"{field}: {url} is not UTF-8 text (byte {start + at:,} is 0x{raw[at]:02x}); byte-level "
+                         f"ids are UTF-8 bytes and keep {hf.BYTE_END_OF_TEXT} (0xFF, never in UTF-8) for end-of-text: "
+                         "convert the file to UTF-8 (iconv -f latin1 -t utf-8), or give a tokenizer")
 
 
 def encode(raws: Sequence[bytes], tok: Tokenizer | None) -> list[np.ndarray]:
@@ -172,6 +199,10 @@ def stream(spans: Sequence[Segment], tok: Tokenizer | None, progress: Progress |
         if len(batch) < BATCH_FILES and sum(len(b) for b in batch) < BATCH_BYTES and i + 1 < len(spans):
             continue
         raws = [ids(b).tobytes() for b in batch]
+        if tok is None:  # byte-level text must be UTF-8 (refuse_not_utf8)
+            for part, raw in zip(batch, raws):
+                if isinstance(part, Span):
+                    refuse_not_utf8(raw, part.url, part.start)
         for part, encoded in zip(batch, encode(raws, tok)):
             url = part.url if isinstance(part, Span) else None
             yield encoded if previous is None or url == previous else np.concatenate([sep, encoded])
