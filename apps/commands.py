@@ -81,7 +81,8 @@ def _add_model_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", default=None, metavar="JOB.yaml",
                    help="with --checkpoint: the job's manifest (default: the job.yaml beside CHECKPOINT_DIR)")
     p.add_argument("--prompt", default=None, help="text to continue (default: ROMEO: on the builtin corpus)")
-    p.add_argument("--tokens", type=int, default=200, help="tokens to generate (bytes, for a byte-level model)")
+    p.add_argument("--tokens", type=int, default=200,
+                   help="tokens to generate, at most: it stops at the end-of-text token (bytes, for a byte-level model)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above: sample at this temperature")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed (temperature > 0)")
     p.add_argument("--tokenizer", default=None, metavar="tokenizer.json",

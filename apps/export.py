@@ -35,7 +35,8 @@ FORMAT_VERSION = 1
 WEIGHTS = {"safetensors": "model.safetensors", "orbax": "orbax"}  # format -> its file or folder under OUT
 FORMATS = (*WEIGHTS, "hf")
 CONFIG = "config.json"
-INFO = ("job", "versions", "outer_steps", "tokens_merged", "checkpoints")  # where the model came from
+INFO = ("job", "versions", "outer_steps", "tokens_merged", "checkpoints", "held_out_loss")  # where the model came from
+SUMMARY = "summary.json"  # what `diloco run` writes beside OUT/checkpoints (apps/local/report.py)
 
 
 class ExportError(ValueError):
@@ -49,7 +50,7 @@ class TrainedModel:
     model: TransformerModel
     source: DataSource
     params: dict[str, np.ndarray]
-    info: dict[str, Any]  # INFO: job, versions, outer_steps, tokens_merged, checkpoints
+    info: dict[str, Any]  # INFO: job, versions, outer_steps, tokens_merged, checkpoints, held_out_loss when known
 
 
 def job_for(checkpoints: Path, config: str | None) -> DecoupledDiLoCoJob:
@@ -108,7 +109,23 @@ def read_checkpoint(job: DecoupledDiLoCoJob, root: Path) -> TrainedModel:
             # Every learner pushes to every shard, so each shard counts every merged token once.
             "tokens_merged": max(_count(loaded, "tokens_merged") for loaded in loads),
             "checkpoints": [str(loaded.path) for loaded in loads]}
+    info |= _held_out_loss(root, loads)
     return TrainedModel(job.spec.model, job.spec.data.source, params, info)
+
+
+def _held_out_loss(root: Path, loads: list[Loaded]) -> dict[str, Any]:
+    """The final held-out loss `diloco run` measured, if it measured it on these very checkpoints
+    (its summary.json beside OUT/checkpoints names them): {} when not known."""
+    summary = root.parent / SUMMARY
+    try:
+        found = json.loads(summary.read_text())
+        named = sorted((root.parent / p).resolve() for p in found["final_checkpoints"])
+        loss = float(found["final_eval_loss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if named != sorted(Path(loaded.path).resolve() for loaded in loads) or not np.isfinite(loss):
+        return {}
+    return {"held_out_loss": loss, "held_out_loss_from": str(summary)}
 
 
 def _no_checkpoint(root: Path, shard: int, shards: int, skipped: list[str]) -> ExportError:
@@ -178,7 +195,7 @@ def export(trained: TrainedModel, out: Path, fmt: str, force: bool = False, dtyp
                 target.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     if fmt == "hf":
-        return export_hf.write_hf(trained.model, trained.source, trained.params, out, dtype)
+        return export_hf.write_hf(trained.model, trained.source, trained.params, out, dtype, trained.info)
     weights = out / WEIGHTS[fmt]
     if fmt == "safetensors":
         safetensors.numpy.save_file({k: np.asarray(v, np.float32) for k, v in trained.params.items()}, weights,

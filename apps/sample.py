@@ -1,6 +1,8 @@
 """`diloco sample`: text from a trained model, so a user sees what the job learned.
 
-One jitted call per generated token on a fixed (1, context) window: the sequence so far, its
+Generation stops at the tokenizer's end-of-text token, the one an hf export's generation config
+names (apps/export_hf.py): for bytes id 255 (diloco/hf.py, BYTE_END_OF_TEXT), else the token the
+job's documents were joined with (trainer/data/sources.py `separator`). One jitted call per generated token on a fixed (1, context) window: the sequence so far, its
 last `context` tokens, sits at the window's start and the rest is padding, which a causal model
 never attends to from the position read, so the logits are exact without a KV cache (at our
 sizes a cache would save little and cost a second code path per model family).
@@ -18,6 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
+from diloco import hf
 from diloco.apps.export import ExportError, TrainedModel, job_for, load_export, read_checkpoint
 from diloco.spec import DataSource, TransformerModel
 
@@ -26,20 +29,24 @@ SUMMARY_BYTES = 200  # the run summary's sample: a few lines of verse, well unde
 
 
 class Tokenizer(Protocol):
+    eos: int | None  # the end-of-text id generation stops at (None: none)
+
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class ByteTokenizer:
     """Ids are bytes (the builtin corpus and `tokenizer: bytes`); a cut multi-byte character
-    decodes as U+FFFD rather than failing, and ids past 255 (a larger vocabulary trained on
-    bytes never saw them) are dropped."""
+    decodes as U+FFFD rather than failing, and the end-of-text id 255 and ids past it (a larger
+    vocabulary trained on bytes never saw them) are dropped."""
+
+    eos: int | None = hf.BYTE_END_OF_TEXT
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        return bytes(i for i in ids if 0 <= i < hf.BYTE_END_OF_TEXT).decode("utf-8", errors="replace")
 
 
 class FileTokenizer:
@@ -54,6 +61,7 @@ class FileTokenizer:
             self.tok = HFTokenizer.from_file(path)
         except Exception as exc:  # the library raises a bare Exception for unreadable files
             raise ExportError(f"cannot load tokenizer {path}: {exc}; pass --tokenizer tokenizer.json") from None
+        self.eos = next((i for i in map(self.tok.token_to_id, hf.END_OF_TEXT) if i is not None), None)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text).ids)
@@ -98,8 +106,9 @@ def next_token_fn(cfg: TransformerModel) -> Callable[..., int]:
 
 
 def generate(cfg: TransformerModel, params: Mapping[str, np.ndarray], prompt: Sequence[int], tokens: int,
-             temperature: float = 0.0, seed: int = 0) -> list[int]:
-    """`tokens` new ids after `prompt`: greedy at temperature 0, else drawn with `seed`."""
+             temperature: float = 0.0, seed: int = 0, stop: int | None = None) -> list[int]:
+    """Up to `tokens` new ids after `prompt`: greedy at temperature 0, else drawn with `seed`;
+    fewer when the model emits `stop` (the end-of-text id), which ends them and is left out."""
     import jax.numpy as jnp
 
     if not prompt:
@@ -120,14 +129,17 @@ def generate(cfg: TransformerModel, params: Mapping[str, np.ndarray], prompt: Se
         window[0, len(recent) :] = 0
         noise = rng.gumbel(size=cfg.vocab_size).astype(np.float32) if temperature > 0 else greedy
         ids.append(step(device_params, window, np.int32(len(recent) - 1), noise, scale))
+        if ids[-1] == stop:
+            return ids[len(prompt) : -1]
     return ids[len(prompt) :]
 
 
 def sample_text(trained: TrainedModel, tok: Tokenizer, prompt: str | None = None, tokens: int = SUMMARY_BYTES,
                 temperature: float = 0.0, seed: int = 0) -> str:
-    """The prompt and its continuation, decoded together (a tokenizer may merge across the seam)."""
+    """The prompt and its continuation, decoded together (a tokenizer may merge across the seam),
+    ended at the tokenizer's end-of-text token if the model emits it."""
     ids = tok.encode(default_prompt(trained.source) if prompt is None else prompt)
-    return tok.decode(ids + generate(trained.model, trained.params, ids, tokens, temperature, seed))
+    return tok.decode(ids + generate(trained.model, trained.params, ids, tokens, temperature, seed, stop=tok.eos))
 
 
 def summary_sample(cfg: TransformerModel, source: DataSource, params: Mapping[str, np.ndarray]) -> str | None:
