@@ -43,3 +43,36 @@ def test_the_runner_passes_the_plan_to_each_learner(tmp_path: Path, monkeypatch:
         run.events.close()
         for channel in run.channels:
             channel.close()
+
+
+class Exited:
+    """A finished process as `Child` sees one."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.pid = code, 0
+
+    def poll(self) -> int:
+        return self.code
+
+
+def test_a_run_ends_on_the_line_its_learner_ended_on(tmp_path: Path) -> None:
+    """A learner that exits 2 ends the run with its fatal event's reason (bad data met mid-run),
+    else its log's last line (refused at start-up, on stderr), and `diloco run` exits 2, not 1."""
+    job = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "j"},
+                     "spec": {"learnerGroups": [{"name": "a", "replicas": 2}]}})
+    run = LocalRun(job, tmp_path, None)
+    try:
+        fatal = "spec.data.source.path: x.parquet row group 5 cannot be read (bad); the file is corrupt: remove or rewrite it"
+        run.record({"t": 1.0, "event": "fatal", "source": "a-1", "reason": fatal})
+        run.sup.children["a-1"].proc = Exited(2)  # type: ignore[assignment]
+        assert run._detect_crashes(2.0) == f"a-1 exited with code 2: {fatal} (log: {tmp_path / 'logs' / 'a-1.log'})"
+        assert run.failure_code == 2
+        (tmp_path / "logs" / "a-0.log").write_text("a warning\nspec.data.source: a.txt is not UTF-8 text (byte 5 is 0xe8); ...\n\n")
+        run.sup.children["a-1"].proc = None
+        run.sup.children["a-0"].proc = Exited(2)  # type: ignore[assignment]
+        assert run._detect_crashes(3.0) == ("a-0 exited with code 2: spec.data.source: a.txt is not UTF-8 text (byte 5 is "
+                                            f"0xe8); ... (log: {tmp_path / 'logs' / 'a-0.log'})")
+    finally:
+        run.events.close()
+        for channel in run.channels:
+            channel.close()
