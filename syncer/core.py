@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import InitVar, dataclass, field
 
-from diloco.checkpoint import CheckpointStore
+from diloco.checkpoint import Store
 from diloco.core.codecs import Pieces, encoded_size
 from diloco.core.fragments import owned_by
 from diloco.core.merge import Source
@@ -78,7 +78,7 @@ class SyncerCore:
 
     spec: SyncerSpec
     model: GlobalModel
-    store: InitVar[CheckpointStore | None]  # kept by `persistence`
+    store: InitVar[Store | None]  # kept by `persistence`
     metrics: SyncerMetrics
     clock: Callable[[], float] = time.monotonic
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -90,7 +90,7 @@ class SyncerCore:
     # bounds what a push may report (syncer/acceptance.py Counters).
     tokens_per_step: int = 0
 
-    def __post_init__(self, store: CheckpointStore | None, regions: frozenset[str]) -> None:
+    def __post_init__(self, store: Store | None, regions: frozenset[str]) -> None:
         if not 0 <= self.shard < self.spec.shards:
             raise ValueError(f"shard {self.shard} of {self.spec.shards}: shards are numbered 0 to {self.spec.shards - 1}")
         self.admission = Admission(num_fragments=self.model.plan.num_fragments, max_norm_ratio=self.spec.max_norm_ratio)
@@ -102,7 +102,7 @@ class SyncerCore:
         self.max_push_bytes = push_bounds(self.model)
         self.metrics.outer_version.set(sum(self.model.versions))
         self.max_state_bytes = state_bound(self.model)
-        lease = PublishLease.open(store.dir if store else None, self.model.versions)
+        lease = PublishLease.open(store, self.model.versions)
         self.publisher = Publisher(self.spec.broadcast_compression, self.spec.block_size, self.model.tag)
         self.driver = RoundDriver(model=self.model, admission=self.admission, publish=self.publisher.publish,
                                   clock=self.clock, lock=self.lock, lease=lease)

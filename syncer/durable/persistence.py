@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from diloco.checkpoint import CheckpointStore
+from diloco.checkpoint import Store
 from diloco.core.codecs import CodecError, decode_tensors
 from diloco.syncer.acceptance import Refused
 from diloco.syncer.durable.lease import PublishLease
@@ -33,7 +33,7 @@ log = logging.getLogger("diloco.syncer")
 class Persistence:
     """The checkpoint store and publish lease of one syncer shard, over its model and driver."""
 
-    store: CheckpointStore | None
+    store: Store | None
     lease: PublishLease
     model: GlobalModel
     driver: RoundDriver  # its `exclusive()`, `lock`, book and published slots
@@ -43,6 +43,9 @@ class Persistence:
     shard: int
     max_recover_bytes: int  # every fragment in fp32: the whole model
     checkpoint_version: int = 0  # the outer version (sum of versions) of the newest checkpoint written
+    # Whether this syncer may write its store now: with a standby, only while it holds the
+    # leader lease (syncer/durable/leader.py), so a fenced syncer never overwrites its successor's.
+    allowed: Callable[[], bool] = lambda: True
 
     def recover(self, header: pb.RecoverHeader, body: Callable[[], bytes | memoryview]) -> list[int]:
         """Adopt global fragments a learner received from a previous incarnation of this syncer
@@ -105,6 +108,9 @@ class Persistence:
         """Write a checkpoint; on failure log a clear error, keep the previous one, keep going."""
         if self.store is None:
             return False
+        if not self.allowed():
+            log.warning("not checkpointing: this syncer does not hold its lease now (spec.syncer.standby)")
+            return False
         started = time.monotonic()
         with self.driver.exclusive(), self.driver.lock:  # momentum is advanced by merges outside the lock
             self.model.schedule = self.driver.book.schedule_state()
@@ -117,7 +123,7 @@ class Persistence:
         except OSError as exc:
             self.metrics.checkpoint_errors.inc()
             log.error("checkpoint failed in %s: %s; the previous checkpoint is intact, training goes on",
-                      self.store.dir, exc)
+                      self.store.location, exc)
             return False
         self.checkpoint_version = version
         # Nothing here touches the directory again: its path may already name another volume.
