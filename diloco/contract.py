@@ -140,6 +140,30 @@ def ready_line(port: int, incarnation: str) -> str:
     return f"{READY_PREFIX} port={port} incarnation={incarnation}"
 
 
+def leased_incarnation(holder: str, epoch: int) -> str:
+    """A syncer's incarnation under a leader lease (spec.syncer.standby): the lease's holder
+    (`<pod>/<nonce>`) and epoch, so learners, which compare incarnations, can also refuse one from
+    an older epoch (a fenced syncer: syncer/durable/leader.py), and the operator names the pod."""
+    return f"{holder}@{epoch}"
+
+
+def incarnation_epoch(incarnation: str) -> int:
+    """The lease epoch of an incarnation; 0 for a syncer that holds no lease."""
+    _, sep, epoch = incarnation.rpartition("@")
+    return int(epoch) if sep and epoch.isdigit() else 0
+
+
+def incarnation_host(incarnation: str) -> str | None:
+    """The pod (host name) of a leased syncer's incarnation; None for one that holds no lease."""
+    host, sep, _ = incarnation.partition("/")
+    return host if sep and incarnation_epoch(incarnation) else None
+
+
+# Within one shard's --syncer address: the addresses of the active syncer and its standby
+# (spec.syncer.standby), tried in turn while the one in use is unreachable (trainer/sync/client.py).
+ALTERNATE = "|"
+
+
 @dataclass(frozen=True, order=True)
 class LearnerId:
     """A learner's name in every request, metric and event: `<group>-<index>`."""
@@ -251,7 +275,8 @@ def add_learner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", type=ordinal, required=True,
                    help="replica index within the group, or the StatefulSet pod's name (its ordinal)")
     p.add_argument("--syncer", required=True,
-                   help="syncer address host:port; for a sharded syncer every shard's, in shard order, comma-separated")
+                   help="syncer address host:port; for a sharded syncer every shard's, in shard order, comma-separated; "
+                        "a syncer with a standby (spec.syncer.standby): both, `|`-separated (host-a:port|host-b:port)")
     add_token_flag(p)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
     p.add_argument("--cpus", default=None, help="pin to these CPUs, e.g. 0 or 0,1")
@@ -275,7 +300,8 @@ def add_syncer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="job manifest (YAML or JSON)")
     p.add_argument("--port", type=int, default=SYNCER_GRPC_PORT, help="gRPC port (0 picks a free one)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default: none)")
-    p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints")
+    p.add_argument("--checkpoint-dir", default=None, help="directory for durable checkpoints, or an fsspec URL (s3://bucket/prefix, gs://...; "
+                        "a sharded syncer keeps shard i under URL/shard-<i>)")
     p.add_argument("--shard", default="0",
                    help="this process's shard of spec.syncer.shards: a number (default 0), or `ordinal` in a StatefulSet pod")
     add_token_flag(p)

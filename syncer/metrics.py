@@ -46,6 +46,13 @@ class SyncerMetrics:
         self.checkpoint_errors = Counter(
             "diloco_syncer_checkpoint_errors_total", "Checkpoints that could not be written", registry=r
         )
+        # A syncer with a standby (spec.syncer.standby): 1 while it holds the lease and serves,
+        # 0 while it stands by; its lease epoch; and 1 when it came to hold it by a takeover.
+        self.leader = Gauge("diloco_syncer_leader", "1 when this syncer holds the publish lease, 0 on standby",
+                            registry=r)
+        self.lease_epoch = Gauge("diloco_syncer_lease_epoch", "The leader lease's epoch this syncer holds", registry=r)
+        self.takeovers = Counter("diloco_syncer_takeovers_total",
+                                 "Times this syncer took the lease over from a silent active syncer", registry=r)
         # Per region (bounded: the job's regions plus "other"), for multi-region jobs.
         self.region_learners = Gauge("diloco_syncer_region_learners", "Learners with a live subscription, by region",
                                      ["region"], registry=r)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from diloco.core.choices import Adoption, Codec, MergeMethod  # names only: no numba on the spec's import
 from diloco.core.fragments import Method
@@ -80,6 +80,35 @@ class Expose(Model):
     tls: ExposeTLS = Field(default_factory=ExposeTLS)
 
 
+class CheckpointLocation(Model):
+    """Checkpoints in object storage instead of the syncer's volume (docs/CHECKPOINTS.md, "Object
+    storage"): any zone, or another cluster, can restore them."""
+
+    # An fsspec URL: s3://bucket/prefix, gs://bucket/prefix (the syncer image needs the `cloud`
+    # extra's s3fs or gcsfs), or any other scheme whose fsspec package the image holds. A sharded
+    # syncer keeps shard i under <url>/shard-<i>.
+    url: str = Field(pattern=r"^[a-z][a-z0-9+.-]*://[^\s]+$", max_length=1024)
+    # A Secret in the job's namespace whose keys become the syncer's environment, as the
+    # libraries read it (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for an
+    # S3-compatible store; GOOGLE_APPLICATION_CREDENTIALS naming a mounted key file). Unset: the
+    # pod's own identity (Workload Identity, IRSA: spec.syncer.pod.serviceAccountName), as for data.
+    secret_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+
+class Standby(Model):
+    """A second syncer (per shard) that follows the active one's checkpoints in the store and
+    takes over when the active one stops renewing its lease there (docs/OPERATIONS.md, SyncerDown)."""
+
+    # The active syncer renews its lease in the store every third of this; a standby that sees
+    # no renewal for this long takes over, and an active syncer that could not renew for this
+    # long stops publishing. Shorter: faster takeovers, more store requests (3 a lease period).
+    lease_seconds: float = Field(10.0, ge=2.0, le=600.0)
+    # The standby's pods avoid the active's zone (topology.kubernetes.io/zone): Required keeps
+    # a zone outage from taking both (a one-zone cluster leaves the standby Pending); Preferred
+    # schedules it anyway.
+    zone_anti_affinity: Literal["Required", "Preferred"] = "Required"
+
+
 class Syncer(Model):
     # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
     READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "shards", "adoption")
@@ -133,6 +162,10 @@ class Syncer(Model):
     # spec.model.module has shapes only its code knows, so it needs this set; so does
     # spec.model.pretrained unless the manifest gives the architecture (the operator cannot read it).
     checkpoint_storage: str | None = Field(None, pattern=r"^[1-9][0-9]{0,8}(Mi|Gi|Ti)$")
+    # Checkpoints in object storage (s3://, gs://, any fsspec URL); unset: the volume above.
+    checkpoints: CheckpointLocation | None = None
+    # A standby syncer per shard that takes over from the store (needs `checkpoints`).
+    standby: Standby | None = None
     # Re-admission's bulk streams (a Join's whole model, a peer's optimizer state) share this
     # much of the syncer's sending (syncer/joins/pacing.py). Measured with 8 learners of a 1e9 model
     # training on one syncer core and one 4 GB Join (docs/BENCHMARKS.md §5): unpaced, half the
@@ -152,6 +185,16 @@ class Syncer(Model):
     # Regions of learner groups in other clusters that use this syncer: its status and metrics
     # then break them out by name instead of counting them as "other".
     remote_regions: list[str] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="after")
+    def _standby_needs_a_store(self) -> Syncer:
+        if self.standby is not None and self.checkpoints is None:
+            raise ValueError("spec.syncer.standby: a standby takes over from checkpoints both syncers reach; set "
+                             "spec.syncer.checkpoints.url (s3://, gs://) as well")
+        if self.standby is not None and self.external is not None:
+            raise ValueError("spec.syncer.standby: the syncer is external (spec.syncer.external); configure the "
+                             "standby in the cluster that runs it")
+        return self
 
     @property
     def plan_size(self) -> int:

@@ -173,36 +173,61 @@ class Unseeded:
                               shards=self.spec.shards, unseeded=True)
 
 
+FENCED = "this syncer's lease has lapsed (spec.syncer.standby): it publishes nothing; try its standby"
+
+
 class Switch:
     """The servicer gRPC holds: every call goes to the current one (Unseeded, then the syncer's),
-    looked up per call, since gRPC binds a servicer's methods once at registration."""
+    looked up per call, since gRPC binds a servicer's methods once at registration.
 
-    def __init__(self, current: Any) -> None:
+    `gate` (a syncer with a standby: its leader lease's `valid`, syncer/durable/leader.py) is
+    asked at every call and before every message of a stream: while it says no, calls end
+    UNAVAILABLE, so a syncer whose lease lapsed (frozen, cut off) sends nothing, and learners
+    try their other address."""
+
+    def __init__(self, current: Any, gate: Callable[[], bool] | None = None) -> None:
         self.current = current
+        self.gate = gate
+        self.withheld = 0  # calls and stream messages the gate stopped
+
+    def _check(self, context: Any) -> None:
+        if self.gate is not None and not self.gate():
+            self.withheld += 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, FENCED)
+
+    def _unary(self, method: str, request: Any, context: Any) -> Any:
+        self._check(context)
+        return getattr(self.current, method)(request, context)
+
+    def _stream(self, method: str, request: Any, context: Any) -> Iterator[Any]:
+        self._check(context)
+        for message in getattr(self.current, method)(request, context):
+            self._check(context)
+            yield message
 
     def Join(self, request: Any, context: Any) -> Any:
-        return self.current.Join(request, context)
+        return self._stream("Join", request, context)
 
     def Push(self, request_iterator: Any, context: Any) -> Any:
-        return self.current.Push(request_iterator, context)
+        return self._unary("Push", request_iterator, context)
 
     def PushOne(self, request: Any, context: Any) -> Any:
-        return self.current.PushOne(request, context)
+        return self._unary("PushOne", request, context)
 
     def Subscribe(self, request: Any, context: Any) -> Any:
-        return self.current.Subscribe(request, context)
+        return self._stream("Subscribe", request, context)
 
     def Status(self, request: Any, context: Any) -> Any:
-        return self.current.Status(request, context)
+        return self._unary("Status", request, context)
 
     def Recover(self, request_iterator: Any, context: Any) -> Any:
-        return self.current.Recover(request_iterator, context)
+        return self._unary("Recover", request_iterator, context)
 
     def Seed(self, request_iterator: Any, context: Any) -> Any:
-        return self.current.Seed(request_iterator, context)
+        return self._unary("Seed", request_iterator, context)
 
     def FetchState(self, request: Any, context: Any) -> Any:
-        return self.current.FetchState(request, context)
+        return self._stream("FetchState", request, context)
 
     def ShareState(self, request_iterator: Any, context: Any) -> Any:
-        return self.current.ShareState(request_iterator, context)
+        return self._unary("ShareState", request_iterator, context)

@@ -1,6 +1,7 @@
 """A real Decoupled DiLoCo job as local processes, for fault-injection tests.
 
-`Cluster` starts one syncer and N learners with `python -m diloco.apps.cli syncer|learner`
+`Cluster` starts one syncer (or two sharing a checkpoint store: an active one and its
+standby, `syncers=2`, spec.syncer.standby) and N learners with `python -m diloco.apps.cli syncer|learner`
 (the container entry points), each in its own process group, learners pinned to one core
 each. It reads every learner's stdout JSON events on a thread, polls the syncer's Status
 RPC on another, and lets a test wait on any condition over those with a deadline
@@ -101,13 +102,14 @@ class Status:
     seconds_since_publish: float
     learners: dict[str, dict[str, float]] = field(default_factory=dict)
     step_seconds: float = 0.0  # the learners' median step time, as the syncer hears it
+    port: int = 0  # which syncer answered (with a standby, only the active one serves)
 
 
 class Cluster:
     def __init__(self, root: Path, name: str, learners: int, *, syncer: dict[str, Any] | None = None,
-                 training: dict[str, Any] | None = None, checkpoint_dir: Path | None = None,
+                 training: dict[str, Any] | None = None, checkpoint_dir: Path | str | None = None,
                  via_proxy: tuple[int, ...] = (), learner_args: dict[int, list[str]] | None = None,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, syncers: int = 1):
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         (root / "logs").mkdir(exist_ok=True)
@@ -116,6 +118,8 @@ class Cluster:
         self.config.write_text(yaml.safe_dump(self.manifest, sort_keys=False))
         self.token = secrets.token_hex(16)
         self.port = free_port()
+        # With a standby: "syncer" listens on `port`, "syncer-b" on the next; learners get both.
+        self.syncer_ports = {"syncer": self.port, **({"syncer-b": free_port()} if syncers == 2 else {})}
         self.checkpoint_dir = checkpoint_dir
         self.learner_args = learner_args or {}
         self.env = dict(os.environ, **{
@@ -128,15 +132,19 @@ class Cluster:
         self.cond = threading.Condition()
         self.events: list[dict[str, Any]] = []  # every learner event, in arrival order
         self.statuses: list[Status] = []
-        self.procs: dict[str, Proc] = {"syncer": Proc("syncer", "syncer", root / "logs" / "syncer.log", free_port())}
+        self.procs: dict[str, Proc] = {n: Proc(n, "syncer", root / "logs" / f"{n}.log", free_port())
+                                       for n in self.syncer_ports}
         self.learners = [f"local-{i}" for i in range(learners)]
         for n in self.learners:
             self.procs[n] = Proc(n, "learner", root / "logs" / f"{n}.log", free_port())
         self.proxies: dict[str, FaultProxy] = {}
         for i in via_proxy:
             self.proxies[self.learners[i]] = FaultProxy(self.port).start()
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}", options=GRPC_OPTIONS)
+        self.channels = {port: grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS)
+                         for port in self.syncer_ports.values()}
+        self.channel = self.channels[self.port]
         self.stub = rpc.SyncerStub(self.channel)
+        self.stubs = {port: rpc.SyncerStub(ch) for port, ch in self.channels.items()}
         self._closing = threading.Event()
         self._poller = threading.Thread(target=self._poll_status, name="status-poller", daemon=True)
         self._poller.start()
@@ -154,11 +162,12 @@ class Cluster:
         p.reader = threading.Thread(target=self._read, args=(p.name, p.restarts, p.popen.stdout), daemon=True)
         p.reader.start()
 
-    def start_syncer(self, extra: list[str] | None = None, wait: bool = True, timeout: float = 60.0) -> None:
-        p = self.procs["syncer"]
+    def start_syncer(self, extra: list[str] | None = None, wait: bool = True, timeout: float = 60.0,
+                     name: str = "syncer") -> None:
+        p = self.procs[name]
         ckpt = str(self.checkpoint_dir) if self.checkpoint_dir is not None else None
-        argv = diloco_argv("syncer", SyncerArgs(str(self.config), port=self.port, metrics_port=p.metrics_port,
-                                                  checkpoint_dir=ckpt).argv())
+        argv = diloco_argv("syncer", SyncerArgs(str(self.config), port=self.syncer_ports[name],
+                                                  metrics_port=p.metrics_port, checkpoint_dir=ckpt).argv())
         before = {s.incarnation for s in self.statuses}
         self._spawn(p, argv + (extra or []))
         if wait:
@@ -169,16 +178,16 @@ class Cluster:
         name = self.learners[i]
         p = self.procs[name]
         proxy = self.proxies.get(name)
-        address = proxy.address if proxy else f"127.0.0.1:{self.port}"
+        address = proxy.address if proxy else "|".join(f"127.0.0.1:{port}" for port in self.syncer_ports.values())
         argv = diloco_argv("learner", LearnerArgs(str(self.config), "local", i, address, metrics_port=p.metrics_port,
                                                   cpus=str(i % self.ncpu), restart=p.restarts).argv())
         self._spawn(p, argv + self.learner_args.get(i, []) + (extra or []))
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, wait: bool = True) -> None:
         p = self.procs[name]
         p.restarts += 1
         if p.kind == "syncer":
-            self.start_syncer()
+            self.start_syncer(name=name, wait=wait)
         else:
             self.start_learner(self.learners.index(name))
 
@@ -219,7 +228,8 @@ class Cluster:
         for proxy in self.proxies.values():
             proxy.close()
         self._poller.join(timeout=2.0)
-        self.channel.close()
+        for ch in self.channels.values():
+            ch.close()
 
     def __enter__(self) -> Cluster:
         return self
@@ -240,22 +250,24 @@ class Cluster:
 
     def _poll_status(self) -> None:
         while not self._closing.wait(STATUS_POLL):
-            s = self.status(timeout=1.0)
-            if s is not None:
-                with self.cond:
-                    self.statuses.append(s)
-                    self.cond.notify_all()
+            for port in self.stubs:
+                s = self.status(timeout=1.0, port=port)
+                if s is not None:
+                    with self.cond:
+                        self.statuses.append(s)
+                        self.cond.notify_all()
 
-    def status(self, timeout: float = 2.0) -> Status | None:
+    def status(self, timeout: float = 2.0, port: int | None = None) -> Status | None:
+        port = self.port if port is None else port
         try:
-            r = self.stub.Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=timeout)
+            r = self.stubs[port].Status(pb.StatusRequest(), metadata=auth_metadata(self.token), timeout=timeout)
         except grpc.RpcError:
             return None
         learners = {ls.learner: {"joins": ls.joins, "contributions": ls.contributions, "tokens_merged": ls.tokens_merged,
                                  "seconds_since_seen": ls.seconds_since_seen} for ls in r.learners}
         return Status(time.time(), r.incarnation, list(r.versions), r.outer_steps, r.tokens_merged,
                       r.active_learners, r.contributions_refused, r.checkpoint_version, r.seconds_since_publish,
-                      learners, r.step_seconds)
+                      learners, r.step_seconds, port)
 
     def latest_status(self) -> Status | None:
         with self.cond:

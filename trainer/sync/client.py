@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import grpc
 
-from diloco.contract import Event
+from diloco.contract import ALTERNATE, Event, incarnation_epoch
 from diloco.core.ledger import Arrival, Push
 from diloco.core.seed import InitialModel
 from diloco.trainer.sync import session as s
@@ -31,7 +31,7 @@ from diloco.trainer.sync.link import SyncerLink
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.sync.messages import JoinRefused, JoinState, Unauthenticated, Updates
-from diloco.trainer.sync.transport import carry_out, join_call, seed_call, send_loop, subscribe_loop
+from diloco.trainer.sync.transport import UNREACHABLE, carry_out, join_call, seed_call, send_loop, subscribe_loop
 from diloco.wire import auth_metadata, channel, parse_unseeded, pb, rpc
 
 __all__ = ["JoinRefused", "JoinState", "Push", "SyncerClient", "Unauthenticated", "Updates"]
@@ -50,11 +50,18 @@ class SyncerClient:
                  tls_ca: bytes | None = None, tls_server_name: str | None = None, supersede: bool = False,
                  data: pb.DataListing | None = None, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.address, self.learner, self.region = address, learner, region
+        # The syncer's addresses: one, or its active's and standby's (`a|b`, spec.syncer.standby),
+        # tried in turn while the one in use is unreachable (`failover`).
+        self.addresses = [a.strip() for a in address.split(ALTERNATE) if a.strip()] or [address]
+        self.address, self.learner, self.region = self.addresses[0], learner, region
         self.data = data  # our copy's files, which every Join shows the syncer (diloco/copy_listings.py)
         self.metadata = auth_metadata(token)
-        self.channel = channel(address, tls_ca, tls_server_name)
+        self.tls = (tls_ca, tls_server_name)
+        self.channel = channel(self.address, tls_ca, tls_server_name)
         self.stub = rpc.SyncerStub(self.channel)
+        self.route = 0  # which address is in use: counts failovers
+        # The highest lease epoch we have joined: a Join from a lower one is a fenced syncer's.
+        self.epoch = 0
         self.emit, self.clock = on_event, clock
         self.machine = s.Session(rng)
         self.incarnation = ""
@@ -86,6 +93,21 @@ class SyncerClient:
         self.position = (0, 1)
         self.initial: InitialModel | None = None
 
+    def failover(self, route: int) -> None:
+        """The syncer at the address of `route` did not answer: use the next address (once per
+        route, however many threads noticed). With one address, nothing changes."""
+        if len(self.addresses) == 1:
+            return
+        with self.lock:
+            if route != self.route:
+                return
+            self.route += 1
+            old, self.address = self.channel, self.addresses[self.route % len(self.addresses)]
+            self.channel = channel(self.address, *self.tls)
+            self.stub = rpc.SyncerStub(self.channel)
+        old.close()
+        log.info("syncer unreachable; trying %s", self.address)
+
     def feed(self, event: s.Event) -> list[s.Action]:
         with self.turn:
             actions = self.machine.on(event)
@@ -116,6 +138,11 @@ class SyncerClient:
     def _join(self, shapes: dict[str, tuple[int, ...]], timeout: float) -> JoinState:
         header, state = join_call(self, shapes, timeout)
         self.bytes_received += header.total_bytes
+        epoch = incarnation_epoch(header.incarnation)
+        if epoch < self.epoch:
+            raise ConnectionError(f"the syncer at {self.address} holds lease epoch {epoch}, below the {self.epoch} we "
+                                  "joined: a fenced syncer")
+        self.epoch = epoch
         with self.lock:
             self.supersede, self.secret = False, header.session_secret
             self.incarnation = header.incarnation
@@ -130,11 +157,15 @@ class SyncerClient:
             self.initial = initial
         self.feed(s.JoinStarted())
         while not self.stopping.is_set():
+            route = self.route
             try:
                 return self.join(shapes)
             except grpc.RpcError as exc:
+                if exc.code().name in UNREACHABLE:
+                    self.failover(route)
                 actions = self.feed(s.JoinFailed(exc.code().name, exc.details() or ""))
             except ConnectionError as exc:
+                self.failover(route)
                 actions = self.feed(s.JoinFailed("CONNECTION", str(exc)))
             for a in actions:
                 if isinstance(a, s.Refuse):
@@ -145,18 +176,28 @@ class SyncerClient:
         raise RuntimeError("stopped before joining")
 
     def _offer_recovery(self) -> None:
-        """Give a restarted syncer the newest global fragments we hold (see Recover)."""
+        """Give a restarted syncer the newest global fragments we hold (see Recover). With a
+        standby's address too, until one of them answers: the one that took over must get them
+        before we join it."""
         with self.lock:
             offer = self.copy.offer()
         if offer is None:
             return
-        try:
-            reply = self.stub.Recover(iter(recovery(self.learner, offer)), metadata=self.metadata, timeout=60)
-        except grpc.RpcError as exc:
-            log.warning("recovery offer failed: %s", exc.details())
+        backoff = s.Backoff(rng=self.machine.rng)
+        for _ in range(4 * len(self.addresses) if len(self.addresses) > 1 else 1):
+            route = self.route
+            try:
+                reply = self.stub.Recover(iter(recovery(self.learner, offer)), metadata=self.metadata, timeout=60)
+            except grpc.RpcError as exc:
+                log.warning("recovery offer failed: %s", exc.details())
+                if exc.code().name not in UNREACHABLE or self.stopping.is_set():
+                    return
+                self.failover(route)
+                self.stopping.wait(backoff.next())
+                continue
+            if reply.adopted:
+                self.emit(Event.RECOVERED, fragments=list(reply.adopted), versions=list(reply.versions))
             return
-        if reply.adopted:
-            self.emit(Event.RECOVERED, fragments=list(reply.adopted), versions=list(reply.versions))
 
     def rejoin(self) -> None:
         """The syncer restarted: offer it our copy, pull its whole state; the loop adopts it at a

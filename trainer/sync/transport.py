@@ -26,6 +26,8 @@ from diloco.trainer.sync.messages import JoinRefused, JoinState
 from diloco.wire import pb, push, push_header, seed_chunks
 
 log = logging.getLogger("diloco.learner")
+# What a syncer that is gone, frozen, fenced or a standby answers: try its other address.
+UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 
 
 class Driven(Protocol):
@@ -41,6 +43,7 @@ class Driven(Protocol):
     data: pb.DataListing | None
     incarnation: str
     secret: bytes
+    route: int  # which of the syncer's addresses is in use
     push_one: bool
     metadata: Any
     stub: Any
@@ -66,6 +69,8 @@ class Driven(Protocol):
     def feed(self, event: s.Event) -> list[s.Action]: ...
 
     def rejoin(self) -> None: ...
+
+    def failover(self, route: int) -> None: ...
 
 
 def carry_out(client: Driven, actions: Iterable[s.Action], item: Push | None = None,
@@ -178,9 +183,12 @@ def _next(client: Driven) -> Push | None:
 def send_loop(client: Driven) -> None:
     """Push the outbox in order; book each answer for the loop."""
     while (item := _next(client)) is not None:
+        route = client.route
         try:
             reply = push_call(client, item)
         except grpc.RpcError as exc:
+            if exc.code().name in UNREACHABLE:
+                client.failover(route)
             carry_out(client, client.feed(s.PushFailed(exc.code().name, exc.details() or "", item.fragment, item.incarnation)),
                        item=item)
         else:
@@ -205,7 +213,7 @@ def subscribe_loop(client: Driven) -> None:
     """Hold a subscription open; when it breaks, subscribe again as the session says."""
     while not client.stopping.is_set():
         with client.lock:
-            incarnation = client.incarnation
+            incarnation, route = client.incarnation, client.route
             request = client.copy.subscription(client.learner, incarnation, client.secret)
         event: s.Event
         try:
@@ -216,6 +224,8 @@ def subscribe_loop(client: Driven) -> None:
         except grpc.RpcError as exc:
             if client.stopping.is_set():
                 return
+            if exc.code().name in UNREACHABLE:
+                client.failover(route)
             event = s.StreamBroken(exc.code().name, exc.details() or "", incarnation)
         carry_out(client, client.feed(event))
 
