@@ -70,6 +70,12 @@ class OperatorMetrics:
         self.unschedulable_seconds = Gauge("diloco_job_unschedulable_seconds",
                                            "How long the job's longest-waiting unschedulable pod has waited (0: none)",
                                            JOB_LABELS, registry=r)
+        # spec.syncer.standby: takeovers counted in the job's status (status.syncer.takeovers), and
+        # the lease epoch; a rise of either is a takeover (alert on changes(...[1h]) > 0).
+        self.syncer_takeovers = Gauge("diloco_job_syncer_takeovers",
+                                      "Times a standby syncer took over from a silent active one", JOB_LABELS, registry=r)
+        self.syncer_lease_epoch = Gauge("diloco_job_syncer_lease_epoch", "The syncer lease's epoch", JOB_LABELS,
+                                        registry=r)
 
     def job_status(self, namespace: str, job: str, status: dict[str, object],
                    capacity_tokens: float | None = None) -> None:
@@ -90,6 +96,10 @@ class OperatorMetrics:
             value = status.get(key)
             if isinstance(value, int):
                 self.learners.labels(namespace, job, state).set(value)
+        syncer = status.get("syncer")
+        if isinstance(syncer, dict) and isinstance(syncer.get("leaseEpoch"), int):
+            self.syncer_lease_epoch.labels(namespace, job).set(syncer["leaseEpoch"])
+            self.syncer_takeovers.labels(namespace, job).set(int(syncer.get("takeovers") or 0))
         phase = status.get("phase")
         if isinstance(phase, str):
             for each in PHASES:
@@ -105,7 +115,8 @@ class OperatorMetrics:
         for gauge, extra in ((self.goodput, [()]), (self.availability, [()]), (self.useful_tokens, [()]),
                              (self.capacity_tokens, [()]), (self.badput, [("down",), ("refused",), ("other",)]),
                              (self.learners, [("desired",), ("ready",)]), (self.phase, [(p,) for p in PHASES]),
-                             (self.unschedulable_pods, [()]), (self.unschedulable_seconds, [()])):
+                             (self.unschedulable_pods, [()]), (self.unschedulable_seconds, [()]),
+                             (self.syncer_takeovers, [()]), (self.syncer_lease_epoch, [()])):
             for rest in extra:
                 with contextlib.suppress(KeyError):  # never set for this job
                     gauge.remove(namespace, job, *rest)

@@ -153,6 +153,8 @@ def serve(job: DecoupledDiLoCoJob, token: str, *, port: int, metrics_port: int |
         # Also on a bug: gRPC's threads would otherwise keep a syncer that serves nothing alive
         # (no restart by the kubelet); stopped, the process exits with the traceback.
         server.stop(grace=0 if fenced.is_set() else 2).wait()
+    if lease is not None and not fenced.is_set():
+        lease.release()
     if fenced.is_set():
         log.error("fenced: %d merges in all; withheld %d calls and stream messages once the lease lapsed",
                   int(metrics.merges._value.get()), switch.withheld)

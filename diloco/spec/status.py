@@ -115,6 +115,12 @@ class SyncerStatus(StatusModel):
     incarnation: str | Absent = Field(None, description="Its process's id: a new one after each restart.")
     active_learners: Count | Absent = Field(None, description="Learners connected to it, in every cluster.")
     readmissions: Count | Absent = Field(None, description="Re-joins it saw: joins beyond each learner's first.")
+    active: str | Absent = Field(None, description="With spec.syncer.standby: the pod that holds the syncer's lease "
+                                                   "and serves.")
+    lease_epoch: Count | Absent = Field(None, description="With spec.syncer.standby: the lease's epoch (one more at "
+                                                          "every takeover or clean handover).")
+    takeovers: Count | Absent = Field(None, description="With spec.syncer.standby: times a standby took over from a "
+                                                        "silent active syncer.")
 
 
 class RegionStatus(StatusModel):

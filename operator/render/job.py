@@ -34,8 +34,16 @@ from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     """Names that Kubernetes would refuse later, TPU slices the learners cannot fill, and a
     checkpoint volume nobody can size; reported like spec errors, with the field path."""
-    sized = job.spec.syncer.checkpoint_storage is not None or parameter_shapes(job.spec.model) is not None
-    return learners.problems(job) + overlay.job_problems(job) + ([] if sized else [STORAGE_NEEDED])
+    syncer = job.spec.syncer
+    sized = syncer.checkpoint_storage is not None or syncer.checkpoints is not None or \
+        parameter_shapes(job.spec.model) is not None
+    standby = [STANDBY_SHARDED] if syncer.standby is not None and syncer.shards > 1 else []
+    return learners.problems(job) + overlay.job_problems(job) + ([] if sized else [STORAGE_NEEDED]) + standby
+
+
+STANDBY_SHARDED = ("spec.syncer.standby: the operator renders a standby for an unsharded syncer only (spec.syncer."
+                   "shards 1) for now; `diloco syncer` itself runs one per shard (docs/OPERATIONS.md, SyncerDown)")
+ZONE = "topology.kubernetes.io/zone"
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
@@ -148,6 +156,8 @@ def checkpoint_claim(owner: Owner, name: str, storage: str) -> dict[str, Any]:
 def checkpoint_claims(spec: JobSpec, owner: Owner) -> list[dict[str, Any]]:
     """The syncer's volume, or one per shard under the names the StatefulSet's claim template
     would give them: made first by the operator, they carry the job's retention policy."""
+    if spec.syncer.checkpoints is not None:  # in object storage: no volume at all
+        return []
     storage = checkpoint_storage(spec)
     if spec.syncer.shards == 1:
         return [checkpoint_claim(owner, n.checkpoints(owner.name), storage)]
@@ -162,10 +172,12 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
     """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
     pod_security, container_security = parts.security()
     volumes, mounts = parts.common_volumes(owner, n.token_secret(owner.name))
-    if shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
+    store = job.spec.syncer.checkpoints
+    if store is None and shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
         volumes.append({"name": n.CHECKPOINT_VOLUME,
                         "persistentVolumeClaim": {"claimName": n.checkpoints(owner.name)}})
-    mounts.append({"name": n.CHECKPOINT_VOLUME, "mountPath": n.CHECKPOINT_DIR})
+    if store is None:
+        mounts.append({"name": n.CHECKPOINT_VOLUME, "mountPath": n.CHECKPOINT_DIR})
     expose = job.spec.syncer.expose
     tls: dict[str, str] = {}
     if expose is not None and expose.tls.enabled and expose.tls.secret_name:
@@ -174,19 +186,28 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         mounts.append(mount)
         tls = {"tls_cert": f"{n.TLS_DIR}/{n.TLS_CERT_KEY}", "tls_key": f"{n.TLS_DIR}/{n.TLS_KEY_KEY}"}
     args = SyncerArgs(f"{n.CONFIG_DIR}/{n.CONFIG_KEY}", port=SYNCER_GRPC_PORT, metrics_port=SYNCER_METRICS_PORT,
-                      checkpoint_dir=n.CHECKPOINT_DIR, token_file=n.TOKEN_FILE, shard=shard, **tls)
+                      checkpoint_dir=n.CHECKPOINT_DIR if store is None else store.url, token_file=n.TOKEN_FILE,
+                      shard=shard, **tls)
+    standby = job.spec.syncer.standby
+    # With a standby, only the syncer holding the lease opens its gRPC port: readiness on it puts
+    # that one pod behind the Service (learners follow a takeover there), while the standby lives
+    # on its metrics port, which every syncer opens first.
+    alive = "metrics" if standby is not None else "grpc"
     container = {
         "name": n.SYNCER,
         "image": job.spec.syncer.image,
         "command": container_command("syncer"),
         "args": args.argv(),
         "env": [{"name": "HOME", "value": "/tmp"}],
+        # The store's credentials as the libraries read them (AWS_*, GOOGLE_APPLICATION_CREDENTIALS):
+        # a named Secret's keys, or else the pod's own identity (spec.syncer.pod.serviceAccountName).
+        **({"envFrom": [{"secretRef": {"name": store.secret_name}}]} if store and store.secret_name else {}),
         "ports": [{"name": "grpc", "containerPort": SYNCER_GRPC_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": SYNCER_METRICS_PORT, "protocol": "TCP"}],
         # Restoring a large checkpoint takes a while; only then does the port open.
-        "startupProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5, "failureThreshold": 60},
-        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 10, "failureThreshold": 6},
+        "startupProbe": {"tcpSocket": {"port": alive}, "periodSeconds": 5, "failureThreshold": 60},
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5 if standby is None else 2},
+        "livenessProbe": {"tcpSocket": {"port": alive}, "periodSeconds": 10, "failureThreshold": 6},
         "resources": parts.resources(job.spec.syncer.resources),
         "securityContext": container_security,
         "volumeMounts": mounts,
@@ -195,8 +216,19 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
         "spec": {"containers": [container], "securityContext": pod_security,
                  "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
-                 **parts.pod_basics(), "volumes": volumes},
+                 **parts.pod_basics(), "volumes": volumes,
+                 **({"affinity": apart_by_zone(owner, standby.zone_anti_affinity)} if standby is not None else {})},
     }, job.spec.syncer.pod, job.spec.syncer.template)
+
+
+def apart_by_zone(owner: Owner, rule: str) -> dict[str, Any]:
+    """The active syncer and its standby in different zones (topology.kubernetes.io/zone), so one
+    zone's outage never takes both: required, or preferred where the cluster may have one zone."""
+    term = {"labelSelector": {"matchLabels": n.selector(owner.name, n.SYNCER)}, "topologyKey": ZONE}
+    if rule == "Required":
+        return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}
 
 
 def syncer_pod_template(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
@@ -214,7 +246,9 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
         "spec": {
-            "replicas": 1,
+            # With a standby (spec.syncer.standby) two pods, in two zones: the lease in the
+            # checkpoint store says which one serves (syncer/durable/leader.py).
+            "replicas": 1 if job.spec.syncer.standby is None else 2,
             # One writer of the checkpoint volume, ever: the old pod stops before the new starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
@@ -238,7 +272,7 @@ def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
             "podManagementPolicy": "Parallel",  # shards never wait for each other
             "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
             "template": _syncer_template(job, owner, SHARD_FROM_HOSTNAME),
-            "volumeClaimTemplates": [{
+            "volumeClaimTemplates": [] if job.spec.syncer.checkpoints is not None else [{
                 "metadata": {"name": n.CHECKPOINT_VOLUME, "labels": n.labels(owner.name, n.SYNCER)},
                 "spec": {"accessModes": ["ReadWriteOnce"],
                          "resources": {"requests": {"storage": checkpoint_storage(job.spec)}}},

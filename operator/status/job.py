@@ -16,7 +16,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from diloco.contract import LearnerId
+from diloco.contract import LearnerId, incarnation_epoch, incarnation_host
 from diloco.operator.failures import capacity
 from diloco.operator.failures import policy as failures
 
@@ -131,6 +131,7 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, *, generati
         syncer["external"] = True
     if obs.exposed_address:
         syncer["exposedAddress"] = obs.exposed_address
+    syncer.update(active_syncer(status.get("syncer") or {}, obs.syncer.incarnation if obs.syncer else None))
     if obs.syncer:
         syncer.update(incarnation=obs.syncer.incarnation, activeLearners=obs.syncer.active_learners,
                       readmissions=obs.syncer.readmissions)
@@ -260,3 +261,27 @@ def changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             {k: v for k, v in (old.get("accounting") or {}).items() if k != "sampledAt"}:
         return {}
     return out
+
+
+def active_syncer(before: dict[str, Any], incarnation: str | None) -> dict[str, Any]:
+    """With a standby (spec.syncer.standby): which pod holds the syncer's lease (`active`), its
+    epoch, and the takeovers counted so far (an epoch above the last one seen, with a holder
+    before it). The lease's holder and epoch ride in the syncer's incarnation
+    (diloco/contract.py `leased_incarnation`); while the syncer is silent, the last known."""
+    kept = {k: before[k] for k in ("active", "leaseEpoch", "takeovers") if k in before}
+    epoch = incarnation_epoch(incarnation or "")
+    if not epoch:
+        return kept
+    previous = int(before.get("leaseEpoch") or 0)
+    takeovers = int(before.get("takeovers") or 0) + (1 if previous and epoch > previous else 0)
+    return {"active": incarnation_host(incarnation or ""), "leaseEpoch": epoch, "takeovers": takeovers}
+
+
+def takeover(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str] | None:
+    """The `SyncerTakeover` Event's reason and message when `new` counts a takeover `old` did not."""
+    before, after = old.get("syncer") or {}, new.get("syncer") or {}
+    if int(after.get("takeovers") or 0) <= int(before.get("takeovers") or 0):
+        return None
+    return ("SyncerTakeover", f"syncer {after.get('active')} took over the lease (epoch {after.get('leaseEpoch')}) "
+            f"from {before.get('active') or 'the previous active syncer'}; learners re-join it and hand back what "
+            "its checkpoint missed")

@@ -287,3 +287,23 @@ def test_only_an_unauthenticated_answer_refuses_a_remote_token() -> None:
     assert refused is not None and refused.reason == "SyncerUnauthenticated"
     assert "Secret home" in refused.message and "j-token" in refused.message
     assert access.refused(job, link, "UNAVAILABLE") is None and access.refused(job, link, "") is None
+
+
+def test_the_active_syncer_its_epoch_and_takeovers() -> None:
+    """spec.syncer.standby: the lease's holder and epoch ride in the incarnation; a higher epoch
+    after a known one is a takeover, counted once, and an Event's reason and message."""
+    def leased(host: str, epoch: int) -> st.SyncerView:
+        return dataclasses.replace(view(), incarnation=f"{host}/0123456789ab@{epoch}")
+
+    s1 = st.compute(spec(), {}, obs(syncer=leased("j-syncer-a", 1)), generation=1)
+    assert (s1["syncer"]["active"], s1["syncer"]["leaseEpoch"], s1["syncer"]["takeovers"]) == ("j-syncer-a", 1, 0)
+    silent = st.compute(spec(), s1, obs(T0 + 5), generation=1)  # the syncer does not answer: the last known
+    assert (silent["syncer"]["active"], silent["syncer"]["leaseEpoch"]) == ("j-syncer-a", 1)
+    s2 = st.compute(spec(), silent, obs(T0 + 10, syncer=leased("j-syncer-b", 2)), generation=1)
+    assert (s2["syncer"]["active"], s2["syncer"]["leaseEpoch"], s2["syncer"]["takeovers"]) == ("j-syncer-b", 2, 1)
+    reason, message = st.takeover(silent, s2)  # type: ignore[misc]
+    assert reason == "SyncerTakeover" and "j-syncer-b" in message and "j-syncer-a" in message
+    s3 = st.compute(spec(), s2, obs(T0 + 15, syncer=leased("j-syncer-b", 2)), generation=1)
+    assert s3["syncer"]["takeovers"] == 1 and st.takeover(s2, s3) is None
+    plain = st.compute(spec(), {}, obs(syncer=view()), generation=1)  # no lease: none of these fields
+    assert not {"active", "leaseEpoch", "takeovers"} & set(plain["syncer"])

@@ -79,3 +79,14 @@ def test_the_epoch_rides_in_the_incarnation() -> None:
     inc = leased_incarnation("job-syncer-7d9-abcde/0123456789ab", 3)
     assert incarnation_epoch(inc) == 3 and incarnation_host(inc) == "job-syncer-7d9-abcde"
     assert incarnation_epoch("0123456789ab") == 0 and incarnation_host("0123456789ab") is None
+
+
+def test_a_lease_handed_back_is_taken_at_once(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    active = leader.LeaderLease(store, "a/1", 60.0)
+    assert active.acquire(None, "")
+    active.release()  # a clean stop (SIGTERM), after its final checkpoint
+    assert not active.valid()
+    standby = leader.LeaderLease(store, "b/2", 60.0)
+    assert leader.follow(standby, threading.Event(), lambda: None, poll=0.01) == (None, False)  # planned: no takeover
+    assert standby.epoch == 2
