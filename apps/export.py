@@ -119,7 +119,7 @@ def _held_out_loss(root: Path, loads: list[Loaded]) -> dict[str, Any]:
     summary = root.parent / SUMMARY
     try:
         found = json.loads(summary.read_text())
-        named = sorted((root.parent / p).resolve() for p in found["final_checkpoints"])
+        named = sorted((root.parent / p).resolve() for p in found["final_checkpoints"])  # relative to OUT, or absolute
         loss = float(found["final_eval_loss"])
     except (OSError, ValueError, KeyError, TypeError):
         return {}

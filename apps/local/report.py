@@ -48,7 +48,8 @@ def global_params(job: DecoupledDiLoCoJob, out: Path) -> tuple[dict[str, np.ndar
         if loaded is None:
             return None, []
         merged.update(params_of(loaded.arrays))
-        paths.append(str(Path(loaded.path).relative_to(out)))
+        path = Path(loaded.path)
+        paths.append(str(path.relative_to(out)) if path.is_relative_to(out) else str(path.resolve()))
     return merged, paths
 
 
