@@ -1,5 +1,5 @@
 """The validating admission webhook's decisions (operator/admission/webhook.py) and its certificate
-(operator/admission/certificates.py), without a cluster; tests/test_realapi_webhook.py runs it behind a
+(operator/admission/certificates.py), without a cluster; tests/realapi/test_operator.py runs it behind a
 real API server with `kubectl apply`."""
 
 from __future__ import annotations
