@@ -191,6 +191,11 @@ class Syncer(Model):
         if self.standby is not None and self.checkpoints is None:
             raise ValueError("spec.syncer.standby: a standby takes over from checkpoints both syncers reach; set "
                              "spec.syncer.checkpoints.url (s3://, gs://) as well")
+        if self.standby is not None and self.checkpoints is not None and \
+                not self.checkpoints.url.startswith(("s3://", "s3a://", "file://")):
+            raise ValueError("spec.syncer.standby: its lease needs a store with conditional writes; the syncer has "
+                             "them on s3:// (any S3-compatible store) and file:// (a shared filesystem), not yet "
+                             f"on {self.checkpoints.url.split('://', 1)[0]}://")
         if self.standby is not None and self.external is not None:
             raise ValueError("spec.syncer.standby: the syncer is external (spec.syncer.external); configure the "
                              "standby in the cluster that runs it")

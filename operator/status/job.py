@@ -268,7 +268,7 @@ def active_syncer(before: dict[str, Any], incarnation: str | None) -> dict[str, 
     epoch, and the takeovers counted so far (an epoch above the last one seen, with a holder
     before it). The lease's holder and epoch ride in the syncer's incarnation
     (diloco/contract.py `leased_incarnation`); while the syncer is silent, the last known."""
-    kept = {k: before[k] for k in ("active", "leaseEpoch", "takeovers") if k in before}
+    kept: dict[str, Any] = {k: before[k] for k in ("active", "leaseEpoch", "takeovers") if k in before}
     epoch = incarnation_epoch(incarnation or "")
     if not epoch:
         return kept

@@ -22,16 +22,25 @@ from collections.abc import Callable
 
 import grpc
 
-from diloco.contract import ALTERNATE, Event, incarnation_epoch
+from diloco.contract import ALTERNATE, incarnation_epoch
 from diloco.core.ledger import Arrival, Push
 from diloco.core.seed import InitialModel
 from diloco.trainer.sync import session as s
-from diloco.trainer.sync.global_copy import GlobalCopy, recovery
+from diloco.trainer.sync.global_copy import GlobalCopy
 from diloco.trainer.sync.link import SyncerLink
 
 # Re-exported: callers import the client's vocabulary from here.
 from diloco.trainer.sync.messages import JoinRefused, JoinState, Unauthenticated, Updates
-from diloco.trainer.sync.transport import UNREACHABLE, carry_out, join_call, seed_call, send_loop, subscribe_loop
+from diloco.trainer.sync.transport import (
+    UNREACHABLE,
+    carry_out,
+    failover,
+    join_call,
+    recover_call,
+    seed_call,
+    send_loop,
+    subscribe_loop,
+)
 from diloco.wire import auth_metadata, channel, parse_unseeded, pb, rpc
 
 __all__ = ["JoinRefused", "JoinState", "Push", "SyncerClient", "Unauthenticated", "Updates"]
@@ -94,19 +103,7 @@ class SyncerClient:
         self.initial: InitialModel | None = None
 
     def failover(self, route: int) -> None:
-        """The syncer at the address of `route` did not answer: use the next address (once per
-        route, however many threads noticed). With one address, nothing changes."""
-        if len(self.addresses) == 1:
-            return
-        with self.lock:
-            if route != self.route:
-                return
-            self.route += 1
-            old, self.address = self.channel, self.addresses[self.route % len(self.addresses)]
-            self.channel = channel(self.address, *self.tls)
-            self.stub = rpc.SyncerStub(self.channel)
-        old.close()
-        log.info("syncer unreachable; trying %s", self.address)
+        failover(self, route)  # the next of `addresses` (trainer/sync/transport.py)
 
     def feed(self, event: s.Event) -> list[s.Action]:
         with self.turn:
@@ -176,28 +173,11 @@ class SyncerClient:
         raise RuntimeError("stopped before joining")
 
     def _offer_recovery(self) -> None:
-        """Give a restarted syncer the newest global fragments we hold (see Recover). With a
-        standby's address too, until one of them answers: the one that took over must get them
-        before we join it."""
+        """Give a restarted syncer the newest global fragments we hold (see Recover)."""
         with self.lock:
             offer = self.copy.offer()
-        if offer is None:
-            return
-        backoff = s.Backoff(rng=self.machine.rng)
-        for _ in range(4 * len(self.addresses) if len(self.addresses) > 1 else 1):
-            route = self.route
-            try:
-                reply = self.stub.Recover(iter(recovery(self.learner, offer)), metadata=self.metadata, timeout=60)
-            except grpc.RpcError as exc:
-                log.warning("recovery offer failed: %s", exc.details())
-                if exc.code().name not in UNREACHABLE or self.stopping.is_set():
-                    return
-                self.failover(route)
-                self.stopping.wait(backoff.next())
-                continue
-            if reply.adopted:
-                self.emit(Event.RECOVERED, fragments=list(reply.adopted), versions=list(reply.versions))
-            return
+        if offer is not None:
+            recover_call(self, offer)
 
     def rejoin(self) -> None:
         """The syncer restarted: offer it our copy, pull its whole state; the loop adopts it at a

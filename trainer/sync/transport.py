@@ -21,9 +21,9 @@ from diloco.core.fragments import owned_by
 from diloco.core.ledger import Push
 from diloco.core.seed import InitialModel
 from diloco.trainer.sync import session as s
-from diloco.trainer.sync.global_copy import GlobalCopy, decode
+from diloco.trainer.sync.global_copy import GlobalCopy, Offer, decode, recovery
 from diloco.trainer.sync.messages import JoinRefused, JoinState
-from diloco.wire import pb, push, push_header, seed_chunks
+from diloco.wire import channel, pb, push, push_header, rpc, seed_chunks
 
 log = logging.getLogger("diloco.learner")
 # What a syncer that is gone, frozen, fenced or a standby answers: try its other address.
@@ -43,6 +43,9 @@ class Driven(Protocol):
     data: pb.DataListing | None
     incarnation: str
     secret: bytes
+    addresses: list[str]  # the syncer's: one, or its active's and standby's
+    tls: tuple[bytes | None, str | None]
+    channel: Any
     route: int  # which of the syncer's addresses is in use
     push_one: bool
     metadata: Any
@@ -71,6 +74,42 @@ class Driven(Protocol):
     def rejoin(self) -> None: ...
 
     def failover(self, route: int) -> None: ...
+
+
+def failover(client: Driven, route: int) -> None:
+    """The syncer at the address of `route` did not answer: use the next address (once per
+    route, however many threads noticed). With one address, nothing changes."""
+    if len(client.addresses) == 1:
+        return
+    with client.lock:
+        if route != client.route:
+            return
+        client.route += 1
+        old, client.address = client.channel, client.addresses[client.route % len(client.addresses)]
+        client.channel = channel(client.address, *client.tls)
+        client.stub = rpc.SyncerStub(client.channel)
+    old.close()
+    log.info("syncer unreachable; trying %s", client.address)
+
+
+def recover_call(client: Driven, offer: Offer) -> None:
+    """Offer a restarted syncer the newest global fragments we hold (Recover). With a standby's
+    address too, until one of them answers: the one that took over must get them before we join it."""
+    backoff = s.Backoff(rng=client.machine.rng)
+    for _ in range(4 * len(client.addresses) if len(client.addresses) > 1 else 1):
+        route = client.route
+        try:
+            reply = client.stub.Recover(iter(recovery(client.learner, offer)), metadata=client.metadata, timeout=60)
+        except grpc.RpcError as exc:
+            log.warning("recovery offer failed: %s", exc.details())
+            if exc.code().name not in UNREACHABLE or client.stopping.is_set():
+                return
+            failover(client, route)
+            client.stopping.wait(backoff.next())
+            continue
+        if reply.adopted:
+            client.emit(Event.RECOVERED, fragments=list(reply.adopted), versions=list(reply.versions))
+        return
 
 
 def carry_out(client: Driven, actions: Iterable[s.Action], item: Push | None = None,

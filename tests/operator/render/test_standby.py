@@ -77,6 +77,8 @@ def test_a_standby_runs_apart_by_zone_and_only_the_holder_is_ready(rule: str) ->
 def test_a_standby_needs_a_store_and_one_shard_here() -> None:
     with pytest.raises(ValueError, match=r"spec\.syncer\.checkpoints\.url"):
         job(syncer={"standby": {}})
+    with pytest.raises(ValueError, match="conditional writes"):
+        job(syncer={"checkpoints": {"url": "gs://bucket/j"}, "standby": {}})
     sharded = job(syncer={"checkpoints": STORE, "standby": {}, "shards": 2})
     assert render.STANDBY_SHARDED in render.name_problems(sharded)
     objs = render.children(job(syncer={"checkpoints": STORE, "shards": 2}), OWNER, TOKEN, started=False,
