@@ -96,7 +96,10 @@ def chaos_enabled(spec: Any, **kwargs: Any) -> bool:
 
 
 def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    """Children go with the job (owner references); only our in-memory state is left to drop."""
+    """Children go with the job (owner references); its Kueue Workloads once the finalizer the
+    operator put on them as their integration is off; then our in-memory state is dropped."""
+    if not passes.release_workloads(_ctx(memo), _namespaced(namespace), name):
+        raise kopf.TemporaryError("a Workload changed while its finalizer was taken off", delay=1)
     _ctx(memo).forget(_namespaced(namespace), name)
 
 

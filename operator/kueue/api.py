@@ -10,7 +10,7 @@ from typing import Any
 
 from diloco.operator.kube import ApiError, Kube
 from diloco.operator.kueue import lifecycle
-from diloco.operator.kueue.integration import KIND, PRIORITY_LABEL, Priority, priority_class
+from diloco.operator.kueue.integration import FINALIZER, KIND, PRIORITY_LABEL, Priority, priority_class
 from diloco.operator.kueue.placement import flavor_names
 from diloco.spec import DecoupledDiLoCoJob
 
@@ -68,3 +68,19 @@ def finish(kube: Kube, live: Mapping[str, Any], *, succeeded: bool, message: str
     status = lifecycle.finish(live, succeeded=succeeded, message=message, now=now)
     if status is not None:
         write(kube, live, status)
+
+
+
+def let_go(kube: Kube, wl: Mapping[str, Any]) -> bool:
+    """Take the integration's finalizer (FINALIZER) off a Workload, guarded by its
+    resourceVersion (other finalizers stay); False on a conflict or when it is gone."""
+    md = wl["metadata"]
+    finalizers = list(md.get("finalizers") or [])
+    try:
+        kube.patch(KIND, md["namespace"], md["name"], {"metadata": {
+            "resourceVersion": md.get("resourceVersion"), "finalizers": [f for f in finalizers if f != FINALIZER]}})
+    except ApiError as exc:
+        if exc.status not in (404, 409):
+            raise
+        return False
+    return True

@@ -45,6 +45,7 @@ cluster-scoped objects above and the Finished write are operator/kueue/api.py.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -78,8 +79,19 @@ TOPOLOGY_ANNOTATIONS = (REQUIRED, PREFERRED, UNCONSTRAINED, SLICE_TOPOLOGY, SLIC
 # topology assignment a scheduling gate its TopologyUngater lifts, and the Workload's name.
 POD_SET_LABEL, WORKLOAD_ANNOTATION, TOPOLOGY_GATE = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload", \
     "kueue.x-k8s.io/topology"
-# A Workload that may grow and shrink while it holds quota (Kueue's workload slices, operator/kueue/slices.py).
+# A Workload that may grow and shrink while it holds quota (Kueue's workload slices, operator/kueue/slices.py):
+# only the slices the operator queues to grow a job carry it, never a PodSet's minCount beside it.
 ELASTIC = "kueue.x-k8s.io/elastic-job"
+# What Kueue's job integrations put on the Workloads they create (pkg/controller/jobframework/utils.go,
+# NewWorkload; reconciler.go, ConstructWorkload): the finalizer that keeps a Workload, and so its
+# quota, until the integration lets it go (its job finished or gone, its pods stopped), and the
+# job's uid as a label (Kueue finishes a Workload whose job is gone by it: FinishOrphanedWorkloads).
+FINALIZER = "kueue.x-k8s.io/resource-in-use"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+_LABEL_VALUE = re.compile(r"(?=.{0,63}$)([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+# The resource name Kueue keeps for itself (it counts a PodSet's pods under it): a container
+# asking for it is refused by Kueue's webhook (workload_webhook.go, validateResourceList).
+RESERVED_RESOURCE = "pods"
 MAX_POD_SETS = 8  # Kueue's limit on spec.podSets
 MAX_NAME = 63  # a Workload's and a PodSet's name: a DNS label
 SYNCER_POD_SET = n.SYNCER
@@ -116,12 +128,38 @@ def problems(job: DecoupledDiLoCoJob) -> list[str]:
         if syncer and g.name == SYNCER_POD_SET:
             out.append(f"spec.learnerGroups[{i}].name: {g.name!r} is the syncer's PodSet in the job's Kueue "
                        f"Workload; rename the group")
+    out += _resource_problems(job)
     out += _annotation_problems("metadata.annotations", job.metadata.annotations)
     for i, g in enumerate(groups):
         for where, found in _template_annotations(f"spec.learnerGroups[{i}]", g.pod, g.template):
             out += _annotation_problems(where, found)
     for where, found in _template_annotations("spec.syncer", job.spec.syncer.pod, job.spec.syncer.template):
         out += _annotation_problems(where, found)
+    return out
+
+
+def _resource_problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """Containers asking for Kueue's reserved `pods` resource: its webhook refuses the Workload."""
+    places: list[tuple[str, Any]] = []
+    for i, g in enumerate(job.spec.learner_groups):
+        places.append((f"spec.learnerGroups[{i}].resources", g.resources.model_dump()))
+        places += _template_resources(f"spec.learnerGroups[{i}].template.spec", g.template)
+    places.append(("spec.syncer.resources", job.spec.syncer.resources.model_dump()))
+    places += _template_resources("spec.syncer.template.spec", job.spec.syncer.template)
+    return [f"{where}.{kind}[{RESERVED_RESOURCE}]: Kueue reserves the resource name {RESERVED_RESOURCE!r} "
+            f"(it counts a PodSet's pods under it) and refuses a Workload whose containers ask for it; remove it"
+            for where, res in places for kind in ("requests", "limits")
+            if RESERVED_RESOURCE in ((res or {}).get(kind) or {})]
+
+
+def _template_resources(where: str, template: Any) -> list[tuple[str, Any]]:
+    if template is None:
+        return []
+    out = []
+    for key in ("initContainers", "containers"):
+        for j, container in enumerate(template.spec.get(key) or []):
+            if isinstance(container, dict):
+                out.append((f"{where}.{key}[{j}].resources", container.get("resources")))
     return out
 
 
@@ -190,15 +228,14 @@ def _annotations(template: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = None) -> list[dict[str, Any]]:
-    """One PodSet per learner group, then the syncer's: what Kueue reserves quota for."""
+    """One PodSet per learner group, then the syncer's: what Kueue reserves quota for, the whole
+    job (`first` makes the first Workload of an elastic job from these)."""
     link = link or access.link(job, owner.namespace, {})
     out = []
     for g in job.spec.learner_groups:
         # A multi-host learner's gangs differ only in their index: any one stands for all.
         template = learners.pod_template(job, owner, g, link=link, index=0 if learners.is_gang(g) else None)
         pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
-        if g.min_replicas is not None and g.min_replicas < g.replicas:
-            pod_set["minCount"] = g.min_replicas  # Kueue may admit part of it (operator/kueue/slices.py)
         request = topology_request(_annotations(template), job.metadata.annotations,
                                    gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
         out.append({**pod_set, **({"topologyRequest": request} if request else {})})
@@ -246,20 +283,52 @@ def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
 
 
 def elastic(job: DecoupledDiLoCoJob) -> bool:
-    """Whether any learner group may run on part of its replicas (`minReplicas`): Kueue then
-    admits it in part and grows it by slices (operator/kueue/slices.py)."""
-    return any(g.min_replicas is not None for g in job.spec.learner_groups)
+    """Whether any learner group may run on part of its replicas (`minReplicas`): its first
+    Workload may be admitted in part, and slices grow it (operator/kueue/slices.py)."""
+    return any(g.min_replicas is not None and g.min_replicas < g.replicas for g in job.spec.learner_groups)
+
+
+def whole(job: DecoupledDiLoCoJob) -> dict[str, int]:
+    """Pods each PodSet asks for when the job runs whole."""
+    out = {g.name: g.replicas * g.hosts_per_learner for g in job.spec.learner_groups}
+    return {**out, **({SYNCER_POD_SET: job.spec.syncer.shards} if job.spec.syncer.external is None else {})}
+
+
+def first(job: DecoupledDiLoCoJob, sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PodSets of an elastic job's first Workload, from the whole job's (`pod_sets`). Kueue
+    takes a minCount on one PodSet at most, and none on a Workload marked elastic
+    (pkg/webhooks/workload_webhook.go, ValidateWorkload: "at most one podSet can use minCount",
+    "partial admission and elastic job cannot be used together"). So the first Workload is not
+    marked elastic: the first group with `minReplicas` asks for its replicas with minCount
+    `minReplicas` (partial admission: Kueue gives as many as fit, never fewer), every other group
+    with `minReplicas` asks for exactly that many; what any of them was not given, a slice asks
+    for later (operator/kueue/slices.py)."""
+    flexible = [g for g in job.spec.learner_groups if g.min_replicas is not None and g.min_replicas < g.replicas]
+    lowest = {g.name: g.min_replicas for g in flexible}
+    partial = flexible[0].name if flexible else None
+    out = []
+    for p in sets:
+        if p["name"] == partial:
+            out.append({**p, "minCount": lowest[p["name"]]})
+        elif p["name"] in lowest:
+            out.append({**p, "count": lowest[p["name"]]})
+        else:
+            out.append(p)
+    return out
 
 
 def workload(job: DecoupledDiLoCoJob, owner: Owner, queue_name: str, link: access.Link | None = None, *,
              version: str = NEWEST, priority: Priority | None = None) -> dict[str, Any]:
-    """The job's Workload in Kueue API `version` (spec only: its status is Kueue's)."""
+    """The job's first Workload in Kueue API `version` (spec only: its status is Kueue's): the
+    whole job, or an elastic job's least (`first`), with what Kueue's integrations put on theirs
+    (FINALIZER, JOB_UID_LABEL)."""
     md = meta(owner, workload_name(owner.name, owner.uid))
-    if elastic(job):
-        md["annotations"] = {**(md.get("annotations") or {}), ELASTIC: "true"}
+    if _LABEL_VALUE.fullmatch(owner.uid):  # as Kueue: the label only where the uid is a valid label value
+        md["labels"] = {**md["labels"], JOB_UID_LABEL: owner.uid}
+    md["finalizers"] = [FINALIZER]
     return {"apiVersion": f"{KUEUE_GROUP}/{version}", "kind": KIND,
             "metadata": md,
-            "spec": {"queueName": queue_name, "podSets": pod_sets(job, owner, link),
+            "spec": {"queueName": queue_name, "podSets": first(job, pod_sets(job, owner, link)),
                      **priority_fields(priority, version)}}
 
 

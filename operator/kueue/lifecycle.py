@@ -11,8 +11,9 @@ for Kueue's built-in kinds; for this CRD the operator is the integration):
   (NoReservation). Kueue then frees the quota, admits whoever was waiting, and queues this
   Workload again; until the integration does this, the evicted job keeps its quota forever.
 - `PodsReady`: True (Started, or Recovered after a pod was lost) once every admitted pod is
-  Ready, False (WaitForStart, or WaitForRecovery once it had been True) otherwise, as
-  generatePodsReadyCondition writes it. Kueue reads it only with `waitForPodsReady` on, and
+  Ready, False (WaitForStart, or WaitForRecovery once it had been True) otherwise, and
+  False/WaitForStart whenever the Workload is not admitted (an evicted one once its quota is
+  given back), as generatePodsReadyCondition writes it, evicted or not. Kueue reads it only with `waitForPodsReady` on, and
   evicts a job whose pods are not Ready in time; the operator cannot read Kueue's
   configuration, so it writes it always (harmless otherwise, and it shows in `kubectl describe`).
 - `Finished` when the job ends (its quota goes back at once).

@@ -24,6 +24,8 @@ from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.spec import DecoupledDiLoCoJob
 
+REPLACING = "Replacing"  # the job's Admitted reason while its pods stop before its Workload is replaced
+
 
 @dataclass(frozen=True)
 class Seen:
@@ -49,6 +51,7 @@ class Queued:
     admitted: dict[str, int] = field(default_factory=dict)  # pods each PodSet may run
     suspend: bool | None = None  # spec.suspend to write (None: as it is)
     replace: dict[str, Any] | None = None  # the held Workload to delete: it is for an older shape of the job
+    let_go: tuple[dict[str, Any], ...] = ()  # finished Workloads whose finalizer comes off
     dropped: tuple[children.Key, ...] = ()  # the job's Workloads the children's sync leaves alone this pass
     events: tuple[Event, ...] = ()
 
@@ -61,23 +64,44 @@ class _Shape:
     rendered: list[dict[str, Any]]
     replace: dict[str, Any] | None
     dropped: tuple[children.Key, ...]
+    replacing: dict[str, Any] | None = None  # the held Workload to replace once the job's pods are gone
 
 
 def _shape(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: access.Link, queue_name: str,
-           live: dict[children.Key, Any], generation: int) -> _Shape:
+           live: dict[children.Key, Any], generation: int, finished: bool = False, stopped: bool = False) -> _Shape:
     """The job's Workloads: the one it follows, those to apply, and the held one replaced if it
-    is for an older shape of the job."""
+    is for an older shape of the job (`stopped`: none of the job's pods is left, so it may go)."""
     assert seen.version is not None
     desired = kueue.workload(job, owner, queue_name, link, version=seen.version, priority=seen.priority)
     keys = [k for k in live if k[0] == kueue.KIND]
-    plan = slices.plan(desired, [live[k] for k in keys], generation=generation)
+    whole = kueue.whole(job)
+    plan = slices.plan(desired, [live[k] for k in keys], generation=generation, whole=whole)
     if seen.missing:
         # As Kueue's integrations: no Workload (or no change to those there) until the class exists.
         return _Shape(desired, plan, plan.held or plan.waiting, [], None, tuple(keys))
-    if plan.held is not None and (kueue.deleting(plan.held) or slices.stale(plan.held, desired)):
-        # The new one once the old one is gone (Kueue's finalizer frees its quota first).
-        return _Shape(desired, plan, None, [], plan.held, (children.key(plan.held),))
+    held = plan.held
+    if held is not None and (kueue.deleting(held) or slices.stale(held, desired, whole=whole,
+                                                                  elastic=kueue.elastic(job))):
+        # The new one once the old one is gone. Its quota goes with it, so not while the job's
+        # pods still run (the job is suspended first): Kueue's jobframework stops the job, then
+        # deletes a Workload that no longer matches it (reconciler.go, ensureOneWorkload).
+        if not stopped:
+            return _Shape(desired, plan, None, [], None, (children.key(held),), replacing=held)
+        return _Shape(desired, plan, None, [], held, (children.key(held),))
+    if finished:  # a finished job queues nothing and keeps what it has, its finalizers let go (`let_go`)
+        return _Shape(desired, plan, plan.held or plan.waiting, [], None, tuple(keys))
     return _Shape(desired, plan, plan.held or plan.waiting, plan.workloads, None, ())
+
+
+def let_go(live: dict[children.Key, Any], *, finished: bool) -> tuple[dict[str, Any], ...]:
+    """A finished job's Workloads that Kueue finished and still carry the integration's
+    finalizer: Kueue's jobframework takes it off then (reconciler.go, `workload.RemoveFinalizer`
+    once IsFinished). Those of a running job that are finished (a replaced slice) are deleted,
+    finalizer first (operator/reconcile/children.py)."""
+    if not finished:
+        return ()
+    return tuple(w for k, w in sorted(live.items()) if k[0] == kueue.KIND and kueue.finished(w)
+                 and kueue.FINALIZER in (w["metadata"].get("finalizers") or []))
 
 
 def read(api: Kube, job: DecoupledDiLoCoJob, *, owner: render.Owner, link: access.Link, queue_name: str,
@@ -101,7 +125,7 @@ def read(api: Kube, job: DecoupledDiLoCoJob, *, owner: render.Owner, link: acces
 
 
 def decide(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: access.Link, queue_name: str,
-           live: dict[children.Key, Any], finished: bool, generation: int) -> Queued:
+           live: dict[children.Key, Any], finished: bool, generation: int, stopped: bool) -> Queued:
     """Pure: the job's Workloads (replaced if the one holding quota is for an older shape of the
     job), spec.suspend set from the admission, the learners it was given, and what the admission
     puts into its pods."""
@@ -109,7 +133,8 @@ def decide(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: ac
     if seen.version is None:
         gate = kueue.Gate(True, False, "KueueNotServed", f"suspended: {where} cannot be written, {seen.not_served}")
         return _suspend(Queued(job, gate), finished=finished)
-    shape = _shape(job, seen, owner=owner, link=link, queue_name=queue_name, live=live, generation=generation)
+    shape = _shape(job, seen, owner=owner, link=link, queue_name=queue_name, live=live, generation=generation,
+                   finished=finished, stopped=stopped)
     current, plan = shape.current, shape.slices
     events: tuple[Event, ...] = ()
     if shape.replace is not None:
@@ -117,6 +142,11 @@ def decide(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: ac
                                             f"{shape.replace['metadata']['name']} is queued again"),)
     name = current["metadata"]["name"] if current is not None else shape.desired["metadata"]["name"]
     gate = kueue.gate(current, name, queue_name)
+    if shape.replacing is not None:
+        gate = kueue.Gate(True, False, REPLACING, f"the job changed in a way Kueue does not allow on Workload "
+                                                  f"{shape.replacing['metadata']['name']}, which holds its quota: "
+                                                  "its pods are stopped, then the Workload is replaced and queued "
+                                                  "again")
     if seen.missing and current is None:
         gate = kueue.Gate(True, False, "PriorityClassNotFound",
                           f"suspended: {where} is not written while {seen.missing}")
@@ -133,7 +163,8 @@ def decide(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: ac
     admitted = plan.admitted if gate.admitted else {}
     running = slices.running(job, admitted)
     return _suspend(Queued(running, gate, shape.rendered, placed, current, admitted, replace=shape.replace,
-                           dropped=shape.dropped, events=events), finished=finished)
+                           let_go=let_go(live, finished=finished), dropped=shape.dropped, events=events),
+                    finished=finished)
 
 
 def _partial(gate: kueue.Gate, job: DecoupledDiLoCoJob, plan: slices.Slices) -> kueue.Gate:
@@ -158,7 +189,7 @@ def _suspend(q: Queued, *, finished: bool) -> Queued:
         events += (Event(gate.reason, gate.message, warning=gate.reason == "Evicted"),)
     running = job.model_copy(update={"spec": job.spec.model_copy(update={"suspend": gate.suspend})})
     return Queued(running, gate, q.workloads, q.placed, q.current, q.admitted, suspend=gate.suspend,
-                  replace=q.replace, dropped=q.dropped, events=events)
+                  replace=q.replace, let_go=q.let_go, dropped=q.dropped, events=events)
 
 
 def settle(queued: Queued, job_pods: list[dict[str, Any]], *, finished: bool, now: str) -> list[WorkloadWrite]:
@@ -167,15 +198,26 @@ def settle(queued: Queued, job_pods: list[dict[str, Any]], *, finished: bool, no
     wl = queued.current
     if wl is None or finished or kueue.finished(wl) or kueue.deleting(wl):
         return []
-    if kueue.evicted(wl):
-        status = lifecycle.release(wl, now) if lifecycle.stopped(job_pods) else None
-        if status is None:
-            return []
-        reason, message = lifecycle.evicted_reason(wl)
-        again = "Kueue queues it again" if reason in lifecycle.REQUEUED_BY_KUEUE else \
-            "it is queued again when Kueue allows"
-        return [WorkloadWrite(wl, status, Event(
-            "QuotaReleased", f"Workload {wl['metadata']['name']} was evicted ({reason}: {message}); its pods are "
-                             f"gone, so its quota is given back and {again}"))]
-    status = lifecycle.pods_ready(wl, lifecycle.all_ready(queued.admitted, job_pods), now)
-    return [WorkloadWrite(wl, status)] if status is not None else []
+    # PodsReady first, evicted or not, as Kueue's jobframework writes it before it handles an
+    # eviction (reconciler.go, ReconcileGenericJob: step 5 before step 6): while the Workload is
+    # still admitted it follows the pods (WaitForRecovery as they go); once the quota is given back
+    # it is not admitted, so False/WaitForStart (generatePodsReadyCondition), and a job admitted
+    # again starts from WaitForStart, which waitForPodsReady.timeout times, not from WaitForRecovery.
+    ready = lifecycle.all_ready(queued.admitted if not kueue.evicted(wl) else slices.given(wl),
+                                job_pods)
+    status = lifecycle.pods_ready(wl, ready, now)
+    if not kueue.evicted(wl) or not lifecycle.stopped(job_pods):
+        return [WorkloadWrite(wl, status)] if status is not None else []
+    after = {**wl, "status": {**(wl.get("status") or {}), **(status or {})}}
+    released = lifecycle.release(after, now)
+    if released is None:
+        return [WorkloadWrite(wl, status)] if status is not None else []
+    after = {**after, "status": {**after["status"], **released}}
+    again_ready = lifecycle.pods_ready(after, False, now)
+    final = {**released, **(again_ready or {})}
+    reason, message = lifecycle.evicted_reason(wl)
+    again = "Kueue queues it again" if reason in lifecycle.REQUEUED_BY_KUEUE else \
+        "it is queued again when Kueue allows"
+    return [WorkloadWrite(wl, final, Event(
+        "QuotaReleased", f"Workload {wl['metadata']['name']} was evicted ({reason}: {message}); its pods are "
+                         f"gone, so its quota is given back and {again}"))]

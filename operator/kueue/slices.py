@@ -2,25 +2,30 @@
 
 A Decoupled DiLoCo job trains on any number of learners, and a learner that joins later starts
 on its own shard; so unlike an all-or-nothing training job it can take part of its quota now and
-the rest when it frees. Kueue has both halves, and the operator uses them as Kueue's job framework
-does for its own kinds:
+the rest when it frees. Kueue has both halves, and the operator uses each within Kueue's rules
+(its Workload webhook refuses a PodSet's minCount on a Workload marked elastic, and a minCount on
+more than one PodSet: pkg/webhooks/workload_webhook.go, ValidateWorkload):
 
-- partial admission (Kueue's PartialAdmission feature, on by default): a learner group's
-  `minReplicas` is its PodSet's `minCount`, and Kueue may admit fewer pods than the PodSet's
-  count, never fewer than that; the count it gave is in `status.admission.podSetAssignments[].count`,
-  and the job runs that many learners of the group;
-- workload slices (ElasticJobsViaWorkloadSlices, beta since Kueue v0.18; the Workload annotated
-  `kueue.x-k8s.io/elastic-job`): a job that wants more than it holds gets a second Workload, a
-  slice of its whole size annotated as the replacement of the held one
-  (`kueue.x-k8s.io/workload-slice-replacement-for`); Kueue admits it against the difference only,
-  then finishes the old one (reason WorkloadSliceReplaced), so the running learners never stop. A
-  job that shrinks has the held Workload's counts lowered in place (Kueue's EnsureWorkloadSlices),
-  which gives the difference back at once.
+- the first Workload takes partial admission (Kueue's PartialAdmission, on by default since
+  v0.5): it is not marked elastic, and the first learner group with `minReplicas` carries it as
+  its PodSet's minCount, so Kueue admits as many of that group as fit, never fewer
+  (`status.admission.podSetAssignments[].count`); any other group with `minReplicas` asks for
+  exactly that many (integration.first). The job runs what it was given.
+- growth is by workload slices (ElasticJobsViaWorkloadSlices, beta and on by default since
+  v0.18; pkg/workloadslicing): while the held Workload has less than the whole job, a slice of
+  the whole size is queued beside it, marked elastic (`kueue.x-k8s.io/elastic-job`), with no
+  minCount, as the replacement of the held one (`kueue.x-k8s.io/workload-slice-replacement-for`).
+  Kueue's scheduler admits it against the difference only (flavorassigner: the replaced slice's
+  usage is subtracted) and finishes the one it replaces (WorkloadSliceReplaced), so the running
+  learners never stop. A slice is admitted whole or not at all (no minCount on it), so the
+  operator sizes it: the whole job.
+- shrinking: a held slice has its counts lowered in place (EnsureWorkloadSlices does the same;
+  the webhook lets a held PodSet's count fall with ElasticJobsViaWorkloadSlices on), which gives
+  the difference back at once. The first Workload is never changed while it holds quota (its
+  minCount is immutable, and must stay at most its count): asking for fewer than it was given
+  replaces it, as any other change of a held Workload does.
 
-Kueue's own batch Job takes one or the other (its webhook refuses both on one job); here the first
-Workload may be admitted in part, and what it was not given is queued as a slice of the whole size
-(which takes no partial admission: it waits until all of the rest fits). Pure: the caller reads
-the Workloads and applies what `plan` returns.
+Pure: the caller reads the Workloads and applies what `plan` returns.
 """
 
 from __future__ import annotations
@@ -56,14 +61,24 @@ def _shape(pod_sets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in p.items() if k not in ("count", "minCount")} for p in pod_sets]
 
 
-def stale(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
-    """kueue.stale, where a held elastic Workload may differ from the job in its counts: those
-    change by a slice or in place (`plan`), anything else still replaces it."""
-    if live is None or kueue.ELASTIC not in _annotations(live):
+def sliced(wl: Mapping[str, Any]) -> bool:
+    """A slice the operator queued to grow the job (marked elastic), not its first Workload."""
+    return _annotations(wl).get(kueue.ELASTIC) == "true"
+
+
+def stale(live: Mapping[str, Any] | None, desired: Mapping[str, Any], *, whole: Mapping[str, int] | None = None,
+          elastic: bool = False) -> bool:
+    """kueue.stale, where an elastic job's held Workload may differ from the job in its counts:
+    those change by a slice or in place (`plan`), anything else still replaces it; and so does
+    asking for fewer than the held first Workload was given (it is never changed while held)."""
+    if live is None or not kueue.holds_quota(live) or not (elastic or sliced(live)):
         return kueue.stale(live, desired)
     spec, want = live.get("spec") or {}, desired["spec"]
-    return kueue.stale({**live, "spec": {**spec, "podSets": _shape(spec.get("podSets") or [])}},
-                       {**desired, "spec": {**want, "podSets": _shape(want["podSets"])}})
+    if kueue.stale({**live, "spec": {**spec, "podSets": _shape(spec.get("podSets") or [])}},
+                   {**desired, "spec": {**want, "podSets": _shape(want["podSets"])}}):
+        return True
+    wanted = dict(whole) if whole is not None else counts(desired)
+    return not sliced(live) and any(wanted.get(p, 0) < n for p, n in given(live).items())
 
 
 def _annotations(wl: Mapping[str, Any]) -> dict[str, str]:
@@ -95,11 +110,14 @@ def _named(desired: Mapping[str, Any], name: str, annotations: Mapping[str, str]
     return {**desired, "metadata": md, "spec": spec}
 
 
-def plan(desired: Mapping[str, Any], live: list[dict[str, Any]], *, generation: int) -> Slices:
-    """The job's Workloads from the one it would have whole (`desired`, kueue.workload) and those
-    live (`live`, the job's own): the one holding quota kept (its counts lowered if the job
-    shrank), a slice of the whole size queued beside it while it holds less than the job asks, and
-    the job runs what the held one was given, never more than it asks now."""
+def plan(desired: Mapping[str, Any], live: list[dict[str, Any]], *, generation: int,
+         whole: Mapping[str, int] | None = None) -> Slices:
+    """The job's Workloads from its first one (`desired`, kueue.workload), the pods each PodSet
+    asks for when whole (`whole`; default: `desired`'s counts) and those live (`live`, the job's
+    own): the one holding quota kept (a held slice's counts lowered if the job shrank), a slice of
+    the whole size queued beside it while it holds less than the job asks, and the job runs what
+    the held one was given, never more than it asks now."""
+    want = dict(whole) if whole is not None else counts(desired)
     active = [w for w in live if not kueue.finished(w) and not kueue.deleting(w)]
     holding = [w for w in active if kueue.holds_quota(w)]
     replaced = {_annotations(w).get(REPLACEMENT_FOR) for w in holding}
@@ -111,19 +129,27 @@ def plan(desired: Mapping[str, Any], live: list[dict[str, Any]], *, generation: 
         # Queued whole (again): under the name it already has, so its place in the queue is kept.
         name = waiting["metadata"]["name"] if waiting is not None else desired["metadata"]["name"]
         return Slices(None, waiting, [_named(desired, name, {})], {})
-    want, has, got = counts(desired), counts(held), given(held)
-    keep = {k: _annotations(held)[k] for k in SLICE_KEYS if k in _annotations(held)}
-    shrunk = [{**p, "count": min(int(p["count"]), has.get(p["name"], int(p["count"]))),
-               **({"minCount": min(int(p["minCount"]), int(p["count"]))} if "minCount" in p else {})}
-              for p in desired["spec"]["podSets"]]
-    out = [_named(desired, held["metadata"]["name"], keep, shrunk)]
-    if any(want[p] > got.get(p, 0) for p in want):
+    has, got = counts(held), given(held)
+    keep = {k: _annotations(held)[k] for k in (*SLICE_KEYS, kueue.ELASTIC) if k in _annotations(held)}
+    if sliced(held):  # a slice: whole PodSets, counts lowered in place if the job shrank
+        kept = [{**_plain(p), "count": min(want.get(p["name"], 0), has.get(p["name"], 0))}
+                for p in desired["spec"]["podSets"]]
+    else:  # the first Workload: never changed while it holds quota (its counts and minCount as they are)
+        mine = {str(p["name"]): p for p in (held.get("spec") or {}).get("podSets") or []}
+        kept = [{**_plain(p), **{k: mine.get(p["name"], {})[k] for k in ("count", "minCount")
+                                  if k in mine.get(p["name"], {})}} for p in desired["spec"]["podSets"]]
+    out = [_named(desired, held["metadata"]["name"], keep, kept)]
+    if any(n > got.get(p, 0) for p, n in want.items()):
         origin = keep.get(SLICE_NAME, held["metadata"]["name"])
         name = waiting["metadata"]["name"] if waiting is not None else f"{desired['metadata']['name']}-{generation}"
-        whole = [{k: v for k, v in p.items() if k != "minCount"} for p in desired["spec"]["podSets"]]
-        out.append(_named(desired, name, {SLICE_NAME: origin, REPLACEMENT_FOR:
-                                          f"{held['metadata']['namespace']}/{held['metadata']['name']}"}, whole))
+        grown = [{**_plain(p), "count": want.get(p["name"], 0)} for p in desired["spec"]["podSets"]]
+        out.append(_named(desired, name, {kueue.ELASTIC: "true", SLICE_NAME: origin, REPLACEMENT_FOR:
+                                          f"{held['metadata']['namespace']}/{held['metadata']['name']}"}, grown))
     return Slices(held, waiting, out, {p: min(n, want.get(p, n)) for p, n in got.items()})
+
+
+def _plain(pod_set: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in pod_set.items() if k != "minCount"}
 
 
 def running(job: DecoupledDiLoCoJob, admitted: Mapping[str, int]) -> DecoupledDiLoCoJob:

@@ -37,9 +37,10 @@ def apply(ctx: Context, p: Plan) -> None:
     """Make the plan so."""
     meta = p.ref["metadata"]
     namespace, name = meta["namespace"], meta["name"]
-    if p.replace is not None:
-        wl = p.replace["metadata"]
-        ctx.api.delete(p.replace["kind"], namespace, wl["name"], uid=wl.get("uid"))
+    if p.replace is not None:  # only once the job's pods are gone (operator/kueue/queueing.py)
+        children.remove(ctx.api, namespace, p.replace)
+    for wl in p.let_go:
+        kueue_api.let_go(ctx.api, wl)
     if p.suspend is not None:
         ctx.api.patch(KIND, namespace, name, {"spec": {"suspend": p.suspend}})
     for event in p.early:

@@ -18,6 +18,7 @@ from typing import Any
 
 from diloco.operator.failures import refusals
 from diloco.operator.kube import ApiError, Kube
+from diloco.operator.kueue.integration import FINALIZER as KUEUE_FINALIZER
 from diloco.operator.reconcile import drift
 from diloco.operator.render import naming as n
 
@@ -37,6 +38,9 @@ CREATE_ONLY = {"PersistentVolumeClaim"}
 PRUNABLE = {"StatefulSet", "Deployment", "Service", "PodDisruptionBudget", "GRPCRoute", "Workload"}
 
 Key = tuple[str, str]  # (kind, name)
+# Finalizers the operator itself puts on children of a kind, taken off before it deletes one:
+# Kueue's on the Workloads it writes as the job's integration (operator/kueue/integration.py).
+OWN_FINALIZERS = {"Workload": KUEUE_FINALIZER}
 
 
 def stamped(obj: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +86,25 @@ def plan(desired: list[dict[str, Any]], live: list[dict[str, Any]], owner_uid: s
     out.delete = [obj for k, obj in sorted(live_by_key.items())
                   if k not in wanted and k[0] in PRUNABLE and owned_by(obj, owner_uid)]
     return out
+
+
+def remove(kube: Kube, namespace: str, obj: dict[str, Any]) -> bool:
+    """Delete a child, our own finalizer on it (OWN_FINALIZERS) taken off first, guarded by its
+    resourceVersion, so it goes at once; False when that lost a race (the next pass sees it again)."""
+    mine, md = OWN_FINALIZERS.get(obj["kind"]), obj["metadata"]
+    finalizers = list(md.get("finalizers") or [])
+    if mine is not None and mine in finalizers:
+        try:
+            kube.patch(obj["kind"], namespace, md["name"], {"metadata": {
+                "resourceVersion": md.get("resourceVersion"), "finalizers": [f for f in finalizers if f != mine]}})
+        except ApiError as exc:
+            if exc.status == 404:
+                return True
+            if exc.status != 409:
+                raise
+            return False
+    kube.delete(obj["kind"], namespace, md["name"], uid=md.get("uid"))
+    return True
 
 
 def observe(kube: Kube, namespace: str, job: str,
@@ -130,7 +153,8 @@ def sync(kube: Kube, namespace: str, job: str, *, owner_uid: str, desired: list[
         done.apply.append(obj)
     for obj in todo.delete:
         try:
-            kube.delete(obj["kind"], namespace, obj["metadata"]["name"], uid=obj["metadata"].get("uid"))
+            if not remove(kube, namespace, obj):
+                continue  # changed meanwhile: the next pass sees it again
         except ApiError as exc:
             if not refusals.refused(exc):
                 raise

@@ -17,6 +17,9 @@ from diloco.contract import LearnerId
 from diloco.operator.context import Context, post
 from diloco.operator.failures import chaos as chaos_mod
 from diloco.operator.failures import pods, readmission, restarts
+from diloco.operator.kube import ApiError
+from diloco.operator.kueue import api as kueue_api
+from diloco.operator.kueue import integration
 from diloco.operator.reconcile import apply, observe, plan
 from diloco.operator.reconcile.loading import effective as _effective
 from diloco.operator.reconcile.loading import load as load
@@ -41,6 +44,22 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
         except Exception:  # kopf logs it and retries; the counter makes it visible to alerts
             ctx.metrics.reconciles.labels("error").inc()
             raise
+
+
+def release_workloads(ctx: Context, namespace: str, name: str) -> bool:
+    """A job being deleted lets its Kueue Workloads go (the integration's finalizer off each),
+    as Kueue's jobframework does for a deleted job (reconciler.go, finalizeWorkloads): the
+    garbage collector then deletes them with the job. False when a write lost a race (try again)."""
+    if not ctx.config.kueue:
+        return True
+    try:
+        found = ctx.api.list("Workload", namespace, n.selector(name))
+    except ApiError as exc:
+        if exc.status != 404:  # Kueue not served: nothing of it to let go
+            raise
+        return True
+    return all(kueue_api.let_go(ctx.api, wl) for wl in found
+               if integration.FINALIZER in (wl["metadata"].get("finalizers") or []))
 
 
 def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, back: readmission.Readmitted) -> None:

@@ -45,6 +45,7 @@ class Plan:
     old: dict[str, Any]  # the status as read
     status: dict[str, Any]  # the status this pass computes (before the child writes' refusals: `settle`)
     replace: dict[str, Any] | None = None  # a held Kueue Workload to delete (an older shape of the job)
+    let_go: tuple[dict[str, Any], ...] = ()  # finished Kueue Workloads whose integration finalizer comes off
     suspend: bool | None = None  # spec.suspend to write (Kueue's admission)
     early: tuple[Event, ...] = ()  # Kueue's Events, posted before the children are written
     desired: list[dict[str, Any]] | None = None  # the children to converge to; None: leave them alone
@@ -140,7 +141,8 @@ def plan(o: Observed, now: float) -> Plan:
     pods_run = ended is None and not was_finished and blocker is None and not job.spec.suspend
     slots = learner_slots(job, computed, o.pods, ref, now=now, finished=set(obs.finished), gangs=pods_run)
     new = {**computed, **slots.patch}
-    return Plan(ref, "ok", old, new, replace=q.replace if q else None, suspend=q.suspend if q else None,
+    return Plan(ref, "ok", old, new, replace=q.replace if q else None, let_go=q.let_go if q else (),
+                suspend=q.suspend if q else None,
                 early=q.events if q else (), desired=desired, live=through.live,
                 children=children.plan(desired, list(through.live.values()), o.owner.uid),
                 pods=None if was_finished else o.pods,
@@ -191,7 +193,7 @@ def through_kueue(o: Observed, job: DecoupledDiLoCoJob, link: access.Link, *, fi
         return ThroughKueue(job, dict(o.live))
     assert o.kueue is not None
     q = queueing.decide(job, o.kueue, owner=o.owner, link=link, queue_name=o.queue, live=dict(o.live),
-                        finished=finished, generation=generation)
+                        finished=finished, generation=generation, stopped=lifecycle.stopped(o.pods))
     return ThroughKueue(q.job, {k: v for k, v in o.live.items() if k not in q.dropped}, q)
 
 

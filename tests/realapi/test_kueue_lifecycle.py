@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -126,7 +127,8 @@ def test_with_wait_for_pods_ready_a_started_job_stays_and_a_stuck_one_is_evicted
         got = wait_for(lambda: wl_condition(held(cluster, "steady"), "PodsReady").get("status") == "True"
                        and held(cluster, "steady"), timeout=150, what="PodsReady on the steady job's Workload")
         assert wl_condition(got, "PodsReady")["reason"] == "Started"
-        wait_for(lambda: ("evicted:PodsReadyTimeout", workloads(cluster, "stuck")[0]["metadata"]["name"]) in sim.log,
+        wait_for(lambda: ("evicted:PodsReadyTimeout:WaitForStart", workloads(cluster, "stuck")[0]["metadata"]["name"])
+                 in sim.log,
                  timeout=120, what="the stuck job evicted for its PodsReady timeout")
         wait_for(lambda: held(cluster, "stuck") is None and not pods(cluster, "stuck"), timeout=60,
                  what="the stuck job stopped and its quota given back")
@@ -137,7 +139,8 @@ def test_with_wait_for_pods_ready_a_started_job_stays_and_a_stuck_one_is_evicted
         assert events_for(cluster, "stuck", "QuotaReleased")
         steady = held(cluster, "steady")
         assert steady is not None and not kueue.evicted(steady), "the started job was evicted"
-        assert time.monotonic() - sim.admitted_at[steady["metadata"]["uid"]] > 30  # past the timeout, kept
+        since = datetime.strptime(wl_condition(steady, "Admitted")["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")
+        assert datetime.now(UTC) - since.replace(tzinfo=UTC) > timedelta(seconds=30)  # past the timeout, kept
     delete(cluster, "steady", "stuck")
 
 

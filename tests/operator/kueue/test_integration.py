@@ -105,6 +105,20 @@ def test_too_many_groups_refused_with_the_field() -> None:
     assert shadow.startswith("spec.learnerGroups[0].name:")
 
 
+def test_kueues_reserved_pods_resource_is_refused_with_the_field() -> None:
+    """Kueue's webhook refuses a Workload whose containers ask for `pods` (validateResourceList);
+    `diloco validate` and the webhook refuse the job first, naming where it is asked for."""
+    asks = {**GPU, "resources": {"requests": {"pods": 1}}, "template": {"spec": {"containers": [
+        {"name": "sidecar", "image": "busybox", "resources": {"limits": {"pods": "1"}}}]}}}
+    got = kueue.problems(job([asks], syncer={"fragments": 4, "resources": {"requests": {"pods": 2}}}))
+    assert [p.split(":")[0] for p in got] == ["spec.learnerGroups[0].resources.requests[pods]",
+                                             "spec.learnerGroups[0].template.spec.containers[0].resources.limits[pods]",
+                                             "spec.syncer.resources.requests[pods]"]
+    assert all("Kueue reserves the resource name 'pods'" in p for p in got)
+    # Two groups with minReplicas are fine: one minCount, the other starts at its least (integration.first).
+    assert kueue.problems(job([{**GPU, "minReplicas": 1}, {**GPU, "name": "gpu2", "minReplicas": 1}])) == []
+
+
 @pytest.mark.parametrize(("conditions", "admitted", "evicted"), [
     ((), False, False),
     ((("QuotaReserved", "True"),), False, False),  # quota, but an admission check still pending

@@ -293,12 +293,19 @@ def test_admitted_the_job_is_resumed_and_its_learners_rendered() -> None:
 
 def test_evicted_the_job_stops_and_gives_its_quota_back_once_its_pods_are_gone() -> None:
     stopping = plan(queued(EVICTED, suspend=False, pods_=[learner(0)]), T0)
-    assert stopping.suspend is True and reasons(stopping) == ["Evicted"] and stopping.workload_writes == ()
+    assert stopping.suspend is True and reasons(stopping) == ["Evicted"]
+    (ready,) = stopping.workload_writes  # PodsReady as Kueue writes it before it handles the eviction
+    assert ready.event is None and "admission" not in ready.status
+    assert {(x["type"], x["status"], x["reason"]) for x in ready.status["conditions"]} >= {
+        ("PodsReady", "False", "WaitForStart")}
     assert ("StatefulSet", "demo-us") in kinds(stopping.children.delete)
     gone = plan(queued(EVICTED, suspend=True), T0)
     (release,) = gone.workload_writes
     assert release.status["admission"] is None and release.event is not None
     assert release.event.reason == "QuotaReleased" and "Preempted" in release.event.message
+    # Not admitted any more: PodsReady False/WaitForStart (generatePodsReadyCondition), in the same write.
+    assert {(x["type"], x["status"], x["reason"]) for x in release.status["conditions"]} >= {
+        ("PodsReady", "False", "WaitForStart"), ("Admitted", "False", "NoReservation")}
 
 
 def test_a_finished_queued_job_marks_its_workload_finished() -> None:
