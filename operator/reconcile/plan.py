@@ -293,15 +293,17 @@ def _readmitted(back: readmission.Readmitted | None) -> Slots:
 def status_events(old: dict[str, Any], new: dict[str, Any], *, gate: kueue.Gate | None, refused: list[str],
                   ended: st.Ending | None) -> tuple[Event, ...]:
     """The status's news as Events, in order, each told once: Kueue's trouble, edits to immutable
-    fields refused, the job's end, a pod waiting for capacity."""
+    fields refused, the job's end, a pod waiting for capacity, a standby syncer's takeover."""
     before = old.get("conditions") or []
     waiting = capacity.started_waiting(before, new["conditions"])
+    took_over = st.takeover(old, new)
     told = (
         Event(gate.reason, gate.message, warning=True) if gate is not None and gate.reason in kueue.TROUBLE and
         (c.find(before, kueue.JOB_ADMITTED) or {}).get("reason") != gate.reason else None,
         Event("SpecImmutable", "; ".join(refused), warning=True) if immutable.newly_refused(old, refused) else None,
         Event(ended.reason, ended.message, warning=not ended.succeeded) if ended is not None else None,
         Event(capacity.WAITING, waiting["message"], warning=True) if waiting is not None else None,
+        Event(*took_over, warning=True) if took_over is not None else None,
     )
     return tuple(e for e in told if e is not None)
 

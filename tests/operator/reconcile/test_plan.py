@@ -455,6 +455,17 @@ def test_status_events_tell_the_statuss_news_once_in_order(row: str, old: dict[s
     assert list(status_events(old, {"conditions": conds}, gate=gate, refused=refused, ended=ended)) == want
 
 
+def test_a_standby_syncers_takeover_is_told_once() -> None:
+    """status.syncer counts a takeover (operator/status/job.py): the pass that first sees it posts
+    SyncerTakeover; the next pass, reading the same count, posts nothing."""
+    before = {"conditions": [], "syncer": {"active": "demo-syncer-a", "leaseEpoch": 1, "takeovers": 0}}
+    after = {"conditions": [], "syncer": {"active": "demo-syncer-b", "leaseEpoch": 2, "takeovers": 1}}
+    [event] = status_events(before, after, gate=None, refused=[], ended=None)
+    assert event.reason == "SyncerTakeover" and event.warning
+    assert "demo-syncer-b" in event.message and "epoch 2" in event.message and "demo-syncer-a" in event.message
+    assert status_events(after, after, gate=None, refused=[], ended=None) == ()
+
+
 def test_desired_children_render_the_running_job_and_what_stays_once_it_ended() -> None:
     o = running()
     assert o.job is not None
