@@ -13,14 +13,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -P -m pip install --quiet -e '.[dev]'
 	touch $@
 
-# The syncer image's install, exactly (`pip install .`, no extras: no JAX): the slim lane runs
+# The syncer image's install, exactly (`pip install '.[cloud]'`, no `learner` extra: no JAX): the slim lane runs
 # the syncer, the operator and the base commands in it (tests/system/test_slim.py). Rebuilt when the
 # package changes, since a non-editable install holds a copy.
 SLIM := .venv-slim
 $(SLIM)/.installed: pyproject.toml $(shell find diloco syncer operator apps -name '*.py' -o -name '*.proto')
 	test -d $(SLIM) || $(PYTHON) -P -m venv $(SLIM)
 	$(SLIM)/bin/python -P -m pip install --quiet --upgrade pip
-	$(SLIM)/bin/python -P -m pip install --quiet .
+	$(SLIM)/bin/python -P -m pip install --quiet '.[cloud]'
 	rm -rf build
 	touch $@
 

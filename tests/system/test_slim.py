@@ -1,4 +1,4 @@
-"""The slim lane: the syncer image's install, exactly (`pip install .`, no extras: no JAX, no
+"""The slim lane: the syncer image's install, exactly (`pip install '.[cloud]'`, no `learner` extra: no JAX, no
 flax), built by `make test` as `.venv-slim`, runs every command that image runs.
 
 Every other operator test runs the operator in-process in the dev venv, which has JAX: an import
