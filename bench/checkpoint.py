@@ -57,7 +57,7 @@ print(t1 - t0, t3 - t2, t4 - t3)
 STORES = """
 import time, sys, numpy as np
 t0 = time.perf_counter()
-from diloco.checkpoint import open_store
+from diloco.checkpoint_objects import open_store
 t1 = time.perf_counter()
 n = int({mib} * (1 << 20) / 8)
 arrays = {{f"param/t{{i}}": np.random.default_rng(i).standard_normal(n // 8).astype(np.float32) for i in range(8)}}

@@ -25,7 +25,8 @@ import grpc
 from google.protobuf.internal import api_implementation
 from prometheus_client import start_http_server
 
-from diloco.checkpoint import Store, StoreUnavailable, is_url, open_store, shard_location
+from diloco.checkpoint import Store
+from diloco.checkpoint_objects import StoreUnavailable, is_url, open_store, shard_location
 from diloco.contract import Exit, leased_incarnation, parse_shard, ready_line
 from diloco.core import warmup
 from diloco.core.fragments import owned_by

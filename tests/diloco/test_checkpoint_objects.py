@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco.checkpoint import MANIFEST, CheckpointStore, ObjectCheckpointStore, deserialize, open_store, shard_location
+from diloco.checkpoint import CheckpointStore, deserialize
+from diloco.checkpoint_objects import MANIFEST, ObjectCheckpointStore, open_store, shard_location
 from tests.s3_server import Bucket, s3_bucket
 
 pytestmark = pytest.mark.slow

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from diloco.checkpoint import open_store
+from diloco.checkpoint_objects import open_store
 from diloco.contract import incarnation_epoch
 from tests.faults.cluster import Cluster, Status
 from tests.faults.test_faults import assert_versions_monotonic, metric, record, report_figures  # noqa: F401
