@@ -29,14 +29,14 @@ from tests.helpers import wait_for
 from tests.kube.processes import ProcessRuntime
 from tests.kube.running import OperatorThread
 from tests.kube.tools import tool
-from tests.realapi import webhook
+from tests.realapi import admission, kueue_crds, webhook
 from tests.realapi.controlplane import ROOT, ControlPlane
 from tests.realapi.kubelet import Kubelet
 
 RELEASE, SYSTEM, JOBS = "diloco", "diloco-system", "jobs"
-# Stand-ins for Kueue's CRDs, by the one version each serves.
-KUEUE_CRDS = {"v1beta1": Path(__file__).parent / "kueue-workload-crd.yaml",
-              "v1beta2": Path(__file__).parent / "kueue-crds-v1beta2.yaml"}
+# Our CRD as the chart installs it: `diloco crd`, CEL rules included (the 1.20 server drops them;
+# the lane's CEL gate, tests/realapi/admission.py, enforces them from this file).
+OUR_CRDS = ROOT / "charts" / "decoupled-diloco" / "crds" / "decoupleddilocojobs.diloco.dev.yaml"
 # Kueue's default flavor (no node labels, no tolerations): the stand-in Kueues assign it.
 DEFAULT_FLAVOR = "default-flavor"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:{RELEASE}-decoupled-diloco"
@@ -51,6 +51,7 @@ class Cluster:
     runtime: ProcessRuntime
     kubelet: Kubelet
     operator: OperatorThread
+    gate: admission.Gate
 
     def kubectl(self, *args: str, check: bool = True) -> str:
         done = subprocess.run([str(tool("kubectl")), f"--kubeconfig={self.admin_config}", *args],
@@ -90,9 +91,9 @@ def service_account_token(admin: Kube) -> str:
     return wait_for(minted, timeout=30, what=f"a token for ServiceAccount {name}")
 
 
-def install_crd(admin: Kube, path: Path) -> None:
-    """The CRDs of a file, served before anything uses them."""
-    for crd in [d for d in yaml.safe_load_all(path.read_text()) if d]:
+def install_crd(admin: Kube, crds: list[dict[str, Any]]) -> None:
+    """CRDs, served before anything uses them."""
+    for crd in crds:
         admin.request("POST", "apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
 
         def established(name: str = crd["metadata"]["name"]) -> bool:
@@ -106,15 +107,18 @@ def install_crd(admin: Kube, path: Path) -> None:
 @contextmanager
 def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...] = (),
                  namespaces: tuple[str, ...] = (), operator_kube: Callable[[ControlPlane, str], Kube] | None = None,
-                 identity: str = "operator-0", **config: Any) -> Iterator[Cluster]:
+                 identity: str = "operator-0", mutators: dict[str, tuple[str, list[str], admission.Mutator]] | None = None,
+                 **config: Any) -> Iterator[Cluster]:
     """`kueue`: with stand-ins for Kueue's CRDs serving that version only (True: v1beta1) and its
     default flavor, the chart's kueue.enabled and Config.kueue;
     `watch`: the chart's watchNamespaces (a Role in each, no ClusterRole) and the operator's
     --namespace list; `namespaces`: more namespaces to create besides JOBS (before the install:
     a Role needs its namespace); `operator_kube`: the operator's client from the plane and the
     ServiceAccount's token (default: $KUBECONFIG, as in a pod), `identity` its peering identity
-    (a pod's name); `config`: other operator settings (Config's fields). The operator peers
-    through the chart's peering object, as the chart's replicas do."""
+    (a pod's name); `mutators`: defaulting webhooks the lane plays (tests/realapi/admission.py);
+    `config`: other operator settings (Config's fields). The operator peers through the chart's
+    peering object, as the chart's replicas do. The lane's admission webhooks (the CEL gate, and
+    with `kueue` Kueue's Workload webhook) run on every cluster."""
     with ExitStack() as stack, pytest.MonkeyPatch.context() as mp:
         plane = stack.enter_context(ControlPlane(folder / "control-plane"))
         admin = Kube(plane.url, token=plane.admin_token, ca_file=str(plane.ca_file), user_agent="diloco-tests")
@@ -124,12 +128,16 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
             # webhook selects the watched namespaces by it).
             admin.request("POST", "api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {
                 "name": namespace, "labels": {"kubernetes.io/metadata.name": namespace}}})
+        schemas = admission.crd_schemas(admission.crd_file(OUR_CRDS))
         if kueue:
             version = "v1beta1" if kueue is True else str(kueue)
-            install_crd(admin, KUEUE_CRDS[version])
+            install_crd(admin, kueue_crds.crds(version))
+            schemas.update(admission.crd_schemas(kueue_crds.crds(version)))
             admin.request("POST", f"apis/kueue.x-k8s.io/{version}/resourceflavors", {
                 "apiVersion": f"kueue.x-k8s.io/{version}", "kind": "ResourceFlavor",
                 "metadata": {"name": DEFAULT_FLAVOR}, "spec": {}})
+        gate = stack.enter_context(admission.serving(admin, plane.folder, schemas=schemas, kueue=bool(kueue),
+                                                     mutators=mutators))
         values = folder / "values.yaml"
         values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"},
                                           **({"kueue": {"enabled": True}} if kueue else {}),
@@ -152,6 +160,10 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         operator = stack.enter_context(OperatorThread(config, kube=kube, namespaces=watch,
                                                       peering=Peering.start(PEERING, identity)))
         webhook.wait_served(hook)  # a job applied before would be refused: failurePolicy Fail
-        yield Cluster(plane, admin, admin_config, runtime, kubelet, operator)
+        yield Cluster(plane, admin, admin_config, runtime, kubelet, operator, gate)
         dead = plane.alive()
         assert not dead, f"control-plane components exited during the tests: {dead}"
+        # Kueue's checks and the CEL rules never refuse what the operator writes (tests that send a
+        # bad object on purpose send it as the admin).
+        mine = [r for r in gate.refused if r.user == SERVICE_ACCOUNT]
+        assert not mine, f"the CEL gate or Kueue's webhook refused the operator's writes: {mine}"

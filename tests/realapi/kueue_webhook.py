@@ -51,9 +51,14 @@ def _elastic(wl: Mapping[str, Any]) -> bool:
 
 def _qualified_name(key: str, path: str) -> list[str]:
     """metav1validation's IsQualifiedName."""
-    prefix, _, name = key.rpartition("/")
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [f"{path}: Invalid value: {json.dumps(key)}: a qualified name must consist of alphanumeric characters, "
+                "'-', '_' or '.', and must start and end with an alphanumeric character, with an optional DNS "
+                "subdomain prefix and '/'"]
+    prefix, name = (parts[0], parts[1]) if len(parts) == 2 else ("", parts[0])
     out = []
-    if "/" in key and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix)):
+    if len(parts) == 2 and (not prefix or len(prefix) > 253 or not _PREFIX.match(prefix)):
         out.append(f"{path}: Invalid value: {json.dumps(key)}: prefix part must be a DNS-1123 subdomain")
     if not name or len(name) > 63 or not _QUALIFIED.match(name):
         out.append(f"{path}: Invalid value: {json.dumps(key)}: name part must consist of alphanumeric characters, "

@@ -2,7 +2,7 @@
 
 Kueue itself cannot be downloaded here: its CRDs are stand-ins with Kueue's group, a release's
 version (v1beta1 here; tests/realapi/test_kueue_v1beta2.py: v1beta2) and status subresource
-(tests/realapi/kueue-workload-crd.yaml), with Kueue's default flavor, and the test plays
+(tests/realapi/kueue_crds.py), with Kueue's default flavor, and the test plays
 Kueue, admitting and evicting Workloads by writing their status as Kueue's scheduler does
 (QuotaReserved and Admitted, an admission naming the ClusterQueue and each PodSet's assignment;
 Evicted). Giving the quota back after an eviction is the integration's, so the operator's

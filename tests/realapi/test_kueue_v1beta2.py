@@ -1,7 +1,7 @@
 """A Kueue that serves kueue.x-k8s.io/v1beta2 only, against the real control plane (tests/realapi/).
 
 Like tests/realapi/test_kueue.py (a v1beta1 Kueue, played by the test), with stand-ins for
-Kueue's CRDs in v1beta2 alone (tests/realapi/kueue-crds-v1beta2.yaml): the operator finds the
+Kueue's CRDs in v1beta2 alone (tests/realapi/kueue_crds.py): the operator finds the
 version by discovery and writes the Workload in it, with the WorkloadPriorityClass its label
 names; once admitted on a ResourceFlavor, the flavor's node labels and tolerations are in the
 pods, and the real scheduler holds them Pending, since the test's node has no such label (nothing
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from diloco.operator.kube import ApiError
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.render import naming as n
 from tests.helpers import wait_for
@@ -99,3 +100,62 @@ def test_rbac_no_refusal_and_the_cluster_scoped_reads_used(cluster: Cluster) -> 
     assert {("resourceflavors", "v1beta2", "get"), ("workloadpriorityclasses", "v1beta2", "get"),
             ("workloads", "v1beta2", "list")} <= used, used
     assert not [u for u in used if u[1] == "v1beta1"]
+
+
+def _bad(name: str, pod_sets: list[dict[str, Any]], **meta: Any) -> dict[str, Any]:
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": name, "namespace": JOBS, **meta},
+            "spec": {"queueName": QUEUE, "podSets": pod_sets}}
+
+
+def _pod_set(name: str = "main", count: int = 2, **more: Any) -> dict[str, Any]:
+    return {"name": name, "count": count, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}, **more}
+
+
+def test_the_strict_double_refuses_what_kueue_refuses(cluster: Cluster) -> None:
+    """Issue 61: Kueue's schema (the API server's own check), its CEL rules (the lane's CEL gate,
+    tests/realapi/cel.py) and its Workload webhook (tests/realapi/kueue_webhook.py) each refuse a
+    hand-made bad Workload written by the admin on the real server; a good one goes through, and
+    once it holds quota its PodSets and queue are refused changes. Every rule is tested one by
+    one, pure, in tests/operator/kueue/test_kueue_double.py."""
+    refusals = {
+        "elastic-and-partial": (_bad("elastic-and-partial", [_pod_set(minCount=1)],
+                                     annotations={"kueue.x-k8s.io/elastic-job": "true"}),
+                                "partial admission and elastic job cannot be used together"),
+        "two-min-counts": (_bad("two-min-counts", [_pod_set("a", minCount=1), _pod_set("b", minCount=1)]),
+                           "at most one podSet can use minCount"),
+        "min-over-count": (_bad("min-over-count", [_pod_set(count=1, minCount=2)]),
+                           "minCount should be positive and less or equal to count"),
+        "negative-count": (_bad("negative-count", [_pod_set(count=-1)]), "spec.podSets"),
+        "reserved-pods": (_bad("reserved-pods", [{"name": "main", "count": 1, "template": {"spec": {"containers": [
+            {"name": "c", "image": "x", "resources": {"requests": {"pods": "1"}}}]}}}]),
+            "the key is reserved for internal kueue use"),
+        "ref-kind": (_bad("ref-kind", [_pod_set()]) | {"spec": {"podSets": [_pod_set()], "priority": 1,
+                                                                "priorityClassRef": {"group": "scheduling.k8s.io",
+                                                                                     "kind": "WorkloadPriorityClass",
+                                                                                     "name": "x"}}},
+                     "only the PriorityClass kind is allowed for the scheduling.k8s.io group"),
+    }
+    for name, (body, words) in refusals.items():
+        try:
+            cluster.admin.create(body)
+        except ApiError as exc:
+            assert words in exc.detail, (name, exc.detail)
+        else:
+            raise AssertionError(f"the API server stored the bad Workload {name}")
+    good = cluster.admin.create(_bad("good", [_pod_set()]))
+    kueue_admits(cluster, good)
+    held = cluster.admin.get("Workload", JOBS, "good")
+    changes = {"a PodSet grown": ({"spec": {"podSets": [_pod_set(count=3)]}}, "field is immutable"),
+               "the queue": ({"spec": {"queueName": "other"}}, "queueName is immutable while workload quota reserved"),
+               "the admission": ({"status": {"admission": {"clusterQueue": "another", "podSetAssignments": [
+                   {"name": "main", "count": 2}]}}}, "field is immutable")}
+    for what, (patch, words) in changes.items():
+        with pytest.raises(ApiError) as refused_change:
+            cluster.admin.patch("Workload", JOBS, "good", {**patch, "metadata": {
+                "resourceVersion": held["metadata"]["resourceVersion"]}}, sub="status" if "status" in patch else None)
+        assert words in refused_change.value.detail, (what, refused_change.value.detail)
+    cluster.admin.patch("Workload", JOBS, "good", {"spec": {"podSets": [_pod_set(count=1)]}})  # a count may fall
+    assert {r.name for r in cluster.gate.refused} >= {"elastic-and-partial", "two-min-counts", "min-over-count",
+                                                      "reserved-pods", "ref-kind", "good"}
+    cluster.admin.delete("Workload", JOBS, "good")

@@ -12,6 +12,7 @@ it asserts on or takes it from a fixture (`tiny`), so one test runs alone and in
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 from collections.abc import Iterator
@@ -321,6 +322,27 @@ def test_kubectl_apply_refuses_what_the_operator_would_fail_with_its_field_path(
     assert cluster.job("tpu-1b")["spec"]["learnerGroups"][0]["hostsPerLearner"] == 4
     cluster.kubectl("delete", "-n", JOBS, "ddj", "tpu-1b")
     wait_for(lambda: not cluster.job("tpu-1b"), timeout=30, what="the TPU job gone (kopf's finalizer removed)")
+
+
+def test_the_cel_gate_refuses_an_immutable_edit_of_a_running_job(cluster: Cluster, tiny: str, tmp_path: Path) -> None:
+    """Issue 61: the CRD's transition rules (`diloco crd` with CEL, as the chart installs it) run
+    on this 1.20 server, which drops them, through the lane's CEL gate (tests/realapi/admission.py):
+    `kubectl apply` of the running job with its fragment plan changed exits non-zero with the
+    rule's own message, and the stored spec stays; an edit the rules allow (the learners' replicas)
+    goes through the same gate."""
+    from diloco.operator.crd import immutable_rules
+
+    live = cluster.job(tiny)
+    edited = {"apiVersion": live["apiVersion"], "kind": live["kind"],
+              "metadata": {"name": tiny, "namespace": JOBS}, "spec": copy.deepcopy(live["spec"])}
+    edited["spec"]["syncer"]["fragments"] = live["spec"]["syncer"]["fragments"] + 2
+    err = webhook_refuses(cluster, tmp_path, edited, JOBS)
+    (rule,) = [r for r in immutable_rules() if r["message"].startswith("spec.syncer.fragments ")]
+    assert 'admission webhook "cel.tests.diloco.dev" denied the request' in err and rule["message"] in err, err
+    assert cluster.job(tiny)["spec"]["syncer"]["fragments"] == live["spec"]["syncer"]["fragments"]
+    seen = cluster.gate.seen
+    cluster.admin.patch("DecoupledDiLoCoJob", JOBS, tiny, {"metadata": {"annotations": {"diloco.dev/probe": "1"}}})
+    assert cluster.gate.seen > seen  # every write of the kind asks the gate
 
 
 def granted() -> set[tuple[str, str]]:
