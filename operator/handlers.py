@@ -2,7 +2,8 @@
 
 Create, resume and spec updates all run the same level-triggered pass; a timer repeats it
 (status from the syncer, deadlines, stuck pods, drift); learner pod events count losses and
-re-admissions; a second timer drives chaos. Jobs whose `spec.managedBy` names another
+re-admissions; with Kueue, events of the Workloads a job owns, and its pods' deletions, run its
+pass at once; a second timer drives chaos. Jobs whose `spec.managedBy` names another
 controller (Kueue's MultiKueue dispatching copies to worker clusters) match no handler, so
 kopf neither handles them nor puts its finalizer on them. Handlers are sync: kopf runs them
 in threads and they block only on the API server and one short gRPC call. They return
@@ -24,7 +25,8 @@ from diloco.operator.render import naming as n
 from diloco.spec import MANAGED_BY
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-LEARNER_PODS = {n.COMPONENT: n.LEARNER, "app.kubernetes.io/managed-by": n.MANAGER}
+OURS = {"app.kubernetes.io/managed-by": n.MANAGER}  # what the operator rendered: the jobs' pods, their Workloads
+WORKLOADS = ("kueue.x-k8s.io", "workloads")  # Kueue's, whichever version it serves (kopf asks discovery)
 
 
 def _ctx(memo: Any) -> Context:
@@ -60,9 +62,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.event_name_prefix = "diloco-"
     settings.posting.loggers = False
     settings.watching.server_timeout = 300  # re-list now and then; cheap, and heals missed events
-    # The API server sends only our learner pods: a cluster's other pods never reach the operator
+    # The API server sends only our jobs' pods: a cluster's other pods never reach the operator
     # (the handler's own `labels=` filter alone would stream every pod and drop most of them here).
-    settings.watching.label_selectors["pods"] = ",".join(f"{k}={v}" for k, v in sorted(LEARNER_PODS.items()))
+    settings.watching.label_selectors["pods"] = ",".join(f"{k}={v}" for k, v in sorted(OURS.items()))
+    # Likewise only the Workloads the operator wrote for its jobs (watched with kueue.enabled).
+    settings.watching.label_selectors[WORKLOADS] = ",".join(f"{k}={v}" for k, v in sorted(OURS.items()))
     # A job deleted while its (sync, uncancellable) timer runs keeps kopf's finalizer until the
     # timer is seen to have exited; look again after 2 s, not kopf's default minute.
     settings.background.cancellation_polling = 2.0
@@ -103,8 +107,24 @@ def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     _ctx(memo).forget(_namespaced(namespace), name)
 
 
-def learner_pod(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
-    passes.pod_event(_ctx(memo), event.get("type"), dict(body))
+def job_pod(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A learner pod's event counts a loss or a re-admission (passes.pod_event); with Kueue, a
+    job's pod gone runs the job's pass at once: an evicted job gives its quota back the moment its
+    last pod is gone (Kueue's integrations react to their jobs' events, not to a timer)."""
+    ctx, pod = _ctx(memo), dict(body)
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get(n.COMPONENT) == n.LEARNER:
+        passes.pod_event(ctx, event.get("type"), pod)
+    if ctx.config.kueue and event.get("type") == "DELETED" and labels.get(n.JOB):
+        passes.reconcile(ctx, _namespaced(pod["metadata"].get("namespace")), labels[n.JOB])
+
+
+def workload(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None:
+    """A Workload of one of our jobs changed (Kueue admitted, evicted, preempted or deactivated
+    it; a slice replaced another): the job's pass runs now, not on the next timer."""
+    owner = passes.workload_owner(dict(body))
+    if owner is not None:
+        passes.reconcile(_ctx(memo), *owner)
 
 
 def register(registry: kopf.OperatorRegistry, config: Config) -> None:
@@ -120,7 +140,10 @@ def register(registry: kopf.OperatorRegistry, config: Config) -> None:
                initial_delay=min(1.0, config.status_interval), when=ours)(apply_job)
     kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
                when=chaos_enabled)(chaos)
-    kopf.on.event("", "v1", "pods", registry=registry, id="learner-pods", labels=LEARNER_PODS)(learner_pod)
+    kopf.on.event("", "v1", "pods", registry=registry, id="job-pods", labels=OURS)(job_pod)
+    if config.kueue:  # Kueue's decisions acted on as they are written (the chart grants watch on workloads)
+        kopf.on.event(group=WORKLOADS[0], plural=WORKLOADS[1], registry=registry, id="kueue-workloads",
+                      labels=OURS)(workload)
     if config.webhook is not None:  # `kubectl apply` refuses what reconcile would fail (operator/admission/webhook.py)
         webhook.register(registry, RESOURCE, when=ours)
 

@@ -103,6 +103,49 @@ JOB_ADMITTED = "Admitted"
 TROUBLE = frozenset({"KueueNotServed", "PriorityClassNotFound", "PlacementFailed"})
 
 
+# Kueue's default integrations (its shipped config enables pod, deployment and statefulset) label
+# a StatefulSet or Deployment `kueue.x-k8s.io/queue-name: default` when its namespace has a
+# LocalQueue named `default` and its owner's kind is not one Kueue knows (jobframework/defaults.go,
+# ApplyDefaultLocalQueue; the pod integration likewise a pod with no Kueue-managed ancestor), and then
+# makes a Workload of their own for them. The operator never sets the label on its children, so
+# one that carries it was taken: condition DEFAULTED says so, naming the setting that keeps Kueue
+# off them, the job's kind in Kueue's integrations.externalFrameworks.
+DEFAULTED = "KueueDefaulted"
+EXTERNAL_FRAMEWORK = "DecoupledDiLoCoJob.v1alpha1.diloco.dev"  # Kind.version.group, as externalFrameworks lists it
+TAKEN_KINDS = ("StatefulSet", "Deployment", "Pod")
+
+
+def taken(children: list[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(kind, name, LocalQueue) of the job's StatefulSets, Deployments and pods that carry Kueue's
+    queue label, which only Kueue's defaulting puts there."""
+    out = []
+    for obj in children:
+        meta = obj.get("metadata") or {}
+        found = (meta.get("labels") or {}).get(QUEUE_LABEL)
+        kind = obj.get("kind") or "Pod"
+        if found and kind in TAKEN_KINDS:
+            out.append((kind, str(meta.get("name")), str(found)))
+    return sorted(out)
+
+
+def defaulted_condition(conds: list[dict[str, Any]], found: list[tuple[str, str, str]], now: str,
+                        generation: int, *, queued: bool) -> list[dict[str, Any]]:
+    """The job's KueueDefaulted condition: True naming what Kueue took and the setting it lacks;
+    gone when nothing is (any more)."""
+    if not found:
+        return [x for x in conds if x.get("type") != DEFAULTED]
+    names = ", ".join(f"{kind} {name}" for kind, name, _ in found[:3]) + (" ..." if len(found) > 3 else "")
+    queues = sorted({q for _, _, q in found})
+    label = "" if queued else f"; or label the job {QUEUE_LABEL} so that Kueue admits it as one Workload"
+    return c.set_condition(
+        conds, DEFAULTED, True, reason="DefaultLocalQueue", now=now, generation=generation,
+        message=f"Kueue's default integrations put {names} of this job in LocalQueue {', '.join(queues)} (its "
+                f"namespace's default): Kueue makes a Workload of their own for them, counting their quota a second "
+                f"time and holding their pods. Add {EXTERNAL_FRAMEWORK!r} to Kueue's integrations.externalFrameworks "
+                f"(its manager's configuration), so that Kueue leaves a DecoupledDiLoCoJob's children to the "
+                f"operator{label}")
+
+
 def queue(config_kueue: bool, labels: Mapping[str, str] | None) -> str | None:
     """The LocalQueue a job is queued in: its label, when this operator integrates with Kueue."""
     return ((labels or {}).get(QUEUE_LABEL) or None) if config_kueue else None

@@ -46,6 +46,15 @@ def reconcile(ctx: Context, namespace: str, name: str) -> None:
             raise
 
 
+def workload_owner(wl: dict[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) of the job that controls a Workload; None for anyone else's."""
+    meta = wl.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("controller") and ref.get("apiVersion", "").startswith("diloco.dev/"):
+            return str(meta.get("namespace")), str(ref["name"])
+    return None
+
+
 def release_workloads(ctx: Context, namespace: str, name: str) -> bool:
     """A job being deleted lets its Kueue Workloads go (the integration's finalizer off each),
     as Kueue's jobframework does for a deleted job (reconciler.go, finalizeWorkloads): the

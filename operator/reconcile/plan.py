@@ -213,11 +213,15 @@ def job_status(o: Observed, job: DecoupledDiLoCoJob, counted: dict[str, Any], ob
                ended: st.Ending | None, gate: kueue.Gate | None, stamp: str, generation: int) -> dict[str, Any]:
     """The status computed from what was observed (operator/status/job.py; `counted`: the status
     read with the failures folded in), with the record of the spec's immutable fields and their
-    condition (operator/admission/immutable.py), and Kueue's JobAdmitted condition."""
+    condition (operator/admission/immutable.py), Kueue's JobAdmitted condition, and KueueDefaulted
+    where Kueue's default integrations took the job's children (operator/kueue/integration.py)."""
     computed = st.compute(job.spec, counted, obs, generation=generation, ended=ended)
     recorded = immutable.condition(immutable.record(o.status, computed, o.owner.uid, job.spec), o.status,
                                    problems=o.refused, now=stamp, generation=generation)
-    return {**recorded, "conditions": kueue.condition(recorded["conditions"], gate, stamp, generation)}
+    conds = kueue.condition(recorded["conditions"], gate, stamp, generation)
+    taken = kueue.taken([*[x for k, x in o.live.items() if k[0] in kueue.TAKEN_KINDS], *o.pods])
+    return {**recorded, "conditions": kueue.defaulted_condition(conds, taken, stamp, generation,
+                                                                queued=o.queue is not None)}
 
 
 def desired_children(o: Observed, job: DecoupledDiLoCoJob, *, link: access.Link, blocker: access.Blocker | None,
@@ -292,7 +296,8 @@ def _readmitted(back: readmission.Readmitted | None) -> Slots:
 
 def status_events(old: dict[str, Any], new: dict[str, Any], *, gate: kueue.Gate | None, refused: list[str],
                   ended: st.Ending | None) -> tuple[Event, ...]:
-    """The status's news as Events, in order, each told once: Kueue's trouble, edits to immutable
+    """The status's news as Events, in order, each told once: Kueue's trouble (its default
+    integrations taking the job's children among it), edits to immutable
     fields refused, the job's end, a pod waiting for capacity, a standby syncer's takeover."""
     before = old.get("conditions") or []
     waiting = capacity.started_waiting(before, new["conditions"])
@@ -300,6 +305,8 @@ def status_events(old: dict[str, Any], new: dict[str, Any], *, gate: kueue.Gate 
     told = (
         Event(gate.reason, gate.message, warning=True) if gate is not None and gate.reason in kueue.TROUBLE and
         (c.find(before, kueue.JOB_ADMITTED) or {}).get("reason") != gate.reason else None,
+        Event(kueue.DEFAULTED, (c.find(new["conditions"], kueue.DEFAULTED) or {}).get("message", ""), warning=True)
+        if c.find(new["conditions"], kueue.DEFAULTED) and not c.find(before, kueue.DEFAULTED) else None,
         Event("SpecImmutable", "; ".join(refused), warning=True) if immutable.newly_refused(old, refused) else None,
         Event(ended.reason, ended.message, warning=not ended.succeeded) if ended is not None else None,
         Event(capacity.WAITING, waiting["message"], warning=True) if waiting is not None else None,

@@ -168,11 +168,11 @@ def serving(admin: Kube, folder: Path, *, schemas: dict[tuple[str, str], dict[st
         hooks.append(_hook("vworkload.kueue.x-k8s.io", f"{base}/kueue/validate-workload", ca,
                            [_rule("kueue.x-k8s.io", ["workloads", "workloads/status"])]))
     validating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-                  "metadata": {"name": "diloco-tests-admission"}, "webhooks": hooks}
+                  "metadata": {"name": "lane-cel-gate-and-kueue"}, "webhooks": hooks}
     admin.request("POST", "apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations", validating)
     if mutators:
         mutating = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                    "metadata": {"name": "diloco-tests-defaulting"},
+                    "metadata": {"name": "lane-kueue-defaulting"},
                     "webhooks": [_hook(f"m{path.rsplit('-', 1)[-1]}.kueue.x-k8s.io", f"{base}{path}", ca,
                                        [_rule(group, resources, "v1")], mutating=True)
                                  for path, (group, resources, _) in mutators.items()]}
@@ -180,8 +180,8 @@ def serving(admin: Kube, folder: Path, *, schemas: dict[tuple[str, str], dict[st
     try:
         yield gate
     finally:
-        for kind, name in (("validatingwebhookconfigurations", "diloco-tests-admission"),
-                           ("mutatingwebhookconfigurations", "diloco-tests-defaulting")):
+        for kind, name in (("validatingwebhookconfigurations", "lane-cel-gate-and-kueue"),
+                           ("mutatingwebhookconfigurations", "lane-kueue-defaulting")):
             try:
                 admin.request("DELETE", f"apis/admissionregistration.k8s.io/v1/{kind}/{name}")
             except Exception:  # the control plane may be gone already

@@ -153,9 +153,9 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         # The chart's admission webhook, served by the operator in this process (tests/realapi/webhook.py).
         hook = webhook.route(admin, webhook.chart_options(admin, SYSTEM, f"{RELEASE}-decoupled-diloco"),
                              str(folder / "webhook"))
-        config = Config(status_interval=1.0, chaos_interval=0.5, stuck_timeout=10.0,
+        config = Config(**{"status_interval": 1.0, "chaos_interval": 0.5, "stuck_timeout": 10.0, **config},
                         syncer_address=lambda job, ns: runtime.local(n.syncer_address(job, ns)), kueue=bool(kueue),
-                        webhook=hook, **config)
+                        webhook=hook)
         kube = operator_kube(plane, token) if operator_kube is not None else None
         operator = stack.enter_context(OperatorThread(config, kube=kube, namespaces=watch,
                                                       peering=Peering.start(PEERING, identity)))

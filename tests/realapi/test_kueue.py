@@ -22,8 +22,10 @@ import pytest
 
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.render import naming as n
+from diloco.operator.status.conditions import find
 from tests.helpers import wait_for
 from tests.realapi.cluster import DEFAULT_FLAVOR, JOBS, Cluster, real_cluster
+from tests.realapi.kueue_defaults import Defaults
 from tests.realapi.test_operator import audit, refused, tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -31,13 +33,19 @@ QUEUE, CLUSTER_QUEUE = "training", "cluster-queue"
 # A fixture's job has a name of its own: a deleted job's Workload may linger a moment for the
 # garbage collector, and a test that finds two Workloads by the job's labels would fail.
 SERIAL = itertools.count(1)
+# A namespace with a LocalQueue named `default`, and Kueue's default integrations played there
+# (tests/realapi/kueue_defaults.py; no kubelet runs its pods).
+SHARED = "shared"
+DEFAULTS = Defaults(None)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One control plane for the module; after its last test, whatever the order, the chart's RBAC
     refused none of the operator's requests."""
-    with real_cluster(tmp_path_factory.mktemp("realapi-kueue"), kueue=True) as c:
+    with real_cluster(tmp_path_factory.mktemp("realapi-kueue"), kueue=True, namespaces=(SHARED,),
+                      mutators=DEFAULTS.mutators()) as c:
+        DEFAULTS.api = c.admin
         yield c
         assert not refused(c), f"the chart's RBAC refused the operator: {refused(c)}"
 
@@ -79,7 +87,7 @@ def kueue_admits(cluster: Cluster, wl: dict[str, Any], flavor: str = DEFAULT_FLA
     conds = [_cond("QuotaReserved", True, "QuotaReserved"), _cond("Admitted", True, "Admitted")]
     if any(x["type"] == "Evicted" for x in (wl.get("status") or {}).get("conditions") or []):
         conds.append(_cond("Evicted", False, "QuotaReserved"))
-    cluster.admin.patch("Workload", JOBS, wl["metadata"]["name"],
+    cluster.admin.patch("Workload", wl["metadata"]["namespace"], wl["metadata"]["name"],
                         {"status": {"conditions": conds,
                                     "admission": {"clusterQueue": CLUSTER_QUEUE, "podSetAssignments": assignments}}},
                         sub="status")
@@ -164,10 +172,21 @@ def test_eviction_suspends_the_job_and_readmission_resumes_it(cluster: Cluster, 
 
 def test_more_learners_replace_the_held_workload(cluster: Cluster, admitted: str) -> None:
     (old,) = workloads(cluster, admitted)
+    assert old["metadata"]["finalizers"] == [kueue.FINALIZER] and \
+        old["metadata"]["labels"][kueue.JOB_UID_LABEL] == cluster.job(admitted)["metadata"]["uid"]
     cluster.admin.patch("DecoupledDiLoCoJob", JOBS, admitted,
                         {"spec": {"learnerGroups": [{"name": "local", "replicas": 2}]}})
-    new = wait_for(lambda: [w for w in workloads(cluster, admitted) if w["metadata"]["uid"] != old["metadata"]["uid"]],
-                   timeout=60, what="the Workload replaced")
+    samples: list[tuple[bool, int]] = []  # (the old Workload still there, the job's pods), every 50 ms
+
+    def replaced() -> list[dict[str, Any]]:
+        now = workloads(cluster, admitted)
+        samples.append((any(w["metadata"]["uid"] == old["metadata"]["uid"] for w in now),
+                        len(job_pods(cluster, admitted))))
+        return [w for w in now if w["metadata"]["uid"] != old["metadata"]["uid"]]
+
+    new = wait_for(replaced, timeout=60, period=0.05, what="the Workload replaced")
+    # Fix 4: the held Workload (and its quota) goes only once the job's pods are gone.
+    assert not [s for s in samples if not s[0] and s[1]], samples
     assert [(p["name"], p["count"]) for p in new[0]["spec"]["podSets"]] == [("local", 2), ("syncer", 1)]
     wait_for(lambda: cluster.job(admitted)["spec"].get("suspend") is True, timeout=30,
              what="the job suspended until the new Workload is admitted")
@@ -219,5 +238,49 @@ def test_rbac_no_refusal_and_every_kueue_verb_used(cluster: Cluster, admitted: s
         used.add((resource, e["verb"]))
         if e["verb"] == "patch" and e.get("responseStatus", {}).get("code") == 201:
             used.add((resource, "create"))  # a server-side apply that created
-    assert used >= {("workloads", "list"), ("workloads", "create"), ("workloads", "patch"), ("workloads", "delete"),
-                    ("workloads/status", "patch")}, used
+    assert used >= {("workloads", "list"), ("workloads", "watch"), ("workloads", "create"), ("workloads", "patch"),
+                    ("workloads", "delete"), ("workloads/status", "patch")}, used
+
+
+def test_kueues_default_integrations_leave_the_operators_children_or_the_job_names_the_setting(
+        cluster: Cluster) -> None:
+    """Issue 61, fix 2, in a namespace with a LocalQueue named `default` and Kueue's statefulset and
+    deployment webhooks' defaulting played as they do it: with the job's kind in Kueue's
+    integrations.externalFrameworks its StatefulSet and Deployment are left alone (no second
+    Workload); without it Kueue labels them and makes a Workload of its own for each, and the job's
+    KueueDefaulted condition names the setting."""
+    cluster.admin.request("POST", f"apis/kueue.x-k8s.io/v1beta1/namespaces/{SHARED}/localqueues", {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": "default"},
+        "spec": {"clusterQueue": CLUSTER_QUEUE}})
+
+    def admitted_children(name: str) -> list[dict[str, Any]]:
+        job = queued_job(name, replicas=1)
+        job["metadata"]["namespace"] = SHARED
+        cluster.admin.create(job)
+        (wl,) = wait_for(lambda: cluster.admin.list("Workload", SHARED, n.selector(name)), timeout=60,
+                         what=f"{name}'s Workload")
+        kueue_admits(cluster, wl)
+        return wait_for(lambda: (x := [*cluster.admin.list("StatefulSet", SHARED, n.selector(name)),
+                                       *cluster.admin.list("Deployment", SHARED, n.selector(name))]) and len(x) == 2
+                        and x, timeout=60, what=f"{name}'s StatefulSet and Deployment")
+
+    DEFAULTS.external_frameworks = {kueue.EXTERNAL_FRAMEWORK}
+    try:
+        kept = admitted_children("kept")
+        assert not [c for c in kept if kueue.QUEUE_LABEL in (c["metadata"].get("labels") or {})], kept
+        assert DEFAULTS.step(SHARED) == []  # no second Workload
+        assert not find(cluster.job("kept", SHARED)["status"]["conditions"], kueue.DEFAULTED)
+    finally:
+        DEFAULTS.external_frameworks = set()
+    taken = admitted_children("taken")
+    assert all(c["metadata"]["labels"][kueue.QUEUE_LABEL] == "default" for c in taken)
+    second = DEFAULTS.step(SHARED)
+    assert sorted(w["metadata"]["name"] for w in second) == sorted(
+        f"{c['kind'].lower()}-{c['metadata']['name']}" for c in taken)
+    cond = wait_for(lambda: find((cluster.job("taken", SHARED).get("status") or {}).get("conditions") or [],
+                                 kueue.DEFAULTED), timeout=30, what="the job's KueueDefaulted condition")
+    assert cond["status"] == "True" and kueue.EXTERNAL_FRAMEWORK in cond["message"], cond
+    assert "integrations.externalFrameworks" in cond["message"]
+    wait_for(lambda: [e for e in cluster.events(SHARED, kueue.DEFAULTED) if e["involvedObject"]["name"] == "taken"],
+             timeout=30, what="the KueueDefaulted Event")
+    cluster.kubectl("delete", "ddj", "-n", SHARED, "kept", "taken")

@@ -102,6 +102,9 @@ def test_a_preempted_job_gives_its_quota_back_and_resumes_from_its_checkpoint(cl
         assert (wl_condition(wl, "QuotaReserved")["status"], wl_condition(wl, "QuotaReserved")["reason"]) == \
             ("False", "PendingEvaluation")
         assert not (wl.get("status") or {}).get("admission")
+        # Fix 1: PodsReady as Kueue writes it for a Workload no longer admitted (generatePodsReadyCondition).
+        assert (wl_condition(wl, "PodsReady")["status"], wl_condition(wl, "PodsReady")["reason"]) == \
+            ("False", "WaitForStart")
         wait_for(lambda: admitted_condition(cluster, "low").get("reason") == "Requeued", timeout=30,
                  what="the low job's Admitted condition saying Requeued")
         assert events_for(cluster, "low", "QuotaReleased")
@@ -112,6 +115,9 @@ def test_a_preempted_job_gives_its_quota_back_and_resumes_from_its_checkpoint(cl
                          and s.get("outerVersion", 0) > before["outerVersion"] and s, timeout=180,
                          what="the low job resumed")
         assert after["tokensMerged"] >= before["tokensMerged"]
+        again = wait_for(lambda: wl_condition(held(cluster, "low"), "PodsReady").get("status") == "True"
+                         and held(cluster, "low"), timeout=60, what="PodsReady True on the re-admitted job")
+        assert wl_condition(again, "PodsReady")["reason"] == "Started"  # from WaitForStart, not WaitForRecovery
     print(f"quota released {released:.1f} s after the last pod went; Kueue: {sim.log}")
     assert released < 15, f"the quota came back {released:.1f} s after the pods went"
     delete(cluster, "low")
@@ -120,7 +126,7 @@ def test_a_preempted_job_gives_its_quota_back_and_resumes_from_its_checkpoint(cl
 def test_with_wait_for_pods_ready_a_started_job_stays_and_a_stuck_one_is_evicted_and_requeued(
         cluster: Cluster) -> None:
     sim = Kueue(cluster.admin, JOBS, quota=4, cluster_queue=CLUSTER_QUEUE, flavor=DEFAULT_FLAVOR,
-                pods_ready_timeout=30)
+                pods_ready_timeout=30, backoff_base=5)
     with sim.running():
         cluster.admin.create(queued_job("steady"))
         cluster.admin.create(queued_job("stuck", nodeSelector={"diloco.dev/no-such-node": "true"}))
@@ -136,7 +142,14 @@ def test_with_wait_for_pods_ready_a_started_job_stays_and_a_stuck_one_is_evicted
         assert (wl_condition(wl, "Requeued")["status"], wl_condition(wl, "Requeued")["reason"]) == \
             ("False", "PodsReadyTimeout")
         assert wl_condition(wl, "PodsReady")["reason"] == "WaitForStart"
+        assert wl["status"]["requeueState"]["count"] == 1  # Kueue's requeue backoff, 5 s for the first
         assert events_for(cluster, "stuck", "QuotaReleased")
+        wait_for(lambda: ("backoff-finished", wl["metadata"]["name"]) in sim.log, timeout=30,
+                 what="the stuck job's backoff over")
+        requeued = wait_for(lambda: kueue.holds_quota(w := workloads(cluster, "stuck")[0]) and w, timeout=30,
+                            what="the stuck job admitted again after its backoff")
+        assert (wl_condition(requeued, "Requeued")["status"], wl_condition(requeued, "Requeued")["reason"]) == \
+            ("True", "BackoffFinished")
         steady = held(cluster, "steady")
         assert steady is not None and not kueue.evicted(steady), "the started job was evicted"
         since = datetime.strptime(wl_condition(steady, "Admitted")["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")

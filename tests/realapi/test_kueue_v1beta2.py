@@ -13,6 +13,7 @@ its own), so either runs alone and in any order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ from diloco.operator.kueue import integration as kueue
 from diloco.operator.render import naming as n
 from tests.helpers import wait_for
 from tests.realapi.cluster import JOBS, Cluster, real_cluster
-from tests.realapi.test_kueue import QUEUE, admitted_condition, job_pods, kueue_admits, workloads
+from tests.realapi.test_kueue import QUEUE, admitted_condition, job_pods, kueue_admits, kueue_evicts, workloads
 from tests.realapi.test_operator import audit, refused, tiny_job
 
 pytestmark = [pytest.mark.realapi, pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -35,7 +36,9 @@ GPU_TAINT = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedu
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One control plane for the module, the GPU flavor and the priority class made; after its last
     test, whatever the order, the chart's RBAC refused none of the operator's requests."""
-    with real_cluster(tmp_path_factory.mktemp("realapi-kueue-v1beta2"), kueue="v1beta2") as c:
+    # The status timer every 10 minutes: what the operator does below follows from the events it
+    # watches (the job's, its Workloads', its pods'), never from the timer.
+    with real_cluster(tmp_path_factory.mktemp("realapi-kueue-v1beta2"), kueue="v1beta2", status_interval=600) as c:
         c.admin.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": "h100"},
                         "spec": {"nodeLabels": GPU_POOL, "tolerations": GPU_TAINT}})
         c.admin.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
@@ -159,3 +162,36 @@ def test_the_strict_double_refuses_what_kueue_refuses(cluster: Cluster) -> None:
     assert {r.name for r in cluster.gate.refused} >= {"elastic-and-partial", "two-min-counts", "min-over-count",
                                                       "reserved-pods", "ref-kind", "good"}
     cluster.admin.delete("Workload", JOBS, "good")
+
+
+def test_kueues_decisions_are_acted_on_within_a_second_through_the_watch(cluster: Cluster) -> None:
+    """Issue 61, fix 3: with the status timer at 10 minutes, the operator acts on Kueue's admission
+    and eviction as they are written (its watch on the Workloads its jobs own), and gives the
+    quota back as the last pod goes (its watch on the jobs' pods). Pods stay Pending (a node
+    label no node has), so nothing but the operator's reactions is timed."""
+    job = tiny_job("watched", replicas=2, suspend=True)
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE}
+    job["spec"]["learnerGroups"][0]["nodeSelector"] = {"diloco.dev/no-such-node": "true"}
+    cluster.admin.create(job)
+    (wl,) = wait_for(lambda: workloads(cluster, "watched"), timeout=30, what="the job's Workload")
+    start = time.monotonic()
+    kueue_admits(cluster, wl)
+    wait_for(lambda: cluster.job("watched")["spec"].get("suspend") is False, timeout=30, period=0.02,
+             what="the admitted job un-suspended")
+    admitted = time.monotonic() - start
+    wait_for(lambda: len(job_pods(cluster, "watched")) == 3, timeout=30, what="the job's pods")
+    (wl,) = workloads(cluster, "watched")
+    start = time.monotonic()
+    kueue_evicts(cluster, wl)
+    wait_for(lambda: cluster.job("watched")["spec"].get("suspend") is True, timeout=30, period=0.02,
+             what="the evicted job suspended")
+    evicted = time.monotonic() - start
+    wait_for(lambda: not job_pods(cluster, "watched"), timeout=30, period=0.02, what="the evicted job's pods gone")
+    start = time.monotonic()
+    wait_for(lambda: not kueue.holds_quota(workloads(cluster, "watched")[0]), timeout=30, period=0.02,
+             what="the quota given back")
+    released = time.monotonic() - start
+    print(f"acted on: admission {admitted:.2f} s, eviction {evicted:.2f} s; quota given back {released:.2f} s "
+          "after the last pod went (status timer: 600 s)")
+    assert max(admitted, evicted, released) < 2.5, (admitted, evicted, released)
+    cluster.kubectl("delete", "ddj", "-n", JOBS, "watched")

@@ -236,7 +236,7 @@ def test_chart_kueue_enabled_reaches_the_operator_with_rbac_for_workloads(monkey
             ("-kueue", "-webhook"))]  # Kueue's cluster-scoped reader (tests/charts/test_chart.py); the webhook's own
         rules = {(r, v) for rule in role["rules"] if "kueue.x-k8s.io" in rule["apiGroups"]
                  for r in rule["resources"] for v in rule["verbs"]}
-        assert rules == ({("workloads", v) for v in ("list", "create", "patch", "delete")}
+        assert rules == ({("workloads", v) for v in ("list", "watch", "create", "patch", "delete")}
                          | {("workloads/status", "patch")} if on else set())
 
 

@@ -676,3 +676,23 @@ def test_a_multi_host_learner_is_readmitted_alike_by_the_pod_event_and_the_plan(
     p = plan(ganged(read), T0 + 10)
     assert [e for e in p.events if e in decided.then] == list(decided.then)
     assert {k: p.status[k] for k in decided.patch} == decided.patch
+
+
+def test_children_taken_by_kueues_default_integrations_are_named_with_the_setting_the_cluster_lacks() -> None:
+    """Issue 61, fix 2: in a namespace with a LocalQueue named `default`, Kueue's statefulset and
+    deployment webhooks label the operator's children unless the job's kind is in Kueue's
+    integrations.externalFrameworks (jobframework/defaults.go): the job says so, once."""
+    live = dict(RUNNING_LIVE)
+    ((kind, name),) = [k for k in live if k[0] == "StatefulSet"]
+    sts = copy.deepcopy(live[(kind, name)])
+    sts["metadata"]["labels"][kueue.QUEUE_LABEL] = "default"
+    live[(kind, name)] = sts
+    first = plan(observed(body(NEW.status), live=live, pods=RUNNING_PODS, syncer=(view(), "")), T0)
+    assert condition(first, kueue.DEFAULTED) == ("True", "DefaultLocalQueue")
+    message = c.find(first.status["conditions"], kueue.DEFAULTED)["message"]
+    assert f"StatefulSet {name}" in message and "integrations.externalFrameworks" in message
+    assert kueue.EXTERNAL_FRAMEWORK in message and "label the job" in message  # it is not queued itself
+    assert reasons(first).count(kueue.DEFAULTED) == 1
+    again = plan(observed(body(first.status), live=live, pods=RUNNING_PODS, syncer=(view(), "")), T0 + 1)
+    assert kueue.DEFAULTED not in reasons(again)  # told once
+    assert condition(plan(running(), T0), kueue.DEFAULTED) == ("", "")  # nothing taken: no condition
