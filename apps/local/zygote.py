@@ -183,29 +183,31 @@ def serve(sock: socket.socket) -> int:
 
 def fork_learner(sock: socket.socket, args: list[str], fds: list[int]) -> int:
     """Fork twice and return the grandchild's pid: the intermediate exits at once, so the
-    grandchild is reparented to the runner (a subreaper) and reaped by it, never by us."""
+    grandchild is reparented to the runner (a subreaper) and reaped by it, never by us. The
+    grandchild reports its pid itself, once it leads its own session: the runner signals that
+    process group, so it must exist before the runner knows the pid (a kill at once would
+    otherwise find no such group)."""
     r, w = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.close(r)
-        pid = os.fork()
-        if pid == 0:
+        if os.fork() == 0:
+            os.setsid()
+            os.write(w, str(os.getpid()).encode())
             os.close(w)
             sock.close()
             run_child(args, fds)  # never returns
-        os.write(w, str(pid).encode())
         os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as pipe:
-        pid = int(pipe.read())
+        pid = int(pipe.read())  # to EOF: both ends closed, by the middle and by the grandchild
     os.waitpid(middle, 0)
     return pid
 
 
 def run_child(args: list[str], fds: list[int]) -> None:
-    """The learner: its own session (the runner signals its process group), the given stdout
-    and stderr, nothing else inherited; then exactly what `python -m diloco.apps.cli ARGS` does."""
-    os.setsid()
+    """The learner, leading its own session: the given stdout and stderr, nothing else
+    inherited; then exactly what `python -m diloco.apps.cli ARGS` does."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     for target, fd in ((0, devnull), (1, fds[0]), (2, fds[1])):
         os.dup2(fd, target)
