@@ -221,9 +221,14 @@ class Kueue:
         md, now = wl["metadata"], self.clock()
         if md.get("deletionTimestamp"):
             if not md.get("ownerReferences") and FINALIZER in (md.get("finalizers") or []):
-                self.api.patch("Workload", md["namespace"], md["name"], {"metadata": {
-                    "resourceVersion": md["resourceVersion"],
-                    "finalizers": [f for f in md["finalizers"] if f != FINALIZER]}})
+                try:
+                    self.api.patch("Workload", md["namespace"], md["name"], {"metadata": {
+                        "resourceVersion": md["resourceVersion"],
+                        "finalizers": [f for f in md["finalizers"] if f != FINALIZER]}})
+                except ApiError as exc:
+                    if exc.status not in (404, 409):
+                        raise
+                    return
                 self.log.append(("finalized:orphan", md["name"]))
             return
         if k.finished(wl):
