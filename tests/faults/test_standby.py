@@ -43,6 +43,22 @@ def serving(c: Cluster, name: str, epoch: int) -> Status | None:
                     None)
 
 
+def lease_holder(c: Cluster) -> tuple[str, str, int]:
+    """(the live syncer serving at the highest lease epoch, the other one, that epoch): each test
+    starts from whichever the tests before it left holding the lease, in any order."""
+    newest = {n: s for n in ("syncer", "syncer-b") if c.procs[n].alive and (s := serving(c, n, 1)) is not None}
+    assert newest, "no live syncer has served"
+    active = max(newest, key=lambda n: incarnation_epoch(newest[n].incarnation))
+    return active, "syncer" if active == "syncer-b" else "syncer-b", incarnation_epoch(newest[active].incarnation)
+
+
+def stand_by(c: Cluster, name: str) -> None:
+    """`name` running as the standby (restarted if an earlier test killed or fenced it)."""
+    if not c.procs[name].alive:
+        c.restart(name, wait=False)
+    c.wait_for(lambda: "standby:" in c.log(name).rsplit("=== ", 1)[-1], 60, f"{name} to stand by")
+
+
 def held_versions(c: Cluster) -> dict[str, list[int]]:
     return {n: (c.last(n, "progress") or {}).get("versions", []) for n in c.learners}
 
@@ -113,33 +129,27 @@ class TestStandby:
 
     def test_standby_takes_over_from_the_store(self, standby_job: Cluster) -> None:
         c = standby_job
-        assert incarnation_epoch(c.latest_status().incarnation) == 1
+        active, other, epoch = lease_holder(c)  # epoch 1 when this test runs first
+        stand_by(c, other)
         c.wait_steps("local-0", 10, after=time.time())
         held = held_versions(c)
-        t_kill = c.kill("syncer")  # SIGKILL: nothing of it survives but the bucket
+        t_kill = c.kill(active)  # SIGKILL: nothing of it survives but the bucket
         held = {n: (c.last(n, "progress") or {}).get("versions", held[n]) for n in c.learners}
-        figures = self.takeover(c, "syncer", "syncer-b", 2, t_kill, held)
+        figures = self.takeover(c, active, other, epoch + 1, t_kill, held)
         versions_never_went_back(c, t_kill)
-        # A takeover is a metric on the syncer that took over.
-        assert metric(c, "syncer-b", "diloco_syncer_takeovers_total") == 1
-        assert metric(c, "syncer-b", "diloco_syncer_leader") == 1
-        assert metric(c, "syncer-b", "diloco_syncer_lease_epoch") == 2
+        # A takeover is a metric on the syncer that took over (its process took over once).
+        assert metric(c, other, "diloco_syncer_takeovers_total") == 1
+        assert metric(c, other, "diloco_syncer_leader") == 1
+        assert metric(c, other, "diloco_syncer_lease_epoch") == epoch + 1
         assert figures["first_merge_seconds"] < TARGET_SECONDS, figures
         print(f"\nstandby takeover: {figures}")
         record("syncer SIGKILL, standby takes over from S3", **figures)
-        # The killed one comes back as the standby of the new active.
-        c.restart("syncer", wait=False)
-        c.wait_for(lambda: "standby:" in c.log("syncer").rsplit("=== ", 1)[-1], 60, "syncer to stand by again")
+        stand_by(c, active)  # the killed one comes back as the standby of the new active
 
     def test_frozen_active_is_fenced(self, standby_job: Cluster) -> None:
         c = standby_job
-        active = next((n for n in ("syncer-b", "syncer") if serving(c, n, 1) and c.procs[n].alive), None)
-        assert active is not None
-        other = "syncer" if active == "syncer-b" else "syncer-b"
-        epoch = incarnation_epoch(serving(c, active, 1).incarnation)  # type: ignore[union-attr]
-        if not c.procs[other].alive:
-            c.restart(other, wait=False)
-        c.wait_for(lambda: "standby:" in c.log(other).rsplit("=== ", 1)[-1], 60, f"{other} to stand by")
+        active, other, epoch = lease_holder(c)
+        stand_by(c, other)
         c.wait_steps("local-0", 10, after=time.time())
         held = held_versions(c)
         old_incarnation = serving(c, active, epoch).incarnation  # type: ignore[union-attr]
