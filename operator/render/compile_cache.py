@@ -25,7 +25,7 @@ MOUNT = "/var/cache/diloco"  # a writable mount under the read-only root filesys
 
 
 def variables(spec: JobSpec, mount: str = MOUNT) -> dict[str, str]:
-    """What points JAX, the learner and numba (the codec kernels, diloco/core/warmup.py, which
+    """What points JAX, the learner and numba (the codec kernels, diloco/core/kernels.py, which
     the image's read-only install cannot cache beside itself) at the cache mounted at `mount`."""
     cache = spec.training.compilation_cache
     return {"JAX_COMPILATION_CACHE_DIR": cache.url if cache and cache.url else f"{mount}/jax",
