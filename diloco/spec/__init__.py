@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.clusters import KUBECONFIG_KEY, RemoteCluster, cluster_problems, home_view, remote_spec  # noqa: F401
 from diloco.spec.copies import GroupData, copy_problems, group_data, path_field  # noqa: F401
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
@@ -76,6 +77,8 @@ class LearnerGroup(Model):
     # hold the same files and sizes (checked by `diloco validate --inputs`, `diloco run` and the
     # syncer at Join).
     data: GroupData | None = None
+    # The remote cluster (a name in spec.clusters) this group runs in; unset: this cluster.
+    cluster: str | None = Field(None, pattern=DNS_LABEL, max_length=40)
 
 
 ChaosTarget = Literal["learners", "syncer"]
@@ -131,6 +134,8 @@ class JobSpec(Model):
     data: Data = Field(default_factory=Data)
     training: Training = Field(default_factory=Training)
     chaos: Chaos = Field(default_factory=Chaos)
+    # Other clusters that run some of the groups (one job across regions: diloco/spec/clusters.py).
+    clusters: list[RemoteCluster] = Field(default_factory=list, max_length=32)
 
     @property
     def total_learners(self) -> int:
@@ -262,9 +267,10 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
             f"spec.syncer.quorum: {spec.syncer.quorum} exceeds the {learners} learners in "
             f"{where}; lower the quorum or add replicas"
         )
-    if spec.syncer.shards > 1 and (spec.syncer.external is not None or spec.syncer.expose is not None):
-        yield ("spec.syncer.shards: a sharded syncer is not yet reachable from other clusters "
-               "(spec.syncer.external, spec.syncer.expose); use one shard for multi-cluster jobs")
+    ext = spec.syncer.external
+    if ext is not None and len(ext.addresses) != spec.syncer.shards:
+        yield (f"spec.syncer.external.endpoints: {len(ext.addresses)} address(es) for a syncer of "
+               f"{spec.syncer.shards} shard(s) (spec.syncer.shards); name one host:port per shard, in shard order")
     if spec.chaos.enabled and spec.chaos.max_concurrent >= max(total, 1) and total > 1:
         yield (
             f"spec.chaos.maxConcurrent: {spec.chaos.max_concurrent} would allow killing all "
@@ -277,6 +283,7 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
         )
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)
+    yield from cluster_problems(spec)
     yield from copy_problems(spec.data, spec.learner_groups)
 
 
@@ -327,6 +334,12 @@ def _syncer_problems(spec: JobSpec) -> Iterable[str]:
                "spec.syncer.expose.gateway.name")
     if expose.type != "GRPCRoute" and expose.gateway is not None:
         yield "spec.syncer.expose.gateway: only used with type GRPCRoute; remove it or change the type"
+    if spec.syncer.shards > 1 and expose.type != "LoadBalancer":
+        yield ("spec.syncer.expose.type: a sharded syncer is exposed shard by shard, one LoadBalancer Service "
+               "each; use type LoadBalancer (a GRPCRoute per shard is not built yet) or one shard")
+    elif spec.syncer.shards > 1 and expose.host is None:
+        yield ("spec.syncer.expose.host: a sharded syncer is exposed as shard-<i>.<host>, one name per shard "
+               "(its certificate carries *.<host> or each name); set host")
     if expose.type != "LoadBalancer" and expose.load_balancer_source_ranges:
         yield ("spec.syncer.expose.loadBalancerSourceRanges: only used with type LoadBalancer; remove it "
                "or restrict access at the Gateway")

@@ -7,7 +7,7 @@ K = 1, a grace window, RDA over int4 outer gradients, int4 broadcast deltas, one
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,12 +44,28 @@ class Staleness(Model):
 class ExternalSyncer(Model):
     """A syncer in another cluster (multi-cluster jobs); this cluster then hosts only learners."""
 
-    endpoint: str = Field(pattern=HOST_PORT, max_length=261)
+    # host:port of an unsharded syncer; or `endpoints`, one per shard in shard order (what the
+    # home operator writes for a sharded one: docs/MULTI_CLUSTER.md). Exactly one of the two.
+    endpoint: str | None = Field(None, pattern=HOST_PORT, max_length=261)
+    endpoints: list[Annotated[str, Field(pattern=HOST_PORT, max_length=261)]] = Field(
+        default_factory=list, max_length=64)
     # A Secret in the job's namespace: key `token` holds a copy of the home job's `<job>-token`;
     # an optional key `ca.crt`, the CA of the syncer's certificate, turns TLS on.
     token_secret: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
     # The name in the syncer's certificate, when the endpoint's host is another (an IP, an alias).
     server_name: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+
+    @model_validator(mode="after")
+    def _one_way_to_name_it(self) -> ExternalSyncer:
+        if (self.endpoint is None) == (not self.endpoints):
+            raise ValueError("spec.syncer.external: name the syncer by `endpoint` (one shard) or by `endpoints` "
+                             "(one host:port per shard, in shard order), exactly one of the two")
+        return self
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every shard's host:port, in shard order (learners' --syncer, comma-joined)."""
+        return [self.endpoint] if self.endpoint is not None else list(self.endpoints)
 
 
 class Gateway(Model):

@@ -95,7 +95,7 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     ext = syncer.external
     if ext is not None:
         ca = ext.token_secret if value(secrets.get(ext.token_secret), n.CA_KEY) else None
-        return Link(ext.endpoint, ext.token_secret, ca, ext.server_name)
+        return Link(",".join(ext.addresses), ext.token_secret, ca, ext.server_name)
     name = job.metadata.name
     expose = syncer.expose
     tls = expose is not None and expose.tls.enabled

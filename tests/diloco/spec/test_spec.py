@@ -158,12 +158,29 @@ def test_managed_by_names_the_controller() -> None:
     assert problems(minimal(managedBy="MultiKueue"))[0].startswith("spec.managedBy:")
 
 
-def test_syncer_shards_cut_every_slot_and_stay_local_to_one_cluster() -> None:
+def test_syncer_shards_cut_every_slot_and_are_exposed_one_name_each() -> None:
     syncer = parse_job(minimal(syncer={"fragments": 4, "shards": 5})).spec.syncer
     assert (syncer.shards, syncer.plan_size) == (5, 20)  # each slot's 1/P of the model cut in 5
     assert problems(minimal(syncer={"shards": 2, "expose": {"tls": {"enabled": False}}}))[0].startswith(
-        "spec.syncer.shards: a sharded syncer is not yet reachable from other clusters")
+        "spec.syncer.expose.host: a sharded syncer is exposed as shard-<i>.<host>")
+    assert problems(minimal(syncer={"shards": 2, "expose": {"type": "GRPCRoute", "host": "s.example.com",
+                                                            "gateway": {"name": "g"}, "tls": {"enabled": False}}})
+                    )[0].startswith("spec.syncer.expose.type: a sharded syncer is exposed shard by shard")
+    assert parse_job(minimal(syncer={"shards": 2, "expose": {"host": "s.example.com", "tls": {"enabled": False}}}))
     assert problems(minimal(syncer={"shards": 0}))[0].startswith("spec.syncer.shards:")
+
+
+def test_an_external_sharded_syncer_is_named_one_address_per_shard() -> None:
+    remote = {"shards": 4}, [{"name": "a", "replicas": 4, "shardOffset": 4}]
+    ext = {"endpoints": ["shard-0.s.example.com:50051", "shard-1.s.example.com:50051"], "tokenSecret": "t"}
+    job = minimal(learnerGroups=remote[1], data=remote[0], syncer={"shards": 2, "external": ext})
+    job["spec"]["data"]["shards"] = 8
+    assert parse_job(job).spec.syncer.external.addresses == ext["endpoints"]
+    three = {**job, "spec": {**job["spec"], "syncer": {"shards": 3, "external": ext}}}
+    assert problems(three) == ["spec.syncer.external.endpoints: 2 address(es) for a syncer of 3 shard(s) "
+                               "(spec.syncer.shards); name one host:port per shard, in shard order"]
+    both = {**job, "spec": {**job["spec"], "syncer": {"shards": 2, "external": {**ext, "endpoint": "s:1"}}}}
+    assert problems(both)[0].startswith("spec.syncer.external: name the syncer by `endpoint` (one shard) or")
 
 
 def test_decay_steps_left_out_end_the_cosine_with_the_token_budget_or_the_last_step() -> None:
