@@ -19,9 +19,10 @@ import kopf
 from diloco.operator.admission.certificates import WebhookOptions
 from diloco.operator.failures.capacity import GATE_GRACE
 from diloco.operator.failures.policy import IMAGE_PULL_GRACE
-from diloco.operator.kube import Kube
+from diloco.operator.kube import Kube, replica_agent
 from diloco.operator.metrics import OperatorMetrics
 from diloco.operator.reconcile.children import GATEWAY_KINDS, KUEUE_KINDS, MANAGED_KINDS
+from diloco.operator.remote.clients import Clients
 from diloco.operator.render import naming
 from diloco.operator.render.policies import OPERATOR_LABELS, Peers
 from diloco.operator.syncer_client import SyncerClients
@@ -100,6 +101,7 @@ class Context:
     config: Config
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     syncers: SyncerClients = field(default_factory=SyncerClients)
+    remotes: Clients = field(default_factory=lambda: Clients(replica_agent()))  # remote clusters' API clients
     kube: Kube | None = None  # connected by the startup handler
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)

@@ -101,9 +101,12 @@ def chaos_enabled(spec: Any, **kwargs: Any) -> bool:
 
 def forget(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
     """Children go with the job (owner references); its Kueue Workloads once the finalizer the
-    operator put on them as their integration is off; then our in-memory state is dropped."""
+    operator put on them as their integration is off; its remote parts once each cluster deleted
+    them (spec.clusters); then our in-memory state is dropped."""
     if not passes.release_workloads(_ctx(memo), _namespaced(namespace), name):
         raise kopf.TemporaryError("a Workload changed while its finalizer was taken off", delay=1)
+    if not passes.release_remotes(_ctx(memo), _namespaced(namespace), name):
+        raise kopf.TemporaryError("a remote cluster still holds the job's part", delay=5)
     _ctx(memo).forget(_namespaced(namespace), name)
 
 

@@ -81,6 +81,8 @@ class LearnerGroupStatus(StatusModel):
     readmitted: Count = Field(0, description="Lost learners that came back and re-joined so far.")
     restarts: Count | Absent = Field(None, description="Multi-host groups only (hostsPerLearner > 1): whole-"
                                                        "learner restarts after a host was lost.")
+    cluster: str | Absent = Field(None, description="A multi-cluster job's group that runs in a remote cluster "
+                                                   "(spec.clusters): its counts are that cluster's operator's.")
 
 
 class LostLearner(StatusModel):
@@ -191,6 +193,21 @@ class FailuresStatus(StatusModel):
     last: LastFailure | Absent = Field(None, description="The latest failure counted.")
 
 
+class RemoteClusterStatus(StatusModel):
+    """A remote cluster of a multi-cluster job (spec.clusters) and the health of its part there."""
+
+    name: str = Field(min_length=1, max_length=63, description="spec.clusters[].name.")
+    namespace: str = Field(min_length=1, max_length=63, description="Where its part lives there.")
+    kubeconfig_secret: str = Field(min_length=1, max_length=253, description="The Secret the operator logs in with.")
+    reachable: bool = Field(description="Its API server answered the last pass and the part is usable.")
+    phase: str = Field("", max_length=32, description="Its part's phase, as that cluster's operator reports it "
+                                                      "(the last known while unreachable).")
+    learners: str = Field("", max_length=32, description="Its part's ready/desired learners (the last known while "
+                                                         "unreachable).")
+    message: str = Field("", max_length=MAX_MESSAGE, description="Why it is unreachable or its part not written.")
+    last_transition_time: AwareDatetime = Field(description="When `reachable` last changed.")
+
+
 class StartedSpec(StatusModel):
     """The immutable fields' values when the job started (operator/admission/immutable.py)."""
 
@@ -245,3 +262,5 @@ class JobStatus(StatusModel):
     failures: FailuresStatus | Absent = Field(None, description="Permanent pod failures; absent until the first.")
     started_spec: StartedSpec | Absent = Field(None, description="The immutable fields' values at the start.")
     chaos: ChaosStatus | Absent = Field(None, description="spec.chaos's schedule, when enabled.")
+    clusters: list[RemoteClusterStatus] | Absent = Field(None, description="A multi-cluster job's remote clusters "
+                                                                        "(spec.clusters) and their parts' health.")

@@ -18,6 +18,7 @@ from diloco.operator.kueue import api as kueue_api
 from diloco.operator.reconcile import children
 from diloco.operator.reconcile.actions import Count, Event
 from diloco.operator.reconcile.plan import Plan, settle
+from diloco.operator.remote import sync as remote_sync
 from diloco.spec import KIND
 
 log = logging.getLogger("diloco.operator")
@@ -55,6 +56,11 @@ def apply(ctx: Context, p: Plan) -> None:
         # Pods the controllers may not create, or the kubelet not start, for the children as
         # written (operator/failures/pod_refusals.py: it reads only for a workload short of pods).
         refusing = pod_refusals.read(ctx.api, namespace, live, p.pods) if p.pods is not None else None
+    done_remote, failed_remote = remote_sync.carry_out(p.remote_writes)
+    if done_remote:
+        _emit(ctx, p, Event("RemotePartsUpdated", "; ".join(done_remote)))
+    if failed_remote:
+        _emit(ctx, p, Event("RemoteWriteFailed", "; ".join(failed_remote), warning=True))
     final = settle(p, refused, refusing)
     for item in (*final.events, *p.events):
         _emit(ctx, p, item)

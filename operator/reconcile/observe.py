@@ -20,12 +20,14 @@ from diloco.operator.kueue import integration as kueue
 from diloco.operator.kueue import queueing
 from diloco.operator.reconcile import children
 from diloco.operator.reconcile.loading import effective
+from diloco.operator.remote import health as remote
+from diloco.operator.remote import sync as remote_sync
 from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
 from diloco.operator.status import job as st
 from diloco.operator.syncer_client import Target
-from diloco.spec import DecoupledDiLoCoJob
+from diloco.spec import DecoupledDiLoCoJob, home_view
 
 Probe = tuple[st.SyncerView | None, str]  # the syncer's Status answer, or the gRPC code's name of its failure
 
@@ -48,6 +50,9 @@ class Observed:
     probed: bool = False  # an external syncer, asked before the learners are rendered
     pods: list[dict[str, Any]] = field(default_factory=list)
     kueue: queueing.Seen | None = None  # what a queued job's pass read of Kueue
+    whole: DecoupledDiLoCoJob | None = None  # a multi-cluster job as applied; `job` is then its home view
+    remotes: tuple[remote.Seen, ...] = ()  # the remote clusters it names, as read (operator/remote/)
+    gone: tuple[remote.Seen, ...] = ()  # clusters its status records that its spec no longer names
 
     @property
     def owner(self) -> render.Owner:
@@ -106,7 +111,9 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     """Everything the pass over the job `body` needs, read."""
     meta, config = body["metadata"], ctx.config
     namespace, name = meta["namespace"], meta["name"]
-    job, problems, refused = effective(body)
+    whole, problems, refused = effective(body)
+    # A multi-cluster job runs its home view here; its remote groups run in their clusters.
+    job = whole.model_copy(update={"spec": home_view(whole.spec)}) if whole and whole.spec.clusters else whole
     queue = kueue.queue(config.kueue, meta.get("labels"))
     seen = Observed(body, config, now, None, problems, refused, queue)
     if job is None:
@@ -115,6 +122,7 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     problems = spec_checks.install_problems(job, gateway_api=config.gateway_api, queued=queue is not None)
     if problems:
         return Observed(body, config, now, None, problems, refused, queue)
+    assert whole is not None
     live = children.observe(ctx.api, namespace, name, config.managed_kinds)
     if job.spec.syncer.external is None and (problems := shard_problem(job, live)):
         return Observed(body, config, now, None, problems, refused, queue)
@@ -130,4 +138,20 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     q = queueing.read(ctx.api, job, owner=owner, link=link(job, owner, secrets), queue_name=queue, live=live,
                       generation=int(meta.get("generation") or 0)) if queue is not None else None
     job_pods = ctx.api.list("Pod", namespace, n.selector(name))
-    return Observed(body, config, now, job, [], refused, queue, live, secrets, token, answer, probed, job_pods, q)
+    remotes, gone = read_remotes(ctx, whole, body.get("status") or {})
+    return Observed(body, config, now, job, [], refused, queue, live, secrets, token, answer, probed, job_pods, q,
+                    whole if whole is not job else None, remotes, gone)
+
+
+def read_remotes(ctx: Context, whole: DecoupledDiLoCoJob, status: dict[str, Any]) -> tuple[tuple[remote.Seen, ...],
+                                                                                          tuple[remote.Seen, ...]]:
+    """Each remote cluster's part, read at once: those the spec names, and those only the status
+    still records (a cluster taken out of spec.clusters, whose part must go)."""
+    name, namespace = whole.metadata.name, whole.metadata.namespace or "default"
+    wanted = [(c, c.namespace or namespace) for c in whole.spec.clusters]
+    named = {c.name for c, _ in wanted}
+    left = [(c, ns) for c, ns in remote_sync.recorded(status) if c.name not in named]
+    if not wanted and not left:
+        return (), ()
+    seen = remote_sync.read(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, [*wanted, *left], name)
+    return tuple(seen[:len(wanted)]), tuple(seen[len(wanted):])

@@ -23,6 +23,7 @@ from diloco.operator.kueue import integration
 from diloco.operator.reconcile import apply, observe, plan
 from diloco.operator.reconcile.loading import effective as _effective
 from diloco.operator.reconcile.loading import load as load
+from diloco.operator.remote import sync as remote_sync
 from diloco.operator.render import access, learners
 from diloco.operator.render import naming as n
 from diloco.operator.status import job as st
@@ -69,6 +70,28 @@ def release_workloads(ctx: Context, namespace: str, name: str) -> bool:
         return True
     return all(kueue_api.let_go(ctx.api, wl) for wl in found
                if integration.FINALIZER in (wl["metadata"].get("finalizers") or []))
+
+
+def release_remotes(ctx: Context, namespace: str, name: str) -> bool:
+    """A multi-cluster job being deleted: its remote parts deleted in their clusters
+    (operator/remote/sync.py). False while a cluster holds the deletion back (try again)."""
+    body = ctx.api.get(KIND, namespace, name)
+    if body is None:
+        return True
+    whole, _, _ = _effective(body)
+    wanted = [(c, c.namespace or namespace) for c in (whole.spec.clusters if whole else [])]
+    named = {c.name for c, _ in wanted}
+    wanted += [(c, ns) for c, ns in remote_sync.recorded(body.get("status") or {}) if c.name not in named]
+    if not wanted:
+        return True
+    done, waiting = remote_sync.release(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, body, wanted)
+    ref = n.job_reference(name, namespace, body["metadata"]["uid"])
+    if done:
+        post(ref, "RemotePartsDeleted", "; ".join(done))
+    if waiting:
+        post(ref, "RemotePartsHeld", "the job waits to delete its remote parts: " + "; ".join(waiting) +
+             " (delete the cluster's kubeconfig Secret to give its part up)", warning=True)
+    return not waiting
 
 
 def _readmitted(ctx: Context, ref: dict[str, Any], learner: LearnerId, back: readmission.Readmitted) -> None:

@@ -27,6 +27,8 @@ from diloco.operator.kueue import lifecycle, placement, queueing
 from diloco.operator.reconcile import children
 from diloco.operator.reconcile.actions import Count, Event, PodDelete, WorkloadWrite
 from diloco.operator.reconcile.observe import Observed, syncer_ready, target
+from diloco.operator.remote import health as remote
+from diloco.operator.remote import parts as remote_parts
 from diloco.operator.render import access, exposure, learners, policies
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
@@ -61,6 +63,7 @@ class Plan:
     capacity_tokens: float | None = None  # goodput's capacity, for the job's metrics
     waiting: tuple[int, float] = (0, 0.0)  # pods waiting for capacity, and the longest wait in seconds
     delete_job: Event | None = None  # a finished job past its TTL: deleted, with this Event
+    remote_writes: tuple[remote.Write, ...] = ()  # a multi-cluster job's remote parts (operator/remote/)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ def plan(o: Observed, now: float) -> Plan:
     counted = {**old, **failing.counted}
     ended = None if was_finished else st.ending(job.spec, counted, obs)
     computed = job_status(o, job, counted, obs, ended=ended, gate=through.gate, stamp=stamp, generation=generation)
+    regions = remote_regions(o, computed, obs, stamp=stamp, generation=generation)
+    computed = {**computed, **regions.patch}
     told = status_events(old, computed, gate=through.gate, refused=o.refused, ended=ended)
     desired = desired_children(o, job, link=link, blocker=blocker, new=computed, ended=ended,
                                placed=through.placed) + through.workloads
@@ -146,11 +151,11 @@ def plan(o: Observed, now: float) -> Plan:
                 early=q.events if q else (), desired=desired, live=through.live,
                 children=children.plan(desired, list(through.live.values()), o.owner.uid),
                 pods=None if was_finished else o.pods,
-                events=(*failing.events, *told, *slots.events, *blocker_events(old, blocker)),
+                events=(*failing.events, *told, *regions.events, *slots.events, *blocker_events(old, blocker)),
                 pod_deletes=(*force_deletes(o.pods, ref, now=now, timeout=o.config.stuck_timeout), *slots.deletes),
                 workload_writes=workload_writes(q, new, o.pods, finished=was_finished, stamp=stamp), stamp=stamp,
                 generation=generation, capacity_tokens=goodput.capacity_tokens(job.spec, new.get("accounting") or {}),
-                waiting=_waiting(obs, now), delete_job=_expired(job, old, new, now))
+                waiting=_waiting(obs, now), delete_job=_expired(job, old, new, now), remote_writes=regions.writes)
 
 
 def settle(p: Plan, refused_writes: list[refusals.Refusal], refusing: pod_refusals.Observed | None) -> Settled:
@@ -222,6 +227,35 @@ def job_status(o: Observed, job: DecoupledDiLoCoJob, counted: dict[str, Any], ob
     taken = kueue.taken([*[x for k, x in o.live.items() if k[0] in kueue.TAKEN_KINDS], *o.pods])
     return {**recorded, "conditions": kueue.defaulted_condition(conds, taken, stamp, generation,
                                                                 queued=o.queue is not None)}
+
+
+@dataclass(frozen=True)
+class Regions:
+    """A multi-cluster job's remote parts this pass: the status they show, the writes, the Events."""
+
+    patch: dict[str, Any] = field(default_factory=dict)
+    writes: tuple[remote.Write, ...] = ()
+    events: tuple[Event, ...] = ()
+
+
+def remote_regions(o: Observed, status: dict[str, Any], obs: st.Observation, *, stamp: str,
+                   generation: int) -> Regions:
+    """Each remote cluster's part written where it differs from the home job (created, edited,
+    put back), and its health shown: status.clusters, its groups among status.learnerGroups,
+    condition ClustersReachable (operator/remote/health.py). Nothing for a one-cluster job."""
+    whole = o.whole
+    if whole is None and not o.gone:
+        return Regions()
+    whole = whole or o.job
+    assert whole is not None
+    tls = whole.spec.syncer.expose.tls if whole.spec.syncer.expose is not None else None
+    ca = access.value(o.secrets.get(tls.secret_name), n.CA_KEY) if tls and tls.enabled and tls.secret_name else None
+    home = remote_parts.Home(whole, o.owner.uid, o.token, ca, [a for a in obs.exposed_address.split(",") if a])
+    decided, conds = remote.decide(home, o.remotes, o.gone, o.status, status["conditions"], stamp=stamp,
+                                   generation=generation)
+    mine = [g for g in status.get("learnerGroups") or [] if not g.get("cluster")]
+    patch = {"conditions": conds, "clusters": list(decided.clusters), "learnerGroups": [*mine, *decided.groups]}
+    return Regions(patch, decided.writes, decided.events)
 
 
 def desired_children(o: Observed, job: DecoupledDiLoCoJob, *, link: access.Link, blocker: access.Blocker | None,
@@ -354,7 +388,7 @@ def _observation(o: Observed, job: DecoupledDiLoCoJob, *, job_pods: list[dict[st
     return st.Observation(
         now=now, ready=ready, syncer_endpoint=target(o.config, job, owner, o.secrets, o.token).address,
         syncer_ready=ready_syncer, syncer_restarts=pods.restarts(syncer_pods), syncer=view, syncer_error=error,
-        exposed_address=exposure.address(job, live.get(("Service", n.exposed_syncer(owner.name)))), blocker=blocker,
+        exposed_address=",".join(exposure.addresses(job, live)), blocker=blocker,
         unschedulable=tuple(capacity.waiting(mine, now, o.config.gate_grace)),
         image_stuck=failures.image_stuck(mine, now, o.config.image_pull_grace), finished=steps.finished(job.spec, mine))
 
