@@ -6,6 +6,12 @@ directory, persistent volumes as directories that outlive pods, Service names re
 127.0.0.1 with each Service port mapped to a free local port (stable, so a re-created syncer
 pod keeps its address; every Service in front of the same port shares it), and readiness
 when the process says so on stdout (the syncer's SYNCER_READY, a learner's `joined` event).
+Two live pods behind one Service (an active syncer and its standby, spec.syncer.standby) share
+the port their readiness probe checks: only the ready one listens on it (the standby opens its
+gRPC port once it holds the lease), so the Service follows the active pod as in a cluster; a
+Service port the other pod already listens on (metrics) is the second pod's own, as a pod IP's
+would be. The pod's host name is its name ($HOSTNAME, and `socket.gethostname()` through
+tests/kube/podhost/sitecustomize.py), and `envFrom` Secrets and ConfigMaps are read as `env` ones.
 Each container start gets a fresh, empty termination-message file at its terminationMessagePath
 (the kubelet's per-start file; `message` reads back its last 4096 bytes, as the kubelet does);
 a path under a mount, in args or env values (the compilation cache's variables), is the
@@ -22,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,7 @@ from diloco.contract import READY_PREFIX, Event
 from diloco.operator.kube import Kube
 from tests.kube.controllers import Runtime
 
+POD_HOST = Path(__file__).with_name("podhost")  # its sitecustomize: gethostname() is the pod's name
 READY_MARKS = {"syncer": READY_PREFIX, "learner": f'"event": "{Event.JOINED}"'}
 STOP_GRACE = 15.0  # seconds from SIGTERM to SIGKILL
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # what the API server defaults a container's to
@@ -57,6 +65,8 @@ class ProcessRuntime(Runtime):
         self.logs: dict[str, Path] = {}
         self.stopping: dict[str, float] = {}
         self.messages: dict[str, Path] = {}  # pod uid -> its container's current start's termination-message file
+        self.holders: dict[int, str] = {}  # a Service's local port -> the pod uid that got it last
+        self._starting = threading.Lock()  # several kubelets (Nodes) may share this runtime
         self._learners_started = first_cpu
 
     # -- addresses --------------------------------------------------------------------------
@@ -79,9 +89,21 @@ class ProcessRuntime(Runtime):
                           if sp.get("targetPort") in (port.get("name"), port["containerPort"])]
         if not addresses:
             return free_port()
-        local = next((self.ports[a] for a in addresses if a in self.ports), None) or free_port()
+        local = next((self.ports[a] for a in addresses if a in self.ports), None)
+        probed = ((container.get("readinessProbe") or {}).get("tcpSocket") or {}).get("port")
+        if local is not None and probed not in (port.get("name"), port["containerPort"]) and \
+                self._held_by_another(local, pod["metadata"]["uid"]):
+            return free_port()  # a second live pod behind the Service: its own port, as its own IP's
+        local = local or free_port()
         self.ports.update(dict.fromkeys(addresses, local))
+        self.holders[local] = pod["metadata"]["uid"]
         return local
+
+    def _held_by_another(self, local: int, uid: str) -> bool:
+        """Whether another pod's live process, not being stopped, was given this Service port."""
+        holder = self.holders.get(local)
+        proc = self.procs.get(holder) if holder is not None and holder != uid else None
+        return proc is not None and proc.poll() is None and holder not in self.stopping
 
     # -- environment --------------------------------------------------------------------------
 
@@ -97,7 +119,16 @@ class ProcessRuntime(Runtime):
              mounts: dict[str, Path]) -> dict[str, str]:
         """`mounts`: container paths of what is mounted into it (volumes, the termination-message file)."""
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+               "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(POD_HOST),
+               "HOSTNAME": pod["spec"].get("hostname") or pod["metadata"]["name"]}
+        for source in container.get("envFrom") or []:  # before `env`, which overrides it
+            kind = "Secret" if "secretRef" in source else "ConfigMap"
+            ref = source.get("secretRef") or source["configMapRef"]
+            found = self.api.get(kind, self.namespace, ref["name"])
+            if not found:
+                raise VolumeMissing(f"{kind} {ref['name']} is missing")
+            env.update({source.get("prefix", "") + k: base64.b64decode(v).decode() if kind == "Secret" else v
+                        for k, v in (found.get("data") or {}).items()})
         for item in container.get("env") or []:
             source = item.get("valueFrom") or {}
             if "value" in item:
@@ -148,6 +179,10 @@ class ProcessRuntime(Runtime):
     # -- Runtime ------------------------------------------------------------------------------
 
     def start(self, pod: dict[str, Any]) -> None:
+        with self._starting:  # ports are handed out and the process started before another start
+            self._start(pod)
+
+    def _start(self, pod: dict[str, Any]) -> None:
         (container,) = pod["spec"]["containers"]
         uid = pod["metadata"]["uid"]
         pod_dir = self.root / "pods" / f"{pod['metadata']['name']}-{uid[:8]}"

@@ -10,6 +10,8 @@ SIGKILL after the pod's grace period, then the restart), image pull failures for
 cannot "pull", and graceful deletion (SIGTERM, then the pod object goes).
 It also plays the volume provisioner the control plane lacks: every pending claim gets a
 hostPath PersistentVolume, which the real persistent-volume controller binds.
+Several may share one runtime (one machine), each its own Node (`node`, with `labels` such as a
+zone: tests/realapi/test_standby_takeover.py runs two zones so).
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ class Kubelet:
     # Pods of other namespaces are bound here but never started (the runtime serves one namespace).
     namespaces: frozenset[str] | None = None
     period: float = 0.2
+    node: str = NODE
+    labels: dict[str, str] = field(default_factory=dict)  # the Node's, besides hostname, os and arch
     errors: list[str] = field(default_factory=list)
     pods: dict[str, Container] = field(default_factory=dict)  # by pod uid
     liveness_failed: set[tuple[str, str]] = field(default_factory=set)  # (namespace, pod name) to kill once
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"kubelet-{self.node}", daemon=True)
         self._beat = 0.0
 
     def __enter__(self) -> Kubelet:
@@ -81,8 +85,9 @@ class Kubelet:
     # -- node ---------------------------------------------------------------------------------
 
     def _register(self) -> None:
-        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {
-            "kubernetes.io/hostname": NODE, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}}}
+        node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": {
+            "kubernetes.io/hostname": self.node, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            **self.labels}}}
         try:
             self.api.request("POST", "api/v1/nodes", node)
         except ApiError as exc:
@@ -95,9 +100,9 @@ class Kubelet:
         capacity = {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "500Gi"}
         ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test-side kubelet",
                  "lastHeartbeatTime": t, "lastTransitionTime": t}
-        self.api.request("PATCH", f"api/v1/nodes/{NODE}/status", {"status": {
+        self.api.request("PATCH", f"api/v1/nodes/{self.node}/status", {"status": {
             "capacity": capacity, "allocatable": capacity, "conditions": [ready],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": NODE}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.node}],
             "nodeInfo": {"kubeletVersion": "v1.20.2", "containerRuntimeVersion": "diloco-tests://1",
                          "operatingSystem": "linux", "architecture": "amd64", "kernelVersion": "", "osImage": "",
                          "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""}}},
@@ -117,7 +122,7 @@ class Kubelet:
                 if time.monotonic() - self._beat >= HEARTBEAT:
                     self._heartbeat()
                 self._provision()
-                pods = self.api.request("GET", "api/v1/pods", params={"fieldSelector": f"spec.nodeName={NODE}"})
+                pods = self.api.request("GET", "api/v1/pods", params={"fieldSelector": f"spec.nodeName={self.node}"})
                 for pod in pods.get("items") or []:
                     if self.namespaces is None or pod["metadata"]["namespace"] in self.namespaces:
                         self._sync(pod)
