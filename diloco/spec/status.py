@@ -6,7 +6,8 @@ lacks, keeps exactly these. The operator checks every status it writes against `
 (operator/status/job.py `validated`): a key missing here would be dropped by the server without a
 word, so it fails there, in tests, instead. The operator itself works on the plain dicts (they
 are merge patches); these models are the contract. Fields are absent until known and never
-null, except `startTime`, which a merge patch clears with null when a job is suspended.
+null, except `startTime`, which a merge patch clears with null when a job is suspended, and
+`progress`, `eta` and `progressDetail`, cleared the same way when they stop meaning anything.
 """
 
 from __future__ import annotations
@@ -226,6 +227,31 @@ class ChaosStatus(StatusModel):
     kills: Count = Field(description="Kills made so far.")
 
 
+class ProgressSample(StatusModel):
+    """The syncer's counters at one pass: the ETA's rate is measured from the oldest kept."""
+
+    at: float = Field(description="When (Unix seconds).")
+    outer_version: Count = Field(description="status.outerVersion then.")
+    tokens_merged: Count = Field(description="status.tokensMerged then.")
+
+
+class ProgressDetail(StatusModel):
+    """The bound the Progress and ETA columns count toward (operator/status/progress.py)."""
+
+    unit: Literal["tokens", "steps", "seconds"] = Field(
+        description="tokens: spec.training.tokenBudget against tokensMerged; steps: spec.training.steps against the "
+                    "slots merged (outerVersion / spec.syncer.shards, an estimate); seconds: "
+                    "spec.training.durationSeconds since startTime. With several, the one expected first.")
+    done: Count = Field(description="Units done so far.")
+    bound: Annotated[int, Field(ge=1)] = Field(description="Units at which the job ends.")
+    percent: Annotated[float, Field(ge=0.0, le=100.0)] = Field(
+        description="done over bound; 100 only once the job succeeded.")
+    rate: Annotated[float, Field(ge=0.0)] = Field(description="Units a second over the last ten minutes or so; 0 "
+                                                              "while unknown or not running.")
+    samples: list[ProgressSample] = Field(max_length=8, description="The rate's memory: counters a few minutes "
+                                                                    "apart, emptied while the job does not run.")
+
+
 class JobStatus(StatusModel):
     """What the operator observed: phase, conditions, learners, the syncer's view and goodput."""
 
@@ -256,6 +282,14 @@ class JobStatus(StatusModel):
         None, description="Desired learner-seconds the syncer saw connected over all desired learner-seconds "
                           "(connected is not productive: refused pushes count here, not in goodput).")
     badput: Badput | Absent = Field(None, description="Capacity lost, by reason (shares of capacity).")
+    progress: Annotated[str, Field(pattern=r"^[0-9]{1,3}%$")] | None = Field(
+        None, description="How far toward the job's bound, e.g. `41%` (the Progress column); absent without "
+                          "tokenBudget, steps or durationSeconds.")
+    eta: str | None = Field(None, description="About how long until the bound, at the rate of the last ten minutes "
+                                              "or so, e.g. `2h13m` (the ETA column); absent while unknown or "
+                                              "not running.")
+    progress_detail: ProgressDetail | None = Field(None, description="The bound, how far, and the rate behind the "
+                                                                     "ETA.")
     start_time: AwareDatetime | None = Field(None, description="When the job (last) started running; cleared on "
                                                                "suspend, so activeDeadlineSeconds restarts.")
     completion_time: AwareDatetime | Absent = Field(None, description="When it succeeded or failed.")

@@ -1,11 +1,12 @@
-"""Pure status logic: phase, conditions, per-group counts, goodput, and when a job ends.
+"""Pure status logic: phase, conditions, per-group counts, goodput, progress, and when a job ends.
 
 Inputs are what the handlers observed (children, the syncer's Status RPC, Secrets the job
 names) plus the previous status; the output is the next status. The syncer's answer is the
 global picture (every region, every cluster); the group counts are this cluster's own.
 Counters written by the pod handlers (lost, preempted, readmitted, restarts), multi-host
-learners' runs (gangRuns) and accumulators (goodput) are carried over, so the status is the
-operator's only memory and a restarted operator continues where the last one stopped.
+learners' runs (gangRuns) and accumulators (goodput, the ETA's rate) are carried over, so the
+status is the operator's only memory and a restarted operator continues where the last one
+stopped.
 Every status written must fit `JobStatus` (diloco/spec/status.py), the CRD's status schema:
 `changed` and `validated` check it before anything is patched.
 """
@@ -25,7 +26,7 @@ from diloco.operator.reconcile.observation import Observation as Observation
 from diloco.operator.reconcile.observation import RegionView as RegionView
 from diloco.operator.reconcile.observation import SyncerView as SyncerView
 from diloco.operator.status import conditions as c
-from diloco.operator.status import goodput, steps
+from diloco.operator.status import goodput, progress, steps
 from diloco.spec import JobSpec, JobStatus, Phase
 
 
@@ -157,6 +158,9 @@ def compute(spec: JobSpec, status: dict[str, Any], obs: Observation, *, generati
                         running=running, ready=ready, desired=desired, now=now, gen=generation)
     out["conditions"] = conds
     out["phase"] = phase(conds, spec.suspend)
+    start = out["startTime"] if "startTime" in out else status.get("startTime")
+    out.update(progress.fields(spec, status, out, obs, running=running, start=parse_time(start),
+                               end=parse_time(out.get("completionTime") or status.get("completionTime"))))
     return out
 
 

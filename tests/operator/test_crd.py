@@ -108,8 +108,8 @@ def test_crd_metadata_and_printer_columns() -> None:
     assert c["metadata"]["name"] == "decoupleddilocojobs.diloco.dev"
     version = c["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}} and c["spec"]["names"]["shortNames"] == ["ddj"]
-    assert [col["name"] for col in version["additionalPrinterColumns"]] == ["Phase", "Learners", "Version",
-                                                                            "Goodput", "Age"]
+    assert [col["name"] for col in version["additionalPrinterColumns"]] == ["Phase", "Learners", "Progress", "ETA",
+                                                                            "Version", "Goodput", "Age"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
