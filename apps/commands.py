@@ -222,18 +222,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     from google.protobuf.json_format import MessageToDict
 
     from diloco.launch import read_pem, read_token
-    from diloco.shards import aggregate, syncer_addresses
+    from diloco.shards import aggregate, server_names, syncer_addresses
     from diloco.wire import auth_metadata, channel, pb, rpc
 
     token, ca = read_token(args), read_pem(args.tls_ca, "--tls-ca")
     try:
         addresses = syncer_addresses(args.syncer)
+        names = server_names(args.tls_server_name, addresses)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
     replies = []
-    for address in addresses:
-        opened = channel(address, ca, args.tls_server_name)
+    for address, name in zip(addresses, names, strict=True):
+        opened = channel(address, ca, name)
         try:
             replies.append(rpc.SyncerStub(opened).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=10))
         except grpc.RpcError as exc:

@@ -257,7 +257,9 @@ def add_token_flag(p: argparse.ArgumentParser) -> None:
 
 def add_client_tls_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-ca", default=None, help="CA bundle (PEM): connect to the syncer over TLS")
-    p.add_argument("--tls-server-name", default=None, help="expected name in the syncer's certificate")
+    p.add_argument("--tls-server-name", default=None,
+                   help="expected name in the syncer's certificate; for a sharded syncer one name for every shard, "
+                        "or one per --syncer address, comma-separated in the same order")
 
 
 def ordinal(text: str) -> int:

@@ -22,6 +22,24 @@ def syncer_addresses(arg: str) -> list[str]:
     return addresses
 
 
+def server_names(arg: str | None, addresses: Sequence[str]) -> list[str | None]:
+    """`--tls-server-name` per `--syncer` address: none, one name for every shard, or one per
+    address, comma-separated in the same order (a sharded syncer exposed as shard-<i>.<host>
+    and dialled inside its cluster by its pods' names)."""
+    if arg is None:
+        return [None] * len(addresses)
+    names = [x.strip() for x in arg.split(",")]
+    if any(not x for x in names):
+        raise ValueError(f"--tls-server-name {arg!r}: expected a name, or one name per --syncer address, "
+                         "comma-separated")
+    if len(names) == 1:
+        return [names[0]] * len(addresses)
+    if len(names) != len(addresses):
+        raise ValueError(f"--tls-server-name {arg!r}: {len(names)} names for {len(addresses)} --syncer addresses; "
+                         "give one name for every shard, or one per --syncer address, in the same order")
+    return list(names)
+
+
 def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
     """The job's syncer status from every shard's, in shard order. Per fragment the owner's
     version; counts of work summed (each shard does its own); tokens merged is the largest

@@ -23,7 +23,8 @@ TIMEOUT = 3.0
 
 @dataclass(frozen=True)
 class Target:
-    """A syncer as the operator dials it: address, the job token and, for TLS, CA and name."""
+    """A syncer as the operator dials it: address (one per shard, comma-separated), the job token
+    and, for TLS, CA and name (one for every shard, or one per shard, comma-separated)."""
 
     address: str
     token: str
@@ -53,12 +54,14 @@ class SyncerClients:
         """The syncer's view and "", or None and the gRPC status code's name."""
         import grpc
 
-        from diloco.shards import aggregate, syncer_addresses
+        from diloco.shards import aggregate, server_names, syncer_addresses
         from diloco.wire import auth_metadata, pb, rpc
 
         replies = []
-        for address in syncer_addresses(target.address):  # every shard of a sharded syncer, in order
-            channel = self._channel((namespace, job, address, target.ca, target.server_name))
+        addresses = syncer_addresses(target.address)  # every shard of a sharded syncer, in order
+        # Each shard checked for its own name (shard-<i>.<host>), or every one for the one name.
+        for address, name in zip(addresses, server_names(target.server_name, addresses), strict=True):
+            channel = self._channel((namespace, job, address, target.ca, name))
             try:
                 replies.append(rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(target.token),
                                                               timeout=TIMEOUT))

@@ -203,7 +203,7 @@ def compile_model(me: Learner) -> Model:
 def connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, threading.Event]:
     """Our link to the syncer, the same on every host; host 0's own client (one per syncer shard,
     None on the other hosts); and the event SIGTERM sets."""
-    from diloco.shards import syncer_addresses
+    from diloco.shards import server_names, syncer_addresses
     from diloco.trainer.sync.client import SyncerClient
     from diloco.trainer.sync.mirrored import MirroredClient
     from diloco.trainer.sync.sharded_client import ShardedClient
@@ -213,11 +213,13 @@ def connect(me: Learner, m: Model) -> tuple[MirroredClient, SyncerLink | None, t
     # syncer may still think alive; only the very first local process need not.
     def connect(address: str) -> SyncerClient:
         return SyncerClient(address, me.token, me.learner_id, me.group.region, on_event=emit, tls_ca=me.tls_ca,
-                            tls_server_name=args.tls_server_name, supersede=args.restart is None or args.restart > 0,
+                            tls_server_name=names[address], supersede=args.restart is None or args.restart > 0,
                             data=me.data)
 
     try:
         addresses = syncer_addresses(args.syncer)  # one per shard of spec.syncer.shards
+        # The certificate's name per shard: one for all, or one each (--tls-server-name a,b,...).
+        names = dict(zip(addresses, server_names(args.tls_server_name, addresses), strict=True))
     except ValueError as exc:
         raise EndsEarly(Exit.CONFIG, str(exc)) from None
     if len(addresses) != me.spec.syncer.shards:

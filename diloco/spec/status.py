@@ -114,7 +114,9 @@ class SyncerStatus(StatusModel):
                                         "fail the job.")
     external: bool | Absent = Field(None, description="True: in another cluster (spec.syncer.external).")
     exposed_address: str | Absent = Field(None, description="Where other clusters dial it (spec.syncer.expose), "
-                                                            "once known.")
+                                                            "once known: host:port, or for a sharded syncer every "
+                                                            "shard's (shard-<i>.<host>:port), comma-separated in "
+                                                            "shard order, what their learners pass as --syncer.")
     incarnation: str | Absent = Field(None, description="Its process's id: a new one after each restart.")
     active_learners: Count | Absent = Field(None, description="Learners connected to it, in every cluster.")
     readmissions: Count | Absent = Field(None, description="Re-joins it saw: joins beyond each learner's first.")

@@ -47,7 +47,9 @@ class Link:
     address: str  # host:port the learners dial (one per shard, comma-separated, for a sharded syncer)
     token_secret: str  # the Secret whose `token` key learners present
     ca_secret: str | None = None  # the Secret whose `ca.crt` verifies the syncer; None: plaintext
-    server_name: str | None = None  # the certificate's name, when it is not the address's host
+    # The certificate's name, when it is not the address's host: one for every shard, or one per
+    # shard, comma-separated (what the learners pass as --tls-server-name).
+    server_name: str | None = None
 
 
 def referenced(job: DecoupledDiLoCoJob) -> list[tuple[str, tuple[str, ...], str]]:
@@ -90,7 +92,8 @@ def secret_blocker(job: DecoupledDiLoCoJob, secrets: Secrets) -> Blocker | None:
 
 def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     """External: the endpoint, the copied token, TLS if the copy carries a CA. In-cluster: the
-    Service, the job's own token, TLS when exposed with it (checked for `expose.host`)."""
+    Service (a sharded syncer's pods), the job's own token, TLS when exposed with it (checked for
+    `expose.host`, a sharded syncer's shard i for `shard-<i>.<host>`)."""
     syncer = job.spec.syncer
     ext = syncer.external
     if ext is not None:
@@ -99,9 +102,11 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     name = job.metadata.name
     expose = syncer.expose
     tls = expose is not None and expose.tls.enabled
+    # A sharded syncer's pods are dialled by their in-cluster names and checked for the names
+    # other clusters dial: shard-<i>.<host>, one per shard.
+    names = n.exposed_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
     return Link(n.syncer_addresses(name, namespace, syncer.shards), n.token_secret(name),
-                expose.tls.secret_name if expose is not None and tls else None,
-                expose.host if expose is not None and tls else None)
+                expose.tls.secret_name if expose is not None and tls else None, ",".join(names) or None)
 
 
 def refused(job: DecoupledDiLoCoJob, to: Link, code: str) -> Blocker | None:

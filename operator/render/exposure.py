@@ -1,4 +1,6 @@
-"""An in-cluster syncer made reachable from other clusters: a LoadBalancer Service or a GRPCRoute.
+"""An in-cluster syncer made reachable from other clusters: a LoadBalancer Service or a GRPCRoute,
+or for a sharded syncer one LoadBalancer Service per shard (`J-syncer-exposed-<i>`, dialled as
+`shard-<i>.<host>`).
 
 A separate object from the job's ClusterIP Service `J-syncer`, so that only the gRPC port
 leaves the cluster (metrics stay inside) and removing `spec.syncer.expose` removes exactly
@@ -18,25 +20,35 @@ from diloco.spec import DecoupledDiLoCoJob
 
 
 def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
-            defaults: Mapping[str, str]) -> dict[str, Any]:
-    """The exposing object; `defaults` are the chart's annotations, which the job's override."""
+            defaults: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The exposing objects; `defaults` are the chart's annotations, which the job's override.
+    One, or for a sharded syncer one LoadBalancer Service per shard (`J-syncer-exposed-<i>`),
+    each selecting only its shard's pod: a learner in another cluster dials every shard by
+    name (`shard-<i>.<host>`), and one Service over all of them would send a shard's pushes
+    to whichever pod the load balancer picked."""
     expose = job.spec.syncer.expose
     assert expose is not None, "only called for exposed syncers"
-    job_name = job.metadata.name
-    meta = {"name": n.exposed_syncer(job_name), "namespace": namespace,
-            "labels": n.labels(job_name, n.SYNCER), "ownerReferences": [n.owner_reference(job_name, owner_uid)]}
+    job_name, shards = job.metadata.name, job.spec.syncer.shards
     annotations = {**defaults, **expose.annotations}
-    if annotations:
-        meta["annotations"] = annotations
+
+    def meta(name: str) -> dict[str, Any]:
+        out = {"name": name, "namespace": namespace, "labels": n.labels(job_name, n.SYNCER),
+               "ownerReferences": [n.owner_reference(job_name, owner_uid)]}
+        if annotations:
+            out["annotations"] = dict(annotations)
+        return out
+
     if expose.type == "LoadBalancer":
-        spec: dict[str, Any] = {
-            "type": "LoadBalancer", "selector": n.selector(job_name, n.SYNCER),
-            "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]}
-        if expose.load_balancer_source_ranges:
-            spec["loadBalancerSourceRanges"] = list(expose.load_balancer_source_ranges)
-        return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+        selector = n.selector(job_name, n.SYNCER)
+        if shards == 1:
+            return [_load_balancer(meta(n.exposed_syncer(job_name)), selector, expose.load_balancer_source_ranges)]
+        return [_load_balancer(meta(n.exposed_syncer(job_name, i)),
+                               {**selector, n.POD_NAME: n.syncer_shard_pod(job_name, i)},
+                               expose.load_balancer_source_ranges)
+                for i in range(shards)]
     gateway = expose.gateway
     assert gateway is not None, "spec validation requires a gateway for GRPCRoute"
+    assert shards == 1, "spec validation exposes a sharded syncer through LoadBalancer Services only"
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
@@ -46,7 +58,35 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
                              "rules": [{"backendRefs": [{"name": n.syncer(job_name), "port": SYNCER_GRPC_PORT}]}]}
     if expose.host:
         route["hostnames"] = [expose.host]
-    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute", "metadata": meta, "spec": route}
+    return [{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+             "metadata": meta(n.exposed_syncer(job_name)), "spec": route}]
+
+
+def _load_balancer(meta: dict[str, Any], selector: dict[str, str], source_ranges: list[str]) -> dict[str, Any]:
+    """A LoadBalancer Service of the gRPC port only (metrics stay inside the cluster)."""
+    spec: dict[str, Any] = {
+        "type": "LoadBalancer", "selector": selector,
+        "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]}
+    if source_ranges:
+        spec["loadBalancerSourceRanges"] = list(source_ranges)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+
+
+MAX_NAME = 63  # a Service's name is a DNS label (RFC 1035)
+
+
+def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """An exposing object's name Kubernetes would refuse: the job's name plus `-syncer-exposed`
+    (and `-<shard>`) must stay a DNS label."""
+    if job.spec.syncer.expose is None:
+        return []
+    longest = n.exposed_syncers(job.metadata.name, job.spec.syncer.shards)[-1]
+    if len(longest) <= MAX_NAME:
+        return []
+    room = MAX_NAME - (len(longest) - len(job.metadata.name))
+    return [f"metadata.name: the exposed syncer's Service {longest!r} has {len(longest)} characters, over "
+            f"{MAX_NAME}; with spec.syncer.expose and {job.spec.syncer.shards} shard(s) the job's name must stay "
+            f"within {room}"]
 
 
 def problems(job: DecoupledDiLoCoJob, gateway_api: bool) -> list[str]:
@@ -58,17 +98,24 @@ def problems(job: DecoupledDiLoCoJob, gateway_api: bool) -> list[str]:
     return []
 
 
-def address(job: DecoupledDiLoCoJob, service: dict[str, Any] | None) -> str:
-    """Where other clusters dial the syncer: `expose.host`, else the load balancer's address once
-    the cloud has assigned one; "" while unknown. A GRPCRoute's port is its Gateway listener's."""
+def addresses(job: DecoupledDiLoCoJob, live: Mapping[tuple[str, str], Any]) -> list[str]:
+    """Where other clusters dial the syncer, one host:port per shard in shard order (what a
+    learner there passes as --syncer, comma-joined): `expose.host`, or `shard-<i>.<host>` for a
+    sharded syncer; else the load balancer's address once the cloud has assigned one (read from
+    `live`, the job's children by (kind, name)); [] while unknown. A GRPCRoute's is its host
+    alone: the port is its Gateway listener's."""
     expose = job.spec.syncer.expose
     if expose is None:
-        return ""
+        return []
     if expose.type == "GRPCRoute":
-        return expose.host or ""
+        return [expose.host] if expose.host else []
+    if expose.host:
+        return [_host_port(h) for h in n.exposed_hosts(expose.host, job.spec.syncer.shards)]
+    service = live.get(("Service", n.exposed_syncer(job.metadata.name)))  # unsharded: spec validation needs a host
     ingress = (((service or {}).get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-    host = expose.host or next((i.get("hostname") or i.get("ip") for i in ingress if i.get("hostname") or i.get("ip")),
-                               None)
-    if not host:
-        return ""
+    host = next((i.get("hostname") or i.get("ip") for i in ingress if i.get("hostname") or i.get("ip")), None)
+    return [_host_port(host)] if host else []
+
+
+def _host_port(host: str) -> str:
     return f"[{host}]:{SYNCER_GRPC_PORT}" if ":" in host else f"{host}:{SYNCER_GRPC_PORT}"

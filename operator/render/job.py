@@ -32,13 +32,15 @@ from diloco.spec import DecoupledDiLoCoJob, JobSpec, dump_job
 
 
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
-    """Names that Kubernetes would refuse later, TPU slices the learners cannot fill, and a
-    checkpoint volume nobody can size; reported like spec errors, with the field path."""
+    """Names that Kubernetes would refuse later (learners' StatefulSets, exposed Services), TPU
+    slices the learners cannot fill, and a checkpoint volume nobody can size; reported like spec
+    errors, with the field path."""
     syncer = job.spec.syncer
     sized = syncer.checkpoint_storage is not None or syncer.checkpoints is not None or \
         parameter_shapes(job.spec.model) is not None
     standby = [STANDBY_SHARDED] if syncer.standby is not None and syncer.shards > 1 else []
-    return learners.problems(job) + overlay.job_problems(job) + ([] if sized else [STORAGE_NEEDED]) + standby
+    return (learners.problems(job) + exposure.name_problems(job) + overlay.job_problems(job)
+            + ([] if sized else [STORAGE_NEEDED]) + standby)
 
 
 STANDBY_SHARDED = ("spec.syncer.standby: the operator renders a standby for an unsharded syncer only (spec.syncer."
@@ -92,7 +94,7 @@ def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool
     if not external:
         out.append(syncer_service(owner, spec.syncer.shards))
         if spec.syncer.expose is not None:
-            out.append(exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {}))
+            out += exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {})
     if spec.suspend:
         return out
     if not external:

@@ -17,6 +17,7 @@ JOB = "diloco.dev/job"
 COMPONENT = "diloco.dev/component"
 GROUP = "diloco.dev/group"
 INDEX = "apps.kubernetes.io/pod-index"  # set on every StatefulSet pod by the controller (1.28+)
+POD_NAME = "statefulset.kubernetes.io/pod-name"  # likewise, on every Kubernetes version: the pod's own name
 APPLIED_HASH = "diloco.dev/applied-hash"  # hash of what the operator last applied
 CONFIG_HASH = "diloco.dev/config-hash"  # on pod templates: restart pods when training config changes
 CHAOS = "diloco.dev/chaos-kill"  # annotation on a pod deleted by chaos (seen in its DELETED event)
@@ -67,9 +68,26 @@ def syncer(job: str) -> str:
     return f"{job}-syncer"
 
 
-def exposed_syncer(job: str) -> str:
-    """The LoadBalancer Service (or GRPCRoute) that other clusters' learners dial."""
-    return f"{job}-syncer-exposed"
+def exposed_syncer(job: str, shard: int | None = None) -> str:
+    """The LoadBalancer Service (or GRPCRoute) that other clusters' learners dial; with `shard`,
+    that shard's own LoadBalancer Service (a sharded syncer is exposed shard by shard)."""
+    return f"{job}-syncer-exposed" if shard is None else f"{job}-syncer-exposed-{shard}"
+
+
+def exposed_syncers(job: str, shards: int) -> list[str]:
+    """Every exposing object's name: one, or one per shard in shard order."""
+    return [exposed_syncer(job)] if shards == 1 else [exposed_syncer(job, i) for i in range(shards)]
+
+
+def exposed_hosts(host: str, shards: int) -> list[str]:
+    """The names other clusters dial (and the syncer's certificate carries), in shard order:
+    `expose.host`, or for a sharded syncer `shard-<i>.<host>` (covered by a `*.<host>` certificate)."""
+    return [host] if shards == 1 else [f"shard-{i}.{host}" for i in range(shards)]
+
+
+def syncer_shard_pod(job: str, shard: int) -> str:
+    """Shard `shard`'s pod: the syncer StatefulSet's pod of that ordinal."""
+    return f"{syncer(job)}-{shard}"
 
 
 def token_secret(job: str) -> str:
@@ -104,7 +122,8 @@ def syncer_addresses(job: str, namespace: str, shards: int) -> str:
     stable name under the headless Service, in shard (ordinal) order."""
     if shards == 1:
         return syncer_address(job, namespace)
-    return ",".join(f"{syncer(job)}-{i}.{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}" for i in range(shards))
+    return ",".join(f"{syncer_shard_pod(job, i)}.{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}"
+                    for i in range(shards))
 
 
 def labels(job: str, component: str | None = None, group: str | None = None) -> dict[str, str]:

@@ -48,11 +48,12 @@ def operator_peer(peers: Peers) -> dict[str, Any]:
 
 def network_policy(job: DecoupledDiLoCoJob, owner: Owner, peers: Peers) -> dict[str, Any]:
     """Ingress to the syncer pods: gRPC from this job's learners and the operator, metrics from
-    `peers.metrics_from`, nothing else. An exposed syncer's gRPC port takes any source: its
-    clients come through a load balancer or a Gateway whose addresses no policy can name (a
-    LoadBalancer Service with externalTrafficPolicy Cluster even hides them behind node
-    addresses); the job token and the syncer's TLS guard it, and loadBalancerSourceRanges
-    narrow it at the load balancer. Egress stays open (the syncer dials nothing but DNS)."""
+    `peers.metrics_from`, nothing else. An exposed syncer's gRPC port (every shard pod's, for a
+    sharded one: the policy selects them all) takes any source: its clients come through a load
+    balancer or a Gateway whose addresses no policy can name (a LoadBalancer Service with
+    externalTrafficPolicy Cluster even hides them behind node addresses); the job token and the
+    syncer's TLS guard it, and loadBalancerSourceRanges narrow it at the load balancer. Egress
+    stays open (the syncer dials nothing but DNS)."""
     grpc = {"port": SYNCER_GRPC_PORT, "protocol": "TCP"}
     learners = {"podSelector": {"matchLabels": n.selector(owner.name, n.LEARNER)}}  # this namespace only
     rules: list[dict[str, Any]] = [

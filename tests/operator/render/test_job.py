@@ -232,17 +232,19 @@ def test_grpc_route_attaches_to_the_gateway() -> None:
         "rules": [{"backendRefs": [{"name": "demo-syncer", "port": 50051}]}]}
     assert exposure.problems(routed, gateway_api=False)[0].startswith("spec.syncer.expose.type: GRPCRoute needs")
     assert exposure.problems(routed, gateway_api=True) == []
-    assert exposure.address(routed, None) == "syncer.us.example.com"
+    assert exposure.addresses(routed, {}) == ["syncer.us.example.com"]
 
 
 def test_exposed_address_is_the_host_or_the_load_balancers() -> None:
     lb = job(syncer={"expose": {"tls": {"enabled": False}}})
-    assert exposure.address(lb, None) == ""  # not provisioned yet
-    assert exposure.address(lb, {"status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.7"}]}}}) == \
-        "198.51.100.7:50051"
-    assert exposure.address(lb, {"status": {"loadBalancer": {"ingress": [{"ip": "2001:db8::7"}]}}}) == \
-        "[2001:db8::7]:50051"
-    assert exposure.address(job(**EXPOSED), None) == "syncer.us.example.com:50051"
+
+    def at(ingress: dict[str, str]) -> dict[tuple[str, str], Any]:
+        return {("Service", "demo-syncer-exposed"): {"status": {"loadBalancer": {"ingress": [ingress]}}}}
+
+    assert exposure.addresses(lb, {}) == []  # not provisioned yet
+    assert exposure.addresses(lb, at({"ip": "198.51.100.7"})) == ["198.51.100.7:50051"]
+    assert exposure.addresses(lb, at({"ip": "2001:db8::7"})) == ["[2001:db8::7]:50051"]
+    assert exposure.addresses(job(**EXPOSED), {}) == ["syncer.us.example.com:50051"]
 
 
 def test_scaling_and_chaos_do_not_restart_pods_but_training_changes_do() -> None:

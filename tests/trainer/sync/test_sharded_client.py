@@ -12,7 +12,7 @@ import pytest
 
 from diloco.core.codecs import decode_tensors, encode_tensors
 from diloco.core.fragments import owned_by, owner
-from diloco.shards import aggregate, syncer_addresses
+from diloco.shards import aggregate, server_names, syncer_addresses
 from diloco.spec import Syncer as SyncerSpec
 from diloco.trainer.sync.client import Push, SyncerClient
 from diloco.trainer.sync.sharded_client import ShardedClient
@@ -171,6 +171,36 @@ def test_malformed_syncer_addresses_are_refused(arg: str) -> None:
     with pytest.raises(ValueError, match="host:port"):
         syncer_addresses(arg)
     assert syncer_addresses("a:1, b:2") == ["a:1", "b:2"]
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (None, [None, None]),  # no TLS, or the addresses' own hosts
+    ("syncer.example.com", ["syncer.example.com"] * 2),  # one name for every shard (a *.host certificate's own)
+    ("shard-0.s.example.com, shard-1.s.example.com", ["shard-0.s.example.com", "shard-1.s.example.com"]),
+])
+def test_tls_server_name_is_one_for_every_shard_or_one_per_address(names: str | None,
+                                                                   expected: list[str | None]) -> None:
+    assert server_names(names, ["a:1", "b:2"]) == expected
+
+
+@pytest.mark.parametrize("names", ["x,y,z", "x,", ",x"])
+def test_a_tls_server_name_per_address_must_match_the_syncer_list(names: str) -> None:
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from diloco.contract import Exit
+    from diloco.trainer.bringup import EndsEarly, connect
+
+    with pytest.raises(ValueError, match="--tls-server-name") as info:
+        server_names(names, ["a:1", "b:2"])
+    if names.count(",") == 2:
+        assert "3 names for 2 --syncer addresses" in str(info.value)
+    # The learner exits at bring-up with a flag error (Exit.CONFIG), before dialling anything.
+    me = SimpleNamespace(args=Namespace(syncer="a:1,b:2", tls_server_name=names, restart=None),
+                         spec=SimpleNamespace(syncer=SimpleNamespace(shards=2)))
+    with pytest.raises(EndsEarly) as ended:
+        connect(me, SimpleNamespace())  # type: ignore[arg-type]
+    assert ended.value.code == Exit.CONFIG and "--tls-server-name" in ended.value.reason
 
 
 def test_diloco_status_adds_up_the_shards(shards: list[sh.Harness]) -> None:
