@@ -15,8 +15,9 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
+from diloco.spec import clusters as _clusters
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
-from diloco.spec.clusters import KUBECONFIG_KEY, RemoteCluster, cluster_problems, home_view, remote_spec  # noqa: F401
+from diloco.spec.clusters import KUBECONFIG_KEY, RemoteCluster  # noqa: F401
 from diloco.spec.copies import GroupData, copy_problems, group_data, path_field  # noqa: F401
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
@@ -283,7 +284,8 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
         )
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)
-    yield from cluster_problems(spec)
+    yield from _clusters.cluster_problems(spec.clusters, spec.learner_groups, external=spec.syncer.external is not None,
+                                          exposed=spec.syncer.expose is not None)
     yield from copy_problems(spec.data, spec.learner_groups)
 
 
@@ -343,6 +345,25 @@ def _syncer_problems(spec: JobSpec) -> Iterable[str]:
     if expose.type != "LoadBalancer" and expose.load_balancer_source_ranges:
         yield ("spec.syncer.expose.loadBalancerSourceRanges: only used with type LoadBalancer; remove it "
                "or restrict access at the Gateway")
+
+
+def home_view(spec: JobSpec) -> JobSpec:
+    """What the home cluster of a multi-cluster job runs (diloco/spec/clusters.py); a one-cluster job as it is."""
+    if not spec.clusters:
+        return spec
+    return JobSpec.model_validate(_clusters.home_part(_pinned(spec)))
+
+
+def remote_spec(spec: JobSpec, cluster: str, *, endpoints: list[str], token_secret: str,
+                server_name: str | None = None) -> JobSpec:
+    """What remote cluster `cluster` runs: a learners-only job (diloco/spec/clusters.py)."""
+    return JobSpec.model_validate(_clusters.remote_part(_pinned(spec), cluster, endpoints=endpoints,
+                                                        token_secret=token_secret, server_name=server_name))
+
+
+def _pinned(spec: JobSpec) -> dict[str, Any]:
+    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=True)
+    return _clusters.pinned(raw, spec.shard_count, spec.shard_offsets())
 
 
 class SpecError(ValueError):
