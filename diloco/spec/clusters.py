@@ -35,7 +35,8 @@ class RemoteCluster(Model):
 class Placed(Protocol):
     """A learner group, as the cluster rules read it."""
 
-    cluster: str | None
+    @property
+    def cluster(self) -> str | None: ...
 
 
 def cluster_problems(clusters: Sequence[RemoteCluster], groups: Sequence[Placed], *, external: bool,
