@@ -50,8 +50,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", type=int, default=_DEFAULTS.seeds, help="its runs per region (2)")
     p.add_argument("--name", default="plan", help="the job's metadata.name in --manifest (default plan)")
     p.add_argument("--manifest", metavar="OUT.yaml", default=None,
-                   help="write the home cluster's DecoupledDiLoCoJob here and each other region's beside it "
-                        "(OUT-<region>.yaml), each checked as `diloco validate` checks it")
+                   help="write the one DecoupledDiLoCoJob that runs the plan here, checked as `diloco validate` "
+                        "checks it; across regions, applied on the syncer's cluster, which runs the other regions' "
+                        "parts (spec.clusters)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=main)
 
@@ -166,32 +167,38 @@ def _base_spec(path: str) -> dict[str, Any]:
 
 
 def _write(plan: Any, cfg: Any, args: argparse.Namespace, base: dict[str, Any] | None) -> tuple[list[str], list[str]]:
-    """Check every manifest as `diloco validate` does, then write them; (problems, paths)."""
+    """Check the job as `diloco validate` does, then write it; (problems, paths)."""
     import yaml
 
     from diloco.apps.plan import render
     from diloco.operator.admission import checks as spec_checks
     from diloco.spec import SpecError, parse_job
 
-    docs = render.manifests(plan, cfg, args.name, base)
-    out = Path(args.manifest)
-    paths = [out] + [out.with_name(f"{out.stem}-{render.group_name(region)}{out.suffix or '.yaml'}")
-                     for region, _ in docs[1:]]
-    problems: list[str] = []
-    for region, doc in docs:
-        try:
-            job = parse_job(doc)
-        except SpecError as exc:
-            problems += [f"manifest for {region}: {x}" for x in exc.problems]
-            continue
-        problems += [f"manifest for {region}: {x}" for x in
-                     spec_checks.problems(job, gateway_api=False, kueue_enabled=True)]
+    doc = render.manifest(plan, cfg, args.name, base)
+    try:
+        problems = [f"manifest: {x}" for x in
+                    spec_checks.problems(parse_job(doc), gateway_api=False, kueue_enabled=True)]
+    except SpecError as exc:
+        problems = [f"manifest: {x}" for x in exc.problems]
     if problems:
         return problems, []
-    for (region, doc), path in zip(docs, paths, strict=True):
-        role = "the home cluster: the syncer" if region == docs[0][0] else "a learners-only cluster"
-        head = (f"# diloco plan: {region}, {role} (docs/MULTI_CLUSTER.md, docs/PLANNING.md). Fill in each group's\n"
-                "# image, nodeSelector, tolerations and accelerator resources before applying.\n")
-        path.write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-    return [], [str(p) for p in paths]
-
+    home = next(rp.region.name for rp in plan.regions if not rp.remote)
+    clusters = doc["spec"].get("clusters", [])
+    if clusters:
+        expose = doc["spec"]["syncer"]["expose"]
+        head = (f"# diloco plan: one job across {len(plan.regions)} regions. Apply it on {home}'s cluster, the home\n"
+                "# one (the syncer's); its operator writes each other region's learners-only part into that\n"
+                "# region's cluster (spec.clusters; docs/MULTI_CLUSTER.md). First, in the operator's namespace,\n"
+                f"# a kubeconfig Secret per cluster ({', '.join(c['kubeconfigSecret'] for c in clusters)});\n"
+                f"# in the job's, the TLS Secret {expose['tls']['secretName']} for *.{expose['host']}\n"
+                f"# (replace the example host), with DNS for shard-0 .. shard-{plan.shards - 1}.<host>.\n"
+                "# Fill in each group's image, nodeSelector, tolerations and accelerator resources.\n")
+    else:
+        head = (f"# diloco plan: {home}, one cluster (docs/PLANNING.md). Fill in each group's image, nodeSelector,\n"
+                "# tolerations and accelerator resources before applying.\n")
+    out = Path(args.manifest)
+    try:
+        out.write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        return [f"--manifest {out}: cannot write: {exc}"], []
+    return [], [str(out)]

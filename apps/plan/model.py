@@ -49,7 +49,6 @@ class Plan:
     regions: list[RegionPlan] = field(default_factory=list)
     fragments: int = 0
     shards: int = 1
-    folded_from: tuple[int, int] | None = None  # (P, shards) before a multi-cluster fold
     shard_load: float = 0.0  # the chain's share of a slot on one shard's core
     shard_memory_b: float = 0.0
     hosts: int = 0
@@ -229,19 +228,8 @@ def make_plan(p: PlanInput, largest_fragment: FragmentSizer) -> Plan:
         return Plan(p, [f"{head}; they take at most {max(0, math.floor(most))} learners at {step:g} s steps: fewer "
                         "learners, longer steps, or larger hosts (--host-memory-gb)"])
     paper = bandwidth_gb_s(BandwidthParams(p.params, step, max(2, len(p.regions)), p.utilization,
-                                           fragments, float(p.tau)))  # at the P the links were planned at
-    folded = None
+                                           fragments, float(p.tau)))
     limits: list[str] = []
-    if len(p.regions) > 1 and shards > 1:  # a sharded syncer cannot be exposed to other clusters yet
-        folded, fragments, shards = (fragments, shards), fragments * shards, 1
-        limits.append(f"multi-cluster: spec.syncer.shards > 1 cannot be exposed to other clusters yet, so the "
-                      f"{folded[1]} shards P = {folded[0]} needs are folded into one shard at P = {fragments} "
-                      f"(the same work a slot; each fragment syncs every {fragments} steps, not {folded[0]}; "
-                      "quality measured only up to P = 24)")
-        if shard_memory(p.params, 1) > p.host_memory_gb * 1e9:
-            gb = shard_memory(p.params, 1) / 1e9
-            return Plan(p, [f"syncer: one shard holds the whole model in a multi-cluster job: {gb:.0f} GB, over "
-                            f"--host-memory-gb {p.host_memory_gb:g}; use hosts of at least {math.ceil(gb)} GB"])
     frag = largest_fragment(fragments * shards)
     load = shard_load(p.params / (fragments * shards), step, pushes)
     rates = _region_rates(p, learners, fragments, frag, shard_load(frag, step, pushes) * step)
@@ -258,7 +246,7 @@ def make_plan(p: PlanInput, largest_fragment: FragmentSizer) -> Plan:
     chips = sum(rp.chips for rp in regions)
     goodput = sum(rp.goodput.goodput * rp.chips for rp in regions) / chips
     uptime = 1.0 - math.prod(1.0 - rp.goodput.uptime for rp in regions)
-    plan = Plan(p, [], limits, regions, fragments, shards, folded, load, mem, math.ceil(shards / per_host), frag,
+    plan = Plan(p, [], limits, regions, fragments, shards, load, mem, math.ceil(shards / per_host), frag,
                 ckpt, interval, write_s, goodput, uptime, paper)
     limits.extend(_limits(plan))
     return plan

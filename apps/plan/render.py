@@ -1,8 +1,9 @@
-"""A plan as text, as JSON, and as the DecoupledDiLoCoJob manifests that run it.
+"""A plan as text, as JSON, and as the one DecoupledDiLoCoJob manifest that runs it.
 
-Multi-cluster as docs/MULTI_CLUSTER.md runs it: the syncer's region is the home cluster (its
-syncer exposed with TLS), every other region a learners-only cluster dialling it, each with its
-own shard range of the data.
+A multi-region plan is one job (diloco/spec/clusters.py): applied on the home cluster, the
+syncer's region, whose operator writes each other region's learners-only part into that region's
+cluster (`spec.clusters`). Every shard of the syncer is exposed with TLS (shard-<i>.<host>), so
+the learners of every region reach all of them; the data slices follow the groups' order.
 """
 
 from __future__ import annotations
@@ -45,9 +46,8 @@ def text(plan: Plan, model: str) -> str:
                      f"{rp.goodput.goodput:>9.1%}")
     lines.append("  (* the syncer's region; round trip: the largest fragment's, against tau x step = "
                  f"{p.tau} x step; Join: a re-admitted learner's pull of Θ)")
-    fold = "" if plan.folded_from is None else \
-        f" (folded from P = {plan.folded_from[0]} x {plan.folded_from[1]} shards: see limits)"
-    lines += ["", f"fragments: P = {plan.fragments}{fold}; each fragment syncs every {plan.fragments} steps "
+    lines += ["", f"fragments: P = {plan.fragments} per shard ({plan.fragments * plan.shards} fragments in all); "
+                  f"each fragment syncs every {plan.fragments} steps "
                   f"({plan.period_s:g} s); largest fragment {plan.fragment_params / 1e6:.0f}M parameters "
                   f"(mean {p.params / (plan.fragments * plan.shards) / 1e6:.0f}M)",
               f"syncer: {plan.shards} shard(s), {p.cores_per_shard} core each, peak {plan.shard_memory_b / 1e9:.1f} GB "
@@ -60,7 +60,7 @@ def text(plan: Plan, model: str) -> str:
               f"goodput: {plan.goodput:.1%} of the chips' time, uptime {plan.uptime:.2%} (goodput simulator, "
               f"{p.days:g} days x {p.seeds} seeds per region at its failure rate; learners only)",
               "",
-              f"the paper's comparison at this size (P = {(plan.folded_from or (plan.fragments,))[0]}, "
+              f"the paper's comparison at this size (P = {plan.fragments}, "
               f"{max(2, len(p.regions))} sites, "
               f"{p.utilization:.0%} utilization; apps/sim/bandwidth.py), GB/s per site:",
               f"  data-parallel {plan.paper['dp']:.3g}, Decoupled bf16 {plan.paper['decoupled_bf16']:.3g}, "
@@ -82,7 +82,6 @@ def as_json(plan: Plan, model: str) -> dict[str, Any]:
     out.update({
         "fragments": plan.fragments, "period_s": plan.period_s, "shards": plan.shards, "tau": p.tau,
         "step_s": plan.step_s, "pushes_per_s_per_shard": sum(r.learners / r.region.step_s for r in plan.regions),
-        "folded_from": list(plan.folded_from) if plan.folded_from else None,
         "largest_fragment_params": plan.fragment_params, "shard_load": round(plan.shard_load, 4),
         "shard_memory_bytes": round(plan.shard_memory_b), "hosts": plan.hosts, "learners": plan.learners,
         "checkpoint_bytes": round(plan.checkpoint_b), "checkpoint_interval_s": plan.checkpoint_interval_s,
@@ -108,49 +107,45 @@ def group_name(region: str) -> str:
     return label or "region"
 
 
-def manifests(plan: Plan, model: TransformerModel, name: str,
-              base: dict[str, Any] | None = None) -> list[tuple[str, dict[str, Any]]]:
-    """(region, manifest) for the home cluster first, then each remote cluster. `base`: a
-    manifest's spec (--from) whose data and training are kept."""
+def cluster_name(region: str) -> str:
+    """A remote region's name in spec.clusters (a DNS label, as its learner group's)."""
+    return group_name(region)
+
+
+def manifest(plan: Plan, model: TransformerModel, name: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The one job that runs the plan, applied on the home cluster (the syncer's region): a
+    learner group per region, the remote ones in `spec.clusters` (kubeconfig Secret
+    `diloco-<cluster>`), and, across regions, every syncer shard exposed by a LoadBalancer as
+    shard-<i>.<host> with TLS. `base`: a manifest's spec (--from) whose data and training are kept."""
     p = plan.inputs
     base = base or {}
-    total = plan.learners
-    offsets, at = {}, 0
-    for rp in plan.regions:
-        offsets[rp.region.name], at = at, at + rp.learners
-    shared: dict[str, Any] = {
-        "model": model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=False,
-                                  exclude={"preset"}),
-        "data": {**base.get("data", {}), "shards": total},
-        "training": base.get("training", {}),
-    }
-    syncer_common = {"fragments": plan.fragments, "shards": plan.shards, "compression": F.UP_CODEC}
-    host = f"syncer.{name}.example.com"
-    storage = f"{max(1, math.ceil(2 * plan.checkpoint_b / plan.shards / 2**30))}Gi"  # twice one checkpoint
-    home = next(rp for rp in plan.regions if not rp.remote)
     remote = [rp for rp in plan.regions if rp.remote]
+    home = [rp for rp in plan.regions if not rp.remote]
 
     def group(rp: Any) -> dict[str, Any]:
-        return {"name": group_name(rp.region.name), "region": rp.region.name, "replicas": rp.learners,
-                "shardOffset": offsets[rp.region.name]}
+        g = {"name": group_name(rp.region.name), "region": rp.region.name, "replicas": rp.learners}
+        return {**g, "cluster": cluster_name(rp.region.name)} if rp.remote else g
 
     syncer: dict[str, Any] = {
-        **syncer_common, "quorum": 1, "broadcastCompression": F.DOWN_CODEC,
-        "graceWindow": {"tau": p.tau},
-        "checkpointIntervalSeconds": plan.checkpoint_interval_s, "checkpointStorage": storage,
+        "fragments": plan.fragments, "shards": plan.shards, "compression": F.UP_CODEC, "quorum": 1,
+        "broadcastCompression": F.DOWN_CODEC, "graceWindow": {"tau": p.tau},
+        "checkpointIntervalSeconds": plan.checkpoint_interval_s,
+        "checkpointStorage": f"{max(1, math.ceil(2 * plan.checkpoint_b / plan.shards / 2**30))}Gi",  # two checkpoints
         "resources": {"requests": {"cpu": str(p.cores_per_shard),
                                    "memory": f"{math.ceil(plan.shard_memory_b / 2**30)}Gi"}},
     }
+    spec: dict[str, Any] = {
+        "learnerGroups": [group(rp) for rp in home + remote],  # the home region's first: data slices 0..
+        "syncer": syncer,
+        "model": model.model_dump(mode="json", by_alias=True, exclude_none=True, exclude_unset=False,
+                                  exclude={"preset"}),
+        "data": {**base.get("data", {}), "shards": plan.learners},
+        "training": base.get("training", {}),
+    }
     if remote:
-        syncer["remoteRegions"] = [rp.region.name for rp in remote]
-        syncer["expose"] = {"type": "LoadBalancer", "host": host, "tls": {"secretName": f"{name}-syncer-tls"}}
-    out = [(home.region.name, _job(name, {"learnerGroups": [group(home)], "syncer": syncer, **shared}))]
-    for rp in remote:
-        ext = {**syncer_common, "external": {"endpoint": f"{host}:50051", "tokenSecret": f"{name}-syncer"}}
-        out.append((rp.region.name, _job(name, {"learnerGroups": [group(rp)], "syncer": ext, **shared})))
-    return out
-
-
-def _job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        syncer["expose"] = {"type": "LoadBalancer", "host": f"syncer.{name}.example.com",
+                            "tls": {"secretName": f"{name}-syncer-tls"}}
+        spec = {"clusters": [{"name": cluster_name(rp.region.name),
+                              "kubeconfigSecret": f"diloco-{cluster_name(rp.region.name)}"} for rp in remote], **spec}
     return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
             "spec": spec}

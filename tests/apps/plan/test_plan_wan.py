@@ -18,7 +18,15 @@ import plan_wan
 
 @pytest.fixture(scope="module")
 def plan() -> dict[str, Any]:
-    return plan_wan.plan_of(plan_wan.PLAN_12B)
+    return plan_wan.plan_of(plan_wan.PLAN_12B_ONE_SHARD)
+
+
+def test_its_default_plan_is_the_12b_plan_on_the_one_shard_it_runs(plan: dict[str, Any]) -> None:
+    """The bench runs one syncer shard; the 12B x 4 plan keeps 4 at P = 48 (issue 63), and at
+    P = 192 it is the one-shard plan docs/PLANNING.md's WAN rows measured (0.297 Gbit/s a region)."""
+    assert (plan["fragments"], plan["shards"], [r["learners"] for r in plan["regions"]]) == (192, 1, [1, 1, 1, 1])
+    for r in plan["regions"]:
+        assert r["up_bytes_per_s"] * 8 / 1e9 == pytest.approx(0.297, abs=0.001)
 
 
 def test_rates_at_the_planned_size_are_the_plans(plan: dict[str, Any]) -> None:
