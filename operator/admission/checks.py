@@ -13,7 +13,7 @@ from __future__ import annotations
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.render import exposure
 from diloco.operator.render import job as render
-from diloco.spec import DecoupledDiLoCoJob
+from diloco.spec import DecoupledDiLoCoJob, home_view
 
 
 def spec_problems(job: DecoupledDiLoCoJob) -> list[str]:
@@ -30,4 +30,7 @@ def install_problems(job: DecoupledDiLoCoJob, *, gateway_api: bool, queued: bool
 def problems(job: DecoupledDiLoCoJob, *, gateway_api: bool, kueue_enabled: bool) -> list[str]:
     """Every admission check of `job` on an installation with these chart settings."""
     queued = kueue.queue(kueue_enabled, job.metadata.labels) is not None
-    return spec_problems(job) + install_problems(job, gateway_api=gateway_api, queued=queued)
+    # A multi-cluster job runs its home view here (operator/reconcile/observe.py): its remote groups
+    # are their clusters' to admit.
+    here = job.model_copy(update={"spec": home_view(job.spec)}) if job.spec.clusters else job
+    return spec_problems(job) + install_problems(here, gateway_api=gateway_api, queued=queued)
