@@ -174,7 +174,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(
         f"{args.file}: valid {job.kind} {job.metadata.name!r}: "
         f"{spec.total_learners} learners in {len(spec.learner_groups)} group(s), "
-        f"quorum {spec.syncer.quorum}, {spec.syncer.fragments} fragments, {spec.syncer.compression}"
+        f"quorum {spec.syncer.quorum}, {spec.syncer.fragments} fragments"
+        + (f" x {spec.syncer.shards} shards" if spec.syncer.shards > 1 else "") + f", {spec.syncer.compression}"
+        + (f"; clusters: this one and {len(spec.clusters)} remote ({', '.join(c.name for c in spec.clusters)})"
+           if spec.clusters else "")
     )
     _print_copies(spec, compared=args.inputs)
     return 0
