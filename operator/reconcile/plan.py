@@ -27,8 +27,8 @@ from diloco.operator.kueue import lifecycle, placement, queueing
 from diloco.operator.reconcile import children
 from diloco.operator.reconcile.actions import Count, Event, PodDelete, WorkloadWrite
 from diloco.operator.reconcile.observe import Observed, syncer_ready, target
-from diloco.operator.remote import health as remote
-from diloco.operator.remote import parts as remote_parts
+from diloco.operator.reconcile.regions import remote_regions
+from diloco.operator.remote.health import Write
 from diloco.operator.render import access, exposure, learners, policies
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
@@ -63,7 +63,7 @@ class Plan:
     capacity_tokens: float | None = None  # goodput's capacity, for the job's metrics
     waiting: tuple[int, float] = (0, 0.0)  # pods waiting for capacity, and the longest wait in seconds
     delete_job: Event | None = None  # a finished job past its TTL: deleted, with this Event
-    remote_writes: tuple[remote.Write, ...] = ()  # a multi-cluster job's remote parts (operator/remote/)
+    remote_writes: tuple[Write, ...] = ()  # a multi-cluster job's remote parts (operator/remote/)
 
 
 @dataclass(frozen=True)
@@ -227,35 +227,6 @@ def job_status(o: Observed, job: DecoupledDiLoCoJob, counted: dict[str, Any], ob
     taken = kueue.taken([*[x for k, x in o.live.items() if k[0] in kueue.TAKEN_KINDS], *o.pods])
     return {**recorded, "conditions": kueue.defaulted_condition(conds, taken, stamp, generation,
                                                                 queued=o.queue is not None)}
-
-
-@dataclass(frozen=True)
-class Regions:
-    """A multi-cluster job's remote parts this pass: the status they show, the writes, the Events."""
-
-    patch: dict[str, Any] = field(default_factory=dict)
-    writes: tuple[remote.Write, ...] = ()
-    events: tuple[Event, ...] = ()
-
-
-def remote_regions(o: Observed, status: dict[str, Any], obs: st.Observation, *, stamp: str,
-                   generation: int) -> Regions:
-    """Each remote cluster's part written where it differs from the home job (created, edited,
-    put back), and its health shown: status.clusters, its groups among status.learnerGroups,
-    condition ClustersReachable (operator/remote/health.py). Nothing for a one-cluster job."""
-    whole = o.whole
-    if whole is None and not o.gone:
-        return Regions()
-    whole = whole or o.job
-    assert whole is not None
-    tls = whole.spec.syncer.expose.tls if whole.spec.syncer.expose is not None else None
-    ca = access.value(o.secrets.get(tls.secret_name), n.CA_KEY) if tls and tls.enabled and tls.secret_name else None
-    home = remote_parts.Home(whole, o.owner.uid, o.token, ca, [a for a in obs.exposed_address.split(",") if a])
-    decided, conds = remote.decide(home, o.remotes, o.gone, o.status, status["conditions"], stamp=stamp,
-                                   generation=generation)
-    mine = [g for g in status.get("learnerGroups") or [] if not g.get("cluster")]
-    patch = {"conditions": conds, "clusters": list(decided.clusters), "learnerGroups": [*mine, *decided.groups]}
-    return Regions(patch, decided.writes, decided.events)
 
 
 def desired_children(o: Observed, job: DecoupledDiLoCoJob, *, link: access.Link, blocker: access.Blocker | None,
