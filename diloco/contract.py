@@ -147,6 +147,16 @@ def leased_incarnation(holder: str, epoch: int) -> str:
     return f"{holder}@{epoch}"
 
 
+# A sharded syncer's incarnation seen as one (diloco/shards.py `aggregate`): its shards', joined
+# in shard order (a pod name, a nonce and an epoch never hold one).
+SHARD_INCARNATIONS = "+"
+
+
+def shard_incarnations(incarnation: str) -> list[str]:
+    """Each shard's incarnation, in shard order, of one that `aggregate` joined (one when unsharded)."""
+    return incarnation.split(SHARD_INCARNATIONS)
+
+
 def incarnation_epoch(incarnation: str) -> int:
     """The lease epoch of an incarnation; 0 for a syncer that holds no lease."""
     _, sep, epoch = incarnation.rpartition("@")

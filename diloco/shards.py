@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from diloco.contract import SHARD_INCARNATIONS
 from diloco.core.fragments import owner
 from diloco.wire import pb
 
@@ -77,7 +78,7 @@ def aggregate(replies: Sequence[pb.StatusReply]) -> pb.StatusReply:
     for got_r in regions.values():
         got_r.mean_staleness = got_r.mean_staleness / got_r.contributions if got_r.contributions else 0.0
     return pb.StatusReply(
-        incarnation="+".join(r.incarnation for r in replies), versions=versions,
+        incarnation=SHARD_INCARNATIONS.join(r.incarnation for r in replies), versions=versions,
         outer_steps=sum(r.outer_steps for r in replies), tokens_merged=max(r.tokens_merged for r in replies),
         active_learners=max(r.active_learners for r in replies), learners=[learners[k] for k in sorted(learners)],
         seconds_since_publish=min(r.seconds_since_publish for r in replies),

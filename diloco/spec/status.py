@@ -121,11 +121,16 @@ class SyncerStatus(StatusModel):
     active_learners: Count | Absent = Field(None, description="Learners connected to it, in every cluster.")
     readmissions: Count | Absent = Field(None, description="Re-joins it saw: joins beyond each learner's first.")
     active: str | Absent = Field(None, description="With spec.syncer.standby: the pod that holds the syncer's lease "
-                                                   "and serves.")
+                                                   "and serves; for a sharded syncer each shard's, comma-separated "
+                                                   "in shard order.")
     lease_epoch: Count | Absent = Field(None, description="With spec.syncer.standby: the lease's epoch (one more at "
-                                                          "every takeover or clean handover).")
+                                                          "every takeover or clean handover; for a sharded syncer "
+                                                          "the sum of its shards').")
     takeovers: Count | Absent = Field(None, description="With spec.syncer.standby: times a standby took over from a "
-                                                        "silent active syncer.")
+                                                        "silent active syncer (every shard's).")
+    lease_epochs: Annotated[list[Count], Field(max_length=64)] | Absent = Field(None, description="With spec.syncer.standby and "
+                                               "spec.syncer.shards > 1: each shard's lease epoch, in shard order "
+                                               "(leaseEpoch is their sum, active names each shard's holder).")
 
 
 class RegionStatus(StatusModel):

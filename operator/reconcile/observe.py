@@ -67,8 +67,9 @@ class Observed:
 def shard_problem(job: DecoupledDiLoCoJob, live: dict[children.Key, Any]) -> list[str]:
     """A change of the syncer's shard count under a running job, seen in its live children."""
     name = job.metadata.name
+    standby_shards = [i for kind, child in live if kind == "Deployment" and (i := n.shard_of_syncer(name, child)) is not None]
     changed = render.shard_change_problem(job, live.get(("Deployment", n.syncer(name))),
-                                          live.get(("StatefulSet", n.syncer(name))))
+                                          live.get(("StatefulSet", n.syncer(name))), standby_shards)
     return [changed] if changed else []
 
 
@@ -81,8 +82,8 @@ def target(config: Config, job: DecoupledDiLoCoJob, owner: render.Owner, secrets
     """The syncer as the operator dials it: like the learners, with the same token and CA."""
     found = link(job, owner, secrets)
     external = job.spec.syncer.external is not None
-    # A sharded syncer is dialled shard by shard, by the pods' names (the config's override, for
-    # tests, maps the one Service of an unsharded syncer).
+    # A sharded syncer is dialled shard by shard, by the pods' names or, with a standby, the
+    # shards' Services (the config's override, for tests, maps the one Service of an unsharded syncer).
     sharded = job.spec.syncer.shards > 1
     address = found.address if external or sharded else config.syncer_address(owner.name, owner.namespace)
     ca = access.value(secrets.get(found.ca_secret), n.CA_KEY) if found.ca_secret else None
@@ -90,10 +91,17 @@ def target(config: Config, job: DecoupledDiLoCoJob, owner: render.Owner, secrets
 
 
 def syncer_ready(job: DecoupledDiLoCoJob, live: dict[children.Key, Any]) -> bool:
-    """Every pod of the job's own syncer is ready (one per shard), as its workload counts them."""
+    """Every pod of the job's own syncer is ready (one per shard), as its workload counts them;
+    with a sharded standby, each shard's Deployment has its ready pod (the lease holder)."""
+    if render.sharded_standby(job):
+        return all(_ready(live.get(("Deployment", n.syncer_shard(job.metadata.name, i)))) >= 1
+                   for i in range(job.spec.syncer.shards))
     kind = "Deployment" if job.spec.syncer.shards == 1 else "StatefulSet"  # one pod per shard
-    workload = live.get((kind, n.syncer(job.metadata.name))) or {}
-    return int((workload.get("status") or {}).get("readyReplicas") or 0) >= job.spec.syncer.shards
+    return _ready(live.get((kind, n.syncer(job.metadata.name)))) >= job.spec.syncer.shards
+
+
+def _ready(workload: dict[str, Any] | None) -> int:
+    return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
 def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: access.Secrets) -> str:

@@ -92,7 +92,8 @@ def secret_blocker(job: DecoupledDiLoCoJob, secrets: Secrets) -> Blocker | None:
 
 def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     """External: the endpoint, the copied token, TLS if the copy carries a CA. In-cluster: the
-    Service (a sharded syncer's pods), the job's own token, TLS when exposed with it (checked for
+    Service (a sharded syncer's pods, or with a standby each shard's Service), the job's own
+    token, TLS when exposed with it (checked for
     `expose.host`, a sharded syncer's shard i for `shard-<i>.<host>`)."""
     syncer = job.spec.syncer
     ext = syncer.external
@@ -102,10 +103,11 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     name = job.metadata.name
     expose = syncer.expose
     tls = expose is not None and expose.tls.enabled
-    # A sharded syncer's pods are dialled by their in-cluster names and checked for the names
+    # A sharded syncer's shards are dialled by their in-cluster names and checked for the names
     # other clusters dial: shard-<i>.<host>, one per shard.
     names = n.exposed_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
-    return Link(n.syncer_addresses(name, namespace, syncer.shards), n.token_secret(name),
+    return Link(n.syncer_addresses(name, namespace, syncer.shards, standby=syncer.standby is not None),
+                n.token_secret(name),
                 expose.tls.secret_name if expose is not None and tls else None, ",".join(names) or None)
 
 

@@ -23,9 +23,9 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
             defaults: Mapping[str, str]) -> list[dict[str, Any]]:
     """The exposing objects; `defaults` are the chart's annotations, which the job's override.
     One, or for a sharded syncer one LoadBalancer Service per shard (`J-syncer-exposed-<i>`),
-    each selecting only its shard's pod: a learner in another cluster dials every shard by
-    name (`shard-<i>.<host>`), and one Service over all of them would send a shard's pushes
-    to whichever pod the load balancer picked."""
+    each selecting only its shard's pod (with a standby, its shard's two: `shard_selector`): a
+    learner in another cluster dials every shard by name (`shard-<i>.<host>`), and one Service
+    over all of them would send a shard's pushes to whichever pod the load balancer picked."""
     expose = job.spec.syncer.expose
     assert expose is not None, "only called for exposed syncers"
     job_name, shards = job.metadata.name, job.spec.syncer.shards
@@ -42,8 +42,7 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
         selector = n.selector(job_name, n.SYNCER)
         if shards == 1:
             return [_load_balancer(meta(n.exposed_syncer(job_name)), selector, expose.load_balancer_source_ranges)]
-        return [_load_balancer(meta(n.exposed_syncer(job_name, i)),
-                               {**selector, n.POD_NAME: n.syncer_shard_pod(job_name, i)},
+        return [_load_balancer(meta(n.exposed_syncer(job_name, i)), shard_selector(job, i),
                                expose.load_balancer_source_ranges)
                 for i in range(shards)]
     gateway = expose.gateway
@@ -60,6 +59,15 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
         route["hostnames"] = [expose.host]
     return [{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
              "metadata": meta(n.exposed_syncer(job_name)), "spec": route}]
+
+
+def shard_selector(job: DecoupledDiLoCoJob, shard: int) -> dict[str, str]:
+    """The pods of shard `shard`: the StatefulSet's pod of that ordinal, or with a standby
+    (spec.syncer.standby) the shard's two pods, of which only the lease holder is ready."""
+    name = job.metadata.name
+    if job.spec.syncer.standby is not None:
+        return n.shard_selector(name, shard)
+    return {**n.selector(name, n.SYNCER), n.POD_NAME: n.syncer_shard_pod(name, shard)}
 
 
 def _load_balancer(meta: dict[str, Any], selector: dict[str, str], source_ranges: list[str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import yaml
@@ -38,21 +38,40 @@ def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     syncer = job.spec.syncer
     sized = syncer.checkpoint_storage is not None or syncer.checkpoints is not None or \
         parameter_shapes(job.spec.model) is not None
-    standby = [STANDBY_SHARDED] if syncer.standby is not None and syncer.shards > 1 else []
     return (learners.problems(job) + exposure.name_problems(job) + overlay.job_problems(job)
-            + ([] if sized else [STORAGE_NEEDED]) + standby)
+            + ([] if sized else [STORAGE_NEEDED]) + shard_service_problems(job))
 
 
-STANDBY_SHARDED = ("spec.syncer.standby: the operator renders a standby for an unsharded syncer only (spec.syncer."
-                   "shards 1) for now; `diloco syncer` itself runs one per shard (docs/OPERATIONS.md, SyncerDown)")
 ZONE = "topology.kubernetes.io/zone"
+MAX_SERVICE_NAME = 63  # a Service's name is a DNS label (RFC 1035)
+
+
+def sharded_standby(job: DecoupledDiLoCoJob) -> bool:
+    """A sharded syncer with a standby: a Deployment of two pods and a Service per shard."""
+    return job.spec.syncer.shards > 1 and job.spec.syncer.standby is not None
+
+
+def shard_service_problems(job: DecoupledDiLoCoJob) -> list[str]:
+    """A sharded standby's per-shard Service name (`J-syncer-shard-<i>`) must stay a DNS label."""
+    if not sharded_standby(job):
+        return []
+    longest = n.syncer_shard(job.metadata.name, job.spec.syncer.shards - 1)
+    if len(longest) <= MAX_SERVICE_NAME:
+        return []
+    room = MAX_SERVICE_NAME - (len(longest) - len(job.metadata.name))
+    return [f"metadata.name: the syncer shard's Service {longest!r} has {len(longest)} characters, over "
+            f"{MAX_SERVICE_NAME}; with spec.syncer.standby and {job.spec.syncer.shards} shards the job's name "
+            f"must stay within {room}"]
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,
-                         statefulset: Mapping[str, Any] | None) -> str | None:
+                         statefulset: Mapping[str, Any] | None, shard_deployments: Collection[int] = ()) -> str | None:
     """A running syncer's shard count is fixed: each shard's checkpoint holds the fragments it
-    owns, so new shards would start from Θ₀ beside the old syncer. Refused like a spec error."""
-    running = 1 if deployment else int((statefulset or {}).get("spec", {}).get("replicas") or 0)
+    owns, so new shards would start from Θ₀ beside the old syncer. Refused like a spec error.
+    What runs: the one Deployment, the StatefulSet's replicas, or (a sharded syncer with a
+    standby) `shard_deployments`, the shards whose own Deployment exists."""
+    running = 1 if deployment else int((statefulset or {}).get("spec", {}).get("replicas") or 0) or \
+        (max(shard_deployments) + 1 if shard_deployments else 0)
     if not running or running == job.spec.syncer.shards:
         return None
     return (f"spec.syncer.shards: the job's syncer runs as {running} shard(s), and the shard count cannot change "
@@ -87,18 +106,18 @@ def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool
         return out
     if finished:
         keep_syncer = not external and policies.keeps_syncer(spec, outcome)
-        out += [syncer_workload(job, owner), syncer_service(owner, spec.syncer.shards)] if keep_syncer else []
+        out += [*syncer_workloads(job, owner), *syncer_services(job, owner)] if keep_syncer else []
         if spec.run_policy.clean_pod_policy == "None":
             out += [x for group in spec.learner_groups for x in learners.learner_children(job, owner, group, link)]
         return out
     if not external:
-        out.append(syncer_service(owner, spec.syncer.shards))
+        out += syncer_services(job, owner)
         if spec.syncer.expose is not None:
             out += exposure.exposed(job, owner.namespace, owner.uid, expose_annotations or {})
     if spec.suspend:
         return out
     if not external:
-        out += [syncer_workload(job, owner), policies.disruption_budget(owner)]
+        out += [*syncer_workloads(job, owner), policies.disruption_budget(owner)]
     for group in spec.learner_groups:
         out += learners.learner_children(job, owner, group, link)
     return out
@@ -170,8 +189,9 @@ def syncer_config_hash(job: DecoupledDiLoCoJob) -> str:
     return parts.digest(job.spec.syncer_inputs())
 
 
-def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -> dict[str, Any]:
-    """The syncer's pod template; `shard` is its --shard (None when unsharded)."""
+def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: int | str | None) -> dict[str, Any]:
+    """The syncer's pod template; `shard` is its --shard (None when unsharded; a number for a
+    sharded syncer with a standby, whose pods carry it as the label `diloco.dev/shard` too)."""
     pod_security, container_security = parts.security()
     volumes, mounts = parts.common_volumes(owner, n.token_secret(owner.name))
     store = job.spec.syncer.checkpoints
@@ -214,19 +234,26 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: str | None) -
         "securityContext": container_security,
         "volumeMounts": mounts,
     }
+    shard_label = {n.SHARD: str(shard)} if isinstance(shard, int) else {}
+    apart = apart_by_zone(owner, standby.zone_anti_affinity, shard if isinstance(shard, int) else None) \
+        if standby is not None else None
     return overlay.shape({
-        "metadata": {"labels": n.labels(owner.name, n.SYNCER), "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
+        "metadata": {"labels": {**n.labels(owner.name, n.SYNCER), **shard_label},
+                     "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
         "spec": {"containers": [container], "securityContext": pod_security,
                  "terminationGracePeriodSeconds": 60,  # the final checkpoint on SIGTERM
                  **parts.pod_basics(), "volumes": volumes,
-                 **({"affinity": apart_by_zone(owner, standby.zone_anti_affinity)} if standby is not None else {})},
+                 **({"affinity": apart} if apart is not None else {})},
     }, job.spec.syncer.pod, job.spec.syncer.template)
 
 
-def apart_by_zone(owner: Owner, rule: str) -> dict[str, Any]:
+def apart_by_zone(owner: Owner, rule: str, shard: int | None = None) -> dict[str, Any]:
     """The active syncer and its standby in different zones (topology.kubernetes.io/zone), so one
-    zone's outage never takes both: required, or preferred where the cluster may have one zone."""
-    term = {"labelSelector": {"matchLabels": n.selector(owner.name, n.SYNCER)}, "topologyKey": ZONE}
+    zone's outage never takes both: required, or preferred where the cluster may have one zone.
+    For a sharded syncer, each shard's pair apart (`shard`): the two pods of one shard avoid each
+    other's zone, and other shards' pods may share it (N shards need 2 zones, not 2N)."""
+    pods = n.selector(owner.name, n.SYNCER) if shard is None else n.shard_selector(owner.name, shard)
+    term = {"labelSelector": {"matchLabels": pods}, "topologyKey": ZONE}
     if rule == "Required":
         return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -234,13 +261,34 @@ def apart_by_zone(owner: Owner, rule: str) -> dict[str, Any]:
 
 
 def syncer_pod_template(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
-    """The syncer's pod template as its Deployment or StatefulSet runs it (Kueue's PodSet: operator/kueue/integration.py)."""
+    """The syncer's pod template as its Deployment or StatefulSet runs it (Kueue's PodSet:
+    operator/kueue/integration.py); a sharded standby's shards differ only in their --shard and
+    shard label, and shard 0's stands for all."""
+    if sharded_standby(job):
+        return _syncer_template(job, owner, 0)
     return _syncer_template(job, owner, None if job.spec.syncer.shards == 1 else SHARD_FROM_HOSTNAME)
 
 
 def syncer_workload(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
-    """One syncer: a Deployment. A sharded one: a StatefulSet, one pod per shard."""
+    """One syncer: a Deployment. A sharded one: a StatefulSet, one pod per shard. (A sharded
+    one with a standby is a Deployment per shard: `syncer_workloads`.)"""
     return syncer_deployment(job, owner) if job.spec.syncer.shards == 1 else syncer_statefulset(job, owner)
+
+
+def syncer_workloads(job: DecoupledDiLoCoJob, owner: Owner) -> list[dict[str, Any]]:
+    """What runs the syncer's pods: `syncer_workload`, or for a sharded syncer with a standby one
+    Deployment per shard (`syncer_shard_deployment`)."""
+    if sharded_standby(job):
+        return [syncer_shard_deployment(job, owner, i) for i in range(job.spec.syncer.shards)]
+    return [syncer_workload(job, owner)]
+
+
+def syncer_services(job: DecoupledDiLoCoJob, owner: Owner) -> list[dict[str, Any]]:
+    """Where learners dial the syncer: `syncer_service`, or for a sharded syncer with a standby
+    one ClusterIP Service per shard (`syncer_shard_service`)."""
+    if sharded_standby(job):
+        return [syncer_shard_service(owner, i) for i in range(job.spec.syncer.shards)]
+    return [syncer_service(owner, job.spec.syncer.shards)]
 
 
 def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
@@ -257,6 +305,29 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
             "template": _syncer_template(job, owner, None),
         },
     }
+
+
+def syncer_shard_deployment(job: DecoupledDiLoCoJob, owner: Owner, shard: int) -> dict[str, Any]:
+    """Shard `shard` of a sharded syncer with a standby (spec.syncer.standby): like the unsharded
+    standby, two pods racing for the shard's lease in the store (`<url>/shard-<i>`), kept apart by
+    zone, `--shard` given outright (a Deployment's pod names carry no ordinal). A StatefulSet of
+    2N pods cannot say which two pods serve one shard; N Deployments can, each selecting its
+    shard's pods by the label `diloco.dev/shard`."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": _shard_meta(owner, shard),
+        "spec": {
+            "replicas": 2,
+            "strategy": {"type": "Recreate"},  # as the unsharded syncer's: old pods stop before new start
+            "selector": {"matchLabels": n.shard_selector(owner.name, shard)},
+            "template": _syncer_template(job, owner, shard),
+        },
+    }
+
+
+def _shard_meta(owner: Owner, shard: int) -> dict[str, Any]:
+    out = meta(owner, n.syncer_shard(owner.name, shard), n.SYNCER)
+    return {**out, "labels": {**out["labels"], n.SHARD: str(shard)}}
 
 
 def syncer_statefulset(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
@@ -288,6 +359,17 @@ def syncer_service(owner: Owner, shards: int = 1) -> dict[str, Any]:
     headless = {"clusterIP": "None"} if shards > 1 else {}
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(owner, n.syncer(owner.name), n.SYNCER),
             "spec": {**headless, "selector": n.selector(owner.name, n.SYNCER),
+                     "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                                "appProtocol": "grpc"},
+                               {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]}}
+
+
+def syncer_shard_service(owner: Owner, shard: int) -> dict[str, Any]:
+    """Shard `shard`'s ClusterIP Service (a sharded syncer with a standby): it selects the shard's
+    two pods, and only the lease holder is ready (its gRPC port is open), so
+    `J-syncer-shard-<i>.<ns>.svc:50051` reaches whichever pod serves the shard now."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _shard_meta(owner, shard),
+            "spec": {"selector": n.shard_selector(owner.name, shard),
                      "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
                                 "appProtocol": "grpc"},
                                {"name": "metrics", "port": SYNCER_METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"}]}}

@@ -25,6 +25,9 @@ CHAOS = "diloco.dev/chaos-kill"  # annotation on a pod deleted by chaos (seen in
 # index (their pod-index label is then the host: the process id within the learner).
 GANG = "diloco.dev/gang"
 LEARNER_INDEX = "diloco.dev/learner-index"
+# A sharded syncer's pods with a standby (spec.syncer.standby): the shard they serve, which
+# their Deployment, their Service and their zone anti-affinity select.
+SHARD = "diloco.dev/shard"
 
 LEARNER, SYNCER = "learner", "syncer"
 CONFIG_KEY = "job.yaml"
@@ -90,6 +93,26 @@ def syncer_shard_pod(job: str, shard: int) -> str:
     return f"{syncer(job)}-{shard}"
 
 
+def syncer_shard(job: str, shard: int) -> str:
+    """A sharded syncer's shard `shard` with a standby (spec.syncer.standby): its Deployment (the
+    active pod and its standby) and its ClusterIP Service, which follows the shard's lease
+    holder. `-shard-<i>`, never `-<i>`: `J-syncer-<i>` is the StatefulSet's pod of a sharded
+    syncer without one."""
+    return f"{syncer(job)}-shard-{shard}"
+
+
+def shard_of_syncer(job: str, name: str) -> int | None:
+    """The shard whose Deployment (or Service) is `name` (`syncer_shard`); None for any other name."""
+    prefix = f"{syncer(job)}-shard-"
+    raw = name[len(prefix):] if name.startswith(prefix) else ""
+    return int(raw) if raw.isdigit() else None
+
+
+def shard_selector(job: str, shard: int) -> dict[str, str]:
+    """The pods of one shard of a sharded syncer with a standby."""
+    return {**selector(job, SYNCER), SHARD: str(shard)}
+
+
 def token_secret(job: str) -> str:
     return f"{job}-token"
 
@@ -117,11 +140,14 @@ def syncer_address(job: str, namespace: str) -> str:
     return f"{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}"
 
 
-def syncer_addresses(job: str, namespace: str, shards: int) -> str:
+def syncer_addresses(job: str, namespace: str, shards: int, *, standby: bool = False) -> str:
     """What learners pass as --syncer: the Service, or for a sharded syncer each shard pod's
-    stable name under the headless Service, in shard (ordinal) order."""
+    stable name under the headless Service, in shard (ordinal) order; with a standby, each
+    shard's own Service (`syncer_shard`), which follows whichever pod holds that shard's lease."""
     if shards == 1:
         return syncer_address(job, namespace)
+    if standby:
+        return ",".join(f"{syncer_shard(job, i)}.{namespace}.svc:{SYNCER_GRPC_PORT}" for i in range(shards))
     return ",".join(f"{syncer_shard_pod(job, i)}.{syncer(job)}.{namespace}.svc:{SYNCER_GRPC_PORT}"
                     for i in range(shards))
 

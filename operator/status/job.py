@@ -17,7 +17,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from diloco.contract import LearnerId, incarnation_epoch, incarnation_host
+from diloco.contract import LearnerId, incarnation_epoch, incarnation_host, shard_incarnations
 from diloco.operator.failures import capacity
 from diloco.operator.failures import policy as failures
 
@@ -271,8 +271,14 @@ def active_syncer(before: dict[str, Any], incarnation: str | None) -> dict[str, 
     """With a standby (spec.syncer.standby): which pod holds the syncer's lease (`active`), its
     epoch, and the takeovers counted so far (an epoch above the last one seen, with a holder
     before it). The lease's holder and epoch ride in the syncer's incarnation
-    (diloco/contract.py `leased_incarnation`); while the syncer is silent, the last known."""
-    kept: dict[str, Any] = {k: before[k] for k in ("active", "leaseEpoch", "takeovers") if k in before}
+    (diloco/contract.py `leased_incarnation`); while the syncer is silent, the last known.
+    A sharded syncer's incarnation holds each shard's (`shard_incarnations`): `active` names each
+    shard's holder in shard order, `leaseEpochs` keeps each shard's epoch (`leaseEpoch` their
+    sum) and every shard's takeovers count."""
+    kept: dict[str, Any] = {k: before[k] for k in ("active", "leaseEpoch", "leaseEpochs", "takeovers") if k in before}
+    shards = shard_incarnations(incarnation or "")
+    if len(shards) > 1:
+        return _active_shards(before, shards) or kept
     epoch = incarnation_epoch(incarnation or "")
     if not epoch:
         return kept
@@ -281,11 +287,32 @@ def active_syncer(before: dict[str, Any], incarnation: str | None) -> dict[str, 
     return {"active": incarnation_host(incarnation or ""), "leaseEpoch": epoch, "takeovers": takeovers}
 
 
+def _active_shards(before: dict[str, Any], shards: list[str]) -> dict[str, Any] | None:
+    """`active_syncer` for a sharded syncer's shard incarnations; None when none holds a lease."""
+    epochs = [incarnation_epoch(x) for x in shards]
+    if not any(epochs):
+        return None
+    previous = [int(x) for x in before.get("leaseEpochs") or []]
+    previous = previous if len(previous) == len(epochs) else [0] * len(epochs)  # the first pass that sees them
+    took = sum(1 for was, now in zip(previous, epochs, strict=True) if was and now > was)
+    return {"active": ",".join(incarnation_host(x) or "" for x in shards), "leaseEpoch": sum(epochs),
+            "leaseEpochs": epochs, "takeovers": int(before.get("takeovers") or 0) + took}
+
+
 def takeover(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, str] | None:
-    """The `SyncerTakeover` Event's reason and message when `new` counts a takeover `old` did not."""
+    """The `SyncerTakeover` Event's reason and message when `new` counts a takeover `old` did not;
+    for a sharded syncer, naming each shard whose lease changed hands."""
     before, after = old.get("syncer") or {}, new.get("syncer") or {}
     if int(after.get("takeovers") or 0) <= int(before.get("takeovers") or 0):
         return None
+    tail = "; learners re-join it and hand back what its checkpoint missed"
+    epochs, was = list(after.get("leaseEpochs") or []), list(before.get("leaseEpochs") or [])
+    if epochs and len(was) == len(epochs):
+        holders = str(after.get("active") or "").split(",")
+        previous = str(before.get("active") or "").split(",")
+        told = [f"shard {i}: syncer {holders[i] if i < len(holders) else '?'} took over the lease (epoch {now}) "
+                f"from {(previous[i] if i < len(previous) else '') or 'the previous active syncer'}"
+                for i, (a, now) in enumerate(zip(was, epochs, strict=True)) if a and now > a]
+        return "SyncerTakeover", "; ".join(told) + tail
     return ("SyncerTakeover", f"syncer {after.get('active')} took over the lease (epoch {after.get('leaseEpoch')}) "
-            f"from {before.get('active') or 'the previous active syncer'}; learners re-join it and hand back what "
-            "its checkpoint missed")
+            f"from {before.get('active') or 'the previous active syncer'}" + tail)

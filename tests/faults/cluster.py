@@ -1,12 +1,13 @@
 """A real Decoupled DiLoCo job as local processes, for fault-injection tests.
 
 `Cluster` starts one syncer (or two sharing a checkpoint store: an active one and its
-standby, `syncers=2`, spec.syncer.standby) and N learners with `python -m diloco.apps.cli syncer|learner`
-(the container entry points), each in its own process group, learners pinned to one core
-each. It reads every learner's stdout JSON events on a thread, polls the syncer's Status
-RPC on another, and lets a test wait on any condition over those with a deadline
-(`wait_for`), never with a bare sleep. `close()` SIGKILLs every process group it started,
-including stopped ones, and runs even when the test failed (use it as a context manager).
+standby, `syncers=2`, spec.syncer.standby; as many per shard with spec.syncer.shards) and N
+learners with `python -m diloco.apps.cli syncer|learner` (the container entry points), each
+in its own process group, learners pinned to one core each. It reads every learner's stdout
+JSON events on a thread, polls the syncer's Status RPC on another, and lets a test wait on any
+condition over those with a deadline (`wait_for`), never with a bare sleep. `close()` SIGKILLs
+every process group it started, including stopped ones, and runs even when the test failed
+(use it as a context manager).
 
 The model is tiny (2 layers, d_model 64, context 64, batch 8: about 15 ms a step), so a
 learner starts, compiles and joins in a few seconds; JAX's persistent compilation cache is
@@ -119,7 +120,12 @@ class Cluster:
         self.token = secrets.token_hex(16)
         self.port = free_port()
         # With a standby: "syncer" listens on `port`, "syncer-b" on the next; learners get both.
-        self.syncer_ports = {"syncer": self.port, **({"syncer-b": free_port()} if syncers == 2 else {})}
+        # Sharded (spec.syncer.shards N): shard s > 0's are "syncer-<s>" (and "syncer-<s>-b"), and
+        # learners get each shard's, comma-separated in shard order.
+        self.shards = int((syncer or {}).get("shards", 1))
+        self.syncer_shard = {f"{'syncer' if s == 0 else f'syncer-{s}'}{suffix}": s
+                             for s in range(self.shards) for suffix in ("", "-b")[:syncers]}
+        self.syncer_ports = {name: self.port if name == "syncer" else free_port() for name in self.syncer_shard}
         self.checkpoint_dir = checkpoint_dir
         self.learner_args = learner_args or {}
         self.env = dict(os.environ, **{
@@ -166,8 +172,10 @@ class Cluster:
                      name: str = "syncer") -> None:
         p = self.procs[name]
         ckpt = str(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        shard = self.syncer_shard[name] if self.shards > 1 else None
         argv = diloco_argv("syncer", SyncerArgs(str(self.config), port=self.syncer_ports[name],
-                                                  metrics_port=p.metrics_port, checkpoint_dir=ckpt).argv())
+                                                  metrics_port=p.metrics_port, checkpoint_dir=ckpt,
+                                                  shard=shard).argv())
         before = {s.incarnation for s in self.statuses}
         self._spawn(p, argv + (extra or []))
         if wait:
@@ -178,7 +186,9 @@ class Cluster:
         name = self.learners[i]
         p = self.procs[name]
         proxy = self.proxies.get(name)
-        address = proxy.address if proxy else "|".join(f"127.0.0.1:{port}" for port in self.syncer_ports.values())
+        address = proxy.address if proxy else ",".join(
+            "|".join(f"127.0.0.1:{port}" for syncer, port in self.syncer_ports.items() if self.syncer_shard[syncer] == s)
+            for s in range(self.shards))
         argv = diloco_argv("learner", LearnerArgs(str(self.config), "local", i, address, metrics_port=p.metrics_port,
                                                   cpus=str(i % self.ncpu), restart=p.restarts).argv())
         self._spawn(p, argv + self.learner_args.get(i, []) + (extra or []))

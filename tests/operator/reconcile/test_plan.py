@@ -464,6 +464,14 @@ def test_a_standby_syncers_takeover_is_told_once() -> None:
     assert event.reason == "SyncerTakeover" and event.warning
     assert "demo-syncer-b" in event.message and "epoch 2" in event.message and "demo-syncer-a" in event.message
     assert status_events(after, after, gate=None, refused=[], ended=None) == ()
+    # A sharded standby: the Event names the shard whose lease changed hands.
+    before = {"conditions": [], "syncer": {"active": "s0-a,s1-a", "leaseEpoch": 2, "leaseEpochs": [1, 1],
+                                           "takeovers": 0}}
+    after = {"conditions": [], "syncer": {"active": "s0-a,s1-b", "leaseEpoch": 3, "leaseEpochs": [1, 2],
+                                          "takeovers": 1}}
+    [event] = status_events(before, after, gate=None, refused=[], ended=None)
+    assert event.reason == "SyncerTakeover" and event.message.startswith(
+        "shard 1: syncer s1-b took over the lease (epoch 2) from s1-a;")
 
 
 def test_desired_children_render_the_running_job_and_what_stays_once_it_ended() -> None:

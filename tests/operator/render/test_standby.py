@@ -1,6 +1,7 @@
 """spec.syncer.checkpoints and spec.syncer.standby rendered (issue 62): no volume with object
 storage, the store's credentials from a named Secret, two syncer pods kept apart by zone, and
-probes that put only the lease holder behind the Service."""
+probes that put only the lease holder behind the Service; for a sharded syncer, the same per
+shard (a Deployment and a Service each), and nothing changed without a standby."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ from typing import Any
 import pytest
 
 from diloco.contract import SyncerArgs
+from diloco.operator.context import Config
+from diloco.operator.reconcile import observe
+from diloco.operator.reconcile.observe import target
+from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
-from tests.operator.render.test_job import OWNER, TOKEN, by_key, job
+from diloco.spec import parse_job
+from tests.operator.render.test_job import OWNER, TOKEN, by_key, job, kinds
 
 STORE = {"url": "s3://bucket/jobs/demo", "secretName": "s3-creds"}
 
@@ -74,16 +80,167 @@ def test_a_standby_runs_apart_by_zone_and_only_the_holder_is_ready(rule: str) ->
     assert render.name_problems(job(syncer=spec)) == []
 
 
-def test_a_standby_needs_a_store_and_one_shard_here() -> None:
+def test_a_standby_needs_a_store() -> None:
     with pytest.raises(ValueError, match=r"spec\.syncer\.checkpoints\.url"):
         job(syncer={"standby": {}})
     with pytest.raises(ValueError, match="conditional writes"):
         job(syncer={"checkpoints": {"url": "gs://bucket/j"}, "standby": {}})
-    sharded = job(syncer={"checkpoints": STORE, "standby": {}, "shards": 2})
-    assert render.STANDBY_SHARDED in render.name_problems(sharded)
     objs = render.children(job(syncer={"checkpoints": STORE, "shards": 2}), OWNER, TOKEN, started=False,
                            finished=False)
     assert by_key(objs)[("StatefulSet", "demo-syncer")]["spec"]["volumeClaimTemplates"] == []
+
+
+SHARDED = {"checkpoints": STORE, "fragments": 2, "shards": 2}
+EXPOSE = {"host": "syncer.us.example.com", "tls": {"secretName": "syncer-tls"}}
+
+
+def sharded_standby(rule: str = "Required", **syncer: Any) -> Any:
+    return job(syncer={**SHARDED, "standby": {"leaseSeconds": 6, "zoneAntiAffinity": rule}, **syncer})
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+@pytest.mark.parametrize("rule", ["Required", "Preferred"])
+def test_a_sharded_standby_is_a_deployment_and_a_service_per_shard(rule: str) -> None:
+    """spec.syncer.shards 2 with a standby: no StatefulSet; shard i is Deployment J-syncer-shard-i
+    (2 pods, --shard i, label diloco.dev/shard, the pair apart by zone) and a ClusterIP Service of
+    that name selecting its pods, which learners and the operator dial."""
+    j = sharded_standby(rule)
+    assert render.name_problems(j) == []  # no longer refused
+    objs = by_key(render.children(j, OWNER, TOKEN, started=True, finished=False))
+    syncer = {k for k in objs if objs[k]["metadata"]["labels"].get(n.COMPONENT) == n.SYNCER}
+    assert syncer == {("Deployment", "demo-syncer-shard-0"), ("Deployment", "demo-syncer-shard-1"),
+                      ("Service", "demo-syncer-shard-0"), ("Service", "demo-syncer-shard-1"),
+                      ("NetworkPolicy", "demo-syncer"), ("PodDisruptionBudget", "demo-syncer")}
+    assert not [k for k in objs if k[0] in ("StatefulSet", "PersistentVolumeClaim") and "syncer" in k[1]]
+    pods: dict[int, dict[str, str]] = {}
+    for i in range(2):
+        deployment = objs[("Deployment", f"demo-syncer-shard-{i}")]
+        spec = deployment["spec"]
+        assert spec["replicas"] == 2 and spec["strategy"] == {"type": "Recreate"}
+        shard_pods = {**n.selector("demo", n.SYNCER), n.SHARD: str(i)}
+        assert spec["selector"] == {"matchLabels": shard_pods}
+        labels = pods[i] = spec["template"]["metadata"]["labels"]
+        assert labels == {**n.labels("demo", n.SYNCER), n.SHARD: str(i)}
+        assert deployment["metadata"]["labels"][n.SHARD] == str(i)
+        pod = spec["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["args"][c["args"].index("--shard") + 1] == str(i)  # explicit: no ordinal in a Deployment's pods
+        assert c["args"][c["args"].index("--checkpoint-dir") + 1] == STORE["url"]  # the syncer adds /shard-<i>
+        assert "volumeClaimTemplates" not in spec and n.CHECKPOINT_VOLUME not in {v["name"] for v in pod["volumes"]}
+        # As the unsharded standby: only the lease holder's gRPC port opens, so only it is ready.
+        assert c["readinessProbe"]["tcpSocket"]["port"] == "grpc"
+        assert c["livenessProbe"]["tcpSocket"]["port"] == "metrics" == c["startupProbe"]["tcpSocket"]["port"]
+        # The shard's two pods avoid each other's zone; other shards' pods do not count.
+        term = {"labelSelector": {"matchLabels": shard_pods}, "topologyKey": "topology.kubernetes.io/zone"}
+        anti = pod["affinity"]["podAntiAffinity"]
+        assert anti == ({"requiredDuringSchedulingIgnoredDuringExecution": [term]} if rule == "Required" else
+                        {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]})
+        service = objs[("Service", f"demo-syncer-shard-{i}")]["spec"]
+        assert "clusterIP" not in service and service["selector"] == shard_pods  # ClusterIP: follows the ready pod
+        assert [p["port"] for p in service["ports"]] == [50051, 9101]
+    for i in pods:  # each shard's Service (and Deployment) selects its own pods only
+        selector = objs[("Service", f"demo-syncer-shard-{i}")]["spec"]["selector"]
+        assert [k for k, labels in pods.items() if matches(selector, labels)] == [i]
+    # The budget and the network policy cover every shard's pods; learner pods are no syncer's.
+    for kind in ("PodDisruptionBudget", "NetworkPolicy"):
+        selector = objs[(kind, "demo-syncer")]["spec"]["podSelector" if kind == "NetworkPolicy" else "selector"]
+        assert all(matches(selector["matchLabels"], labels) for labels in pods.values())
+    learner = objs[("StatefulSet", "demo-us")]["spec"]["template"]
+    assert not matches(objs[("Service", "demo-syncer-shard-0")]["spec"]["selector"], learner["metadata"]["labels"])
+    (lc,) = learner["spec"]["containers"]
+    addresses = "demo-syncer-shard-0.research.svc:50051,demo-syncer-shard-1.research.svc:50051"
+    assert lc["args"][lc["args"].index("--syncer") + 1] == addresses
+    assert access.link(j, "research", {}).address == addresses == target(Config(), j, OWNER, {}, TOKEN).address
+    # Kueue's PodSet template (operator/kueue/integration.py): shard 0's stands for every shard's.
+    assert render.syncer_pod_template(j, OWNER) == objs[("Deployment", "demo-syncer-shard-0")]["spec"]["template"]
+
+
+def test_a_sharded_standbys_states_keep_the_shards_services() -> None:
+    """Suspended: the shards' Services stay (their addresses do), no Deployment; finished with
+    cleanPodPolicy None: both stay; finished Succeeded: neither."""
+    services = {("Service", "demo-syncer-shard-0"), ("Service", "demo-syncer-shard-1")}
+    deployments = {("Deployment", "demo-syncer-shard-0"), ("Deployment", "demo-syncer-shard-1")}
+    suspended = kinds(render.children(sharded_standby().model_copy(update={"spec": sharded_standby().spec.model_copy(
+        update={"suspend": True})}), OWNER, TOKEN, started=True, finished=False))
+    assert services <= suspended and not deployments & suspended
+    kept = job(syncer={**SHARDED, "standby": {}}, runPolicy={"cleanPodPolicy": "None"})
+    assert services | deployments <= kinds(render.children(kept, OWNER, TOKEN, started=True, finished=True))
+    done = kinds(render.children(sharded_standby(), OWNER, TOKEN, started=True, finished=True))
+    assert not (services | deployments) & done
+
+
+def test_an_exposed_sharded_standbys_load_balancers_select_the_shard_label() -> None:
+    """Per-shard LoadBalancer Services select the shard's two pods (the ready one, the lease
+    holder, gets the traffic), not a StatefulSet pod's name, which no pod carries here."""
+    objs = by_key(render.children(sharded_standby(expose=EXPOSE), OWNER, TOKEN, started=True, finished=False))
+    for i in range(2):
+        selector = objs[("Service", f"demo-syncer-exposed-{i}")]["spec"]["selector"]
+        assert selector == {**n.selector("demo", n.SYNCER), n.SHARD: str(i)} and n.POD_NAME not in selector
+        assert selector == objs[("Service", f"demo-syncer-shard-{i}")]["spec"]["selector"]
+    # Learners here dial the shards' Services and check each for its exposed name.
+    link = access.link(sharded_standby(expose=EXPOSE), "research", {})
+    assert link.server_name == "shard-0.syncer.us.example.com,shard-1.syncer.us.example.com"
+    assert link.address.startswith("demo-syncer-shard-0.research.svc:50051,")
+
+
+def test_without_a_standby_a_sharded_syncer_renders_as_before() -> None:
+    """No standby: the StatefulSet J-syncer behind its headless Service, pods dialled by their
+    names and exposed by their pod-name label, exactly as before sharded standbys existed; an
+    unsharded standby: still the one Deployment of two pods behind J-syncer."""
+    for j in (job(syncer=SHARDED), job(syncer={**SHARDED, "expose": EXPOSE})):
+        objs = render.children(j, OWNER, TOKEN, started=True, finished=False)
+        syncer = [o for o in objs if o["kind"] in ("Deployment", "StatefulSet") and "syncer" in o["metadata"]["name"]]
+        assert syncer == [render.syncer_statefulset(j, OWNER)] == render.syncer_workloads(j, OWNER)
+        assert render.syncer_services(j, OWNER) == [render.syncer_service(OWNER, 2)]
+        assert by_key(objs)[("Service", "demo-syncer")] == render.syncer_service(OWNER, 2)
+        assert not [o for o in objs if n.SHARD in o["metadata"]["labels"]]
+        template = by_key(objs)[("StatefulSet", "demo-syncer")]["spec"]["template"]
+        (c,) = template["spec"]["containers"]
+        assert c["args"][c["args"].index("--shard") + 1] == "ordinal" and n.SHARD not in template["metadata"]["labels"]
+        assert "affinity" not in template["spec"]
+        assert access.link(j, "research", {}).address == n.syncer_addresses("demo", "research", 2) == \
+            "demo-syncer-0.demo-syncer.research.svc:50051,demo-syncer-1.demo-syncer.research.svc:50051"
+        for i in range(2) if j.spec.syncer.expose is not None else ():
+            assert by_key(objs)[("Service", f"demo-syncer-exposed-{i}")]["spec"]["selector"] == \
+                {**n.selector("demo", n.SYNCER), n.POD_NAME: f"demo-syncer-{i}"}
+    one = job(syncer={"checkpoints": STORE, "standby": {}})
+    assert render.syncer_workloads(one, OWNER) == [render.syncer_deployment(one, OWNER)]
+    assert render.syncer_services(one, OWNER) == [render.syncer_service(OWNER)]
+    assert n.SHARD not in render.syncer_deployment(one, OWNER)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_a_sharded_standbys_shard_count_and_readiness_from_its_deployments() -> None:
+    j = sharded_standby()
+    ready = {("Deployment", f"demo-syncer-shard-{i}"): {"status": {"readyReplicas": 1, "replicas": 2}}
+             for i in range(2)}
+    assert observe.shard_problem(j, ready) == []
+    assert observe.syncer_ready(j, ready)  # one ready pod a shard: the lease holders
+    assert not observe.syncer_ready(j, {**ready, ("Deployment", "demo-syncer-shard-1"): {"status": {"replicas": 2}}})
+    assert not observe.syncer_ready(j, {k: v for k, v in ready.items() if k[1].endswith("-0")})
+    # Three shards asked of a job whose two shards run: refused, like any shard-count change.
+    three = job(syncer={**SHARDED, "fragments": 3, "shards": 3, "standby": {}})
+    (problem,) = observe.shard_problem(three, ready)
+    assert "runs as 2 shard(s)" in problem and "set it back to 2" in problem
+    assert render.shard_change_problem(three, None, None, [0, 1, 2]) is None
+    # A standby added to a running sharded job: the shard count is what counts, not the workload.
+    assert observe.shard_problem(j, {("StatefulSet", "demo-syncer"): {"spec": {"replicas": 2}}}) == []
+    assert n.shard_of_syncer("demo", "demo-syncer-shard-12") == 12
+    assert n.shard_of_syncer("demo", "demo-syncer") is n.shard_of_syncer("demo", "demo-syncer-shard-x") is None
+
+
+def test_a_name_too_long_for_a_shards_service_is_refused() -> None:
+    def named(name: str, shards: int) -> Any:
+        return parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": name},
+                          "spec": {"learnerGroups": [{"name": "a", "replicas": 1}],
+                                   "syncer": {**SHARDED, "fragments": 1, "shards": shards, "standby": {}}}})
+
+    assert render.name_problems(named("j" * 48, 2)) == []  # j...-syncer-shard-1: 63 characters
+    assert render.name_problems(named("j" * 48, 10)) == []  # j...-syncer-shard-9: 63 as well
+    (problem,) = render.name_problems(named("j" * 48, 11))  # j...-syncer-shard-10: 64
+    assert problem.startswith("metadata.name: the syncer shard's Service") and "within 47" in problem
 
 
 def test_syncer_args_accept_a_url() -> None:

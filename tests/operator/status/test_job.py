@@ -307,3 +307,45 @@ def test_the_active_syncer_its_epoch_and_takeovers() -> None:
     assert s3["syncer"]["takeovers"] == 1 and st.takeover(s2, s3) is None
     plain = st.compute(spec(), {}, obs(syncer=view()), generation=1)  # no lease: none of these fields
     assert not {"active", "leaseEpoch", "takeovers"} & set(plain["syncer"])
+
+
+def test_a_sharded_standby_names_each_shards_holder_and_counts_every_shards_takeovers() -> None:
+    """A sharded syncer's incarnation joins its shards' (diloco/shards.py `aggregate`): `active`
+    names each shard's lease holder in shard order, `leaseEpochs` keeps each shard's epoch and
+    `leaseEpoch` their sum; a shard's higher epoch is one takeover, whichever shard, and the
+    Event names the shard, its new holder and its old one."""
+    sharded = spec(syncer={"checkpoints": {"url": "s3://b/j"}, "standby": {}, "fragments": 2, "shards": 2})
+
+    def leased(*holders: tuple[str, int]) -> st.SyncerView:
+        return dataclasses.replace(view(), incarnation="+".join(f"{h}/0123456789ab@{e}" for h, e in holders))
+
+    def fields(s: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(s["syncer"].get(k) for k in ("active", "leaseEpoch", "leaseEpochs", "takeovers"))
+
+    s1 = st.compute(sharded, {}, obs(syncer=leased(("j-syncer-shard-0-a", 1), ("j-syncer-shard-1-a", 1))), generation=1)
+    assert fields(s1) == ("j-syncer-shard-0-a,j-syncer-shard-1-a", 2, [1, 1], 0)
+    # Shard 1's active is killed: the Status RPC fails (its Service has no ready pod) until its
+    # standby serves; the status keeps the last known meanwhile.
+    silent = st.compute(sharded, s1, obs(T0 + 5, syncer_error="UNAVAILABLE"), generation=1)
+    assert fields(silent) == fields(s1) and "incarnation" not in silent["syncer"]
+    s2 = st.compute(sharded, silent, obs(T0 + 10, syncer=leased(("j-syncer-shard-0-a", 1), ("j-syncer-shard-1-b", 2))),
+                    generation=1)
+    assert fields(s2) == ("j-syncer-shard-0-a,j-syncer-shard-1-b", 3, [1, 2], 1)
+    reason, message = st.takeover(silent, s2)  # type: ignore[misc]
+    assert reason == "SyncerTakeover" and message.startswith(
+        "shard 1: syncer j-syncer-shard-1-b took over the lease (epoch 2) from j-syncer-shard-1-a; learners re-join")
+    assert "shard 0" not in message
+    same = leased(("j-syncer-shard-0-a", 1), ("j-syncer-shard-1-b", 2))
+    s3 = st.compute(sharded, s2, obs(T0 + 15, syncer=same), generation=1)
+    assert fields(s3) == fields(s2) and st.takeover(s2, s3) is None and s3["syncer"]["incarnation"] == same.incarnation
+    # Both shards taken over between two passes: two takeovers, both told.
+    s4 = st.compute(sharded, s3, obs(T0 + 20, syncer=leased(("j-syncer-shard-0-b", 2), ("j-syncer-shard-1-a", 3))),
+                    generation=1)
+    assert fields(s4) == ("j-syncer-shard-0-b,j-syncer-shard-1-a", 5, [2, 3], 3)
+    _, both = st.takeover(s3, s4)  # type: ignore[misc]
+    assert "shard 0: syncer j-syncer-shard-0-b" in both and "shard 1: syncer j-syncer-shard-1-a" in both
+    st.validated(s4)  # leaseEpochs is in the status's schema (the CRD's)
+    # A sharded syncer without a standby: no lease, none of these fields.
+    plain = st.compute(spec(syncer={"fragments": 2, "shards": 2}), {},
+                       obs(syncer=dataclasses.replace(view(), incarnation="aaaa+bbbb")), generation=1)
+    assert not {"active", "leaseEpoch", "leaseEpochs", "takeovers"} & set(plain["syncer"])
