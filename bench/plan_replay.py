@@ -115,7 +115,7 @@ def main() -> None:
                         help="cycles of P slots not counted (0: a scaled model's first publishes are small)")
     parser.add_argument("--d-model", type=int, default=D_MODEL,
                         help="the scaled model's width (larger: fragments closer to the plan's; memory permitting)")
-    parser.add_argument("--smoke", action="store_true", help="a 5B x 2 sites plan (P = 24 x 3 shards, folded), 30 slots")
+    parser.add_argument("--smoke", action="store_true", help="a 5B x 2 sites plan (3 shards at P = 24), 30 slots")
     args = parser.parse_args()
     if args.smoke:
         args.plan = "--params 5e9 --fragments 24 --region name=a,wan-gbps=20 --region name=b,wan-gbps=20"

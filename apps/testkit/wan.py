@@ -101,13 +101,19 @@ class Wan:
             self.set_rate(region, self.mbit)
 
     def set_rate(self, region: str, mbit: float) -> None:
-        """Shape both directions of a region's link to `mbit` (tbf on each end's egress)."""
+        """Shape both directions of a region's link to `mbit` (tbf on each end's egress). A link
+        already shaped is changed in place (`replace`): the packets queued in it are kept."""
         link = self.links[region]
         burst = max(16_000, int(mbit * 1e6 / 8 / 100))  # ~10 ms of traffic, at least 16 kB
         for ns, dev in ((self.home, link.home_dev), (link.namespace, link.region_dev)):
-            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
-            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
+            _run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
                  "burst", str(burst), "latency", "500ms")
+
+    def unshape(self, region: str) -> None:
+        """A region's link unshaped again, both ways."""
+        link = self.links[region]
+        for ns, dev in ((self.home, link.home_dev), (link.namespace, link.region_dev)):
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
 
     def argv(self, where: str, argv: Sequence[str]) -> list[str]:
         """Run argv inside the home namespace (`where="home"`) or a region's."""
