@@ -17,6 +17,15 @@ Each container start gets a fresh, empty termination-message file at its termina
 a path under a mount, in args or env values (the compilation cache's variables), is the
 mount's local one, as a bind mount makes it.
 Learners are pinned to alternating CPUs (docs/DEVELOPMENT.md).
+
+Names outside the cluster: `hosts` maps a `host:port` that DNS would resolve elsewhere (another
+cluster's exposed syncer, `shard-<i>.<host>:50051`) to a local address, as a resolver would; the
+process dials the local address but still checks the syncer's certificate for the dialled host
+(`--tls-server-name`, unless the pod gives one), as it would after a DNS lookup. A pod of a
+StatefulSet is also reached by its own name under its headless Service
+(`<pod>.<service>.<namespace>.svc`, a sharded syncer's shards), and an argument listing several
+addresses (comma-separated, one per shard) maps each. `dial` is that mapping for the test's and
+the operator's own clients.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ class ProcessRuntime(Runtime):
         self.holders: dict[int, str] = {}  # a Service's local port -> the pod uid that got it last
         self._starting = threading.Lock()  # several kubelets (Nodes) may share this runtime
         self._learners_started = first_cpu
+        self.hosts: dict[str, str] = {}  # "host:port" outside the cluster -> "127.0.0.1:port" (see above)
 
     # -- addresses --------------------------------------------------------------------------
 
@@ -77,15 +87,29 @@ class ProcessRuntime(Runtime):
             self.ports[address] = free_port()
         return f"127.0.0.1:{self.ports[address]}"
 
+    def _mapped(self, address: str) -> bool:
+        return address in self.hosts or re.fullmatch(r"[\w.-]+\.svc:\d+", address) is not None
+
+    def dial(self, address: str) -> str:
+        """Where a process here reaches `address` (a Service's, a pod's under a headless Service,
+        or one of `hosts`), one by one for a comma-separated list; any other address as it is."""
+        return ",".join(self.hosts.get(a) or (self.local(a) if self._mapped(a) else a) for a in address.split(","))
+
     def _container_port(self, pod: dict[str, Any], container: dict[str, Any], port: dict[str, Any]) -> int:
         """The local port for a container port: a Service's stable one if a Service targets it."""
         labels = pod["metadata"].get("labels") or {}
+        hostname, subdomain = pod["spec"].get("hostname"), pod["spec"].get("subdomain")
         addresses = []
         for svc in self.api.list("Service", self.namespace):
             selector = svc["spec"].get("selector") or {}
-            if svc["spec"].get("clusterIP") == "None" or not selector or not selector.items() <= labels.items():
-                continue  # headless Services address each pod, not one shared port
-            addresses += [f"{svc['metadata']['name']}.{self.namespace}.svc:{sp['port']}" for sp in svc["spec"]["ports"]
+            if not selector or not selector.items() <= labels.items():
+                continue
+            name = svc["metadata"]["name"]
+            if svc["spec"].get("clusterIP") == "None":  # headless: each pod by its own name, no shared port
+                if not hostname or subdomain != name:
+                    continue
+                name = f"{hostname}.{name}"
+            addresses += [f"{name}.{self.namespace}.svc:{sp['port']}" for sp in svc["spec"]["ports"]
                           if sp.get("targetPort") in (port.get("name"), port["containerPort"])]
         if not addresses:
             return free_port()
@@ -199,11 +223,16 @@ class ProcessRuntime(Runtime):
         ports = {str(p["containerPort"]): str(self._container_port(pod, container, p))
                  for p in container.get("ports") or []}
         argv: list[str] = []
+        resolved: list[str] = []  # hosts outside the cluster, dialled by name
         for arg in [*container["command"], *container.get("args", [])]:
             arg = self._local_path(re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg), mounts)
-            if re.fullmatch(r"[\w.-]+\.svc:\d+", arg):
-                arg = self.local(arg)
+            if all(self._mapped(a) for a in arg.split(",")):
+                if all(a in self.hosts for a in arg.split(",")):
+                    resolved = [a.rsplit(":", 1)[0] for a in arg.split(",")]
+                arg = self.dial(arg)
             argv.append(ports.get(arg, arg) if argv and argv[-1].endswith("port") else arg)
+        if resolved and "--tls-ca" in argv and "--tls-server-name" not in argv:
+            argv += ["--tls-server-name", ",".join(resolved)]  # the certificate is checked for the name dialled
         if container["name"] == "learner":
             argv += ["--cpus", str(self._learners_started % self.cpus)]
             self._learners_started += 1

@@ -108,7 +108,7 @@ def install_crd(admin: Kube, crds: list[dict[str, Any]]) -> None:
 def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...] = (),
                  namespaces: tuple[str, ...] = (), operator_kube: Callable[[ControlPlane, str], Kube] | None = None,
                  identity: str = "operator-0", mutators: dict[str, tuple[str, list[str], admission.Mutator]] | None = None,
-                 **config: Any) -> Iterator[Cluster]:
+                 chart_values: dict[str, Any] | None = None, first_cpu: int = 0, **config: Any) -> Iterator[Cluster]:
     """`kueue`: with stand-ins for Kueue's CRDs serving that version only (True: v1beta1) and its
     default flavor, the chart's kueue.enabled and Config.kueue;
     `watch`: the chart's watchNamespaces (a Role in each, no ClusterRole) and the operator's
@@ -116,6 +116,8 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
     a Role needs its namespace); `operator_kube`: the operator's client from the plane and the
     ServiceAccount's token (default: $KUBECONFIG, as in a pod), `identity` its peering identity
     (a pod's name); `mutators`: defaulting webhooks the lane plays (tests/realapi/admission.py);
+    `chart_values`: more of the chart's values (multiCluster's: tests/realapi/test_multicluster.py),
+    `first_cpu` the CPU its first learner is pinned to (clusters sharing this machine alternate);
     `config`: other operator settings (Config's fields). The operator peers through the chart's
     peering object, as the chart's replicas do. The lane's admission webhooks (the CEL gate, and
     with `kueue` Kueue's Workload webhook) run on every cluster."""
@@ -141,13 +143,14 @@ def real_cluster(folder: Path, kueue: bool | str = False, watch: tuple[str, ...]
         values = folder / "values.yaml"
         values.write_text(yaml.safe_dump({"nodeSelector": {"diloco.dev/operator-runs": "in-the-test-process"},
                                           **({"kueue": {"enabled": True}} if kueue else {}),
-                                          **({"watchNamespaces": list(watch)} if watch else {})}))
+                                          **({"watchNamespaces": list(watch)} if watch else {}),
+                                          **(chart_values or {})}))
         helm(plane, admin_config, "install", RELEASE, str(ROOT / "charts" / "decoupled-diloco"),
              "--namespace", SYSTEM, "--create-namespace", "-f", str(values))
         token = service_account_token(admin)
         mp.setenv("KUBECONFIG", str(plane.kubeconfig(folder / "operator.kubeconfig", token, "operator")))
         mp.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        runtime = ProcessRuntime(admin, JOBS, folder / "node")
+        runtime = ProcessRuntime(admin, JOBS, folder / "node", first_cpu=first_cpu)
         kubelet = stack.enter_context(Kubelet(admin, runtime, volumes=str(folder / "node" / "volumes"),
                                                    namespaces=frozenset({JOBS})))
         # The chart's admission webhook, served by the operator in this process (tests/realapi/webhook.py).

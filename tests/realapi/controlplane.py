@@ -184,6 +184,15 @@ class ControlPlane:
             time.sleep(0.5)
         raise RuntimeError(f"kube-apiserver was not ready within {timeout:.0f} s")
 
+    def pause(self, name: str = "kube-apiserver") -> None:
+        """Stop a component where it stands (SIGSTOP): an API server so paused accepts connections
+        (the kernel's backlog) and answers nothing, as one that hangs or sits behind a dead link."""
+        os.kill(self.procs[name].pid, signal.SIGSTOP)
+
+    def resume(self, name: str = "kube-apiserver") -> None:
+        """Let a paused component go on (SIGCONT)."""
+        os.kill(self.procs[name].pid, signal.SIGCONT)
+
     def alive(self) -> list[str]:
         """Components that have exited (a test that ends with a dead controller is suspect)."""
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
@@ -191,6 +200,7 @@ class ControlPlane:
     def __exit__(self, *exc: object) -> None:
         for proc in reversed(list(self.procs.values())):
             if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a paused one (pause) would not act on SIGTERM
                 os.killpg(proc.pid, signal.SIGTERM)
         for proc in self.procs.values():
             try:

@@ -7,7 +7,9 @@ and heartbeats, pod phases and conditions, container states with exit codes and 
 termination message (the last 4096 bytes of the file the start had at its terminationMessagePath,
 in `lastState.terminated.message`), a failed liveness probe's kill (`fail_liveness`: SIGTERM,
 SIGKILL after the pod's grace period, then the restart), image pull failures for images it
-cannot "pull", and graceful deletion (SIGTERM, then the pod object goes).
+cannot "pull", and graceful deletion (SIGTERM, then the pod object goes). Its API server paused
+or down, it retries and the pods run on; a pod's readiness another wrote over meanwhile (the node
+controller marks a silent node's pods NotReady) is written again.
 It also plays the volume provisioner the control plane lacks: every pending claim gets a
 hostPath PersistentVolume, which the real persistent-volume controller binds.
 Several may share one runtime (one machine), each its own Node (`node`, with `labels` such as a
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import urllib3
 
 from diloco.operator.kube import ApiError, Kube
 from tests.kube.controllers import Runtime
@@ -128,6 +132,8 @@ class Kubelet:
                         self._sync(pod)
             except ApiError as exc:  # races with the controllers (409, 404) resolve next round
                 self.errors.append(str(exc))
+            except (urllib3.exceptions.HTTPError, OSError) as exc:  # the API server down or paused: retried,
+                self.errors.append(f"{type(exc).__name__}: {exc}")  # the pods running on meanwhile
 
     def _provision(self) -> None:
         claims = self.api.request("GET", "api/v1/persistentvolumeclaims").get("items") or []
@@ -188,6 +194,16 @@ class Kubelet:
         elif state.running and not state.ready and state.killed_at is None and self.runtime.ready(pod):
             state.ready = True
             self._report(pod, state)
+        elif state.running and self._shown_ready(pod) != state.ready:
+            # Another wrote over the status (the node controller marks a node's pods NotReady when
+            # its heartbeats stopped reaching a paused API server): written again, as the kubelet's
+            # status manager does.
+            self._report(pod, state)
+
+    @staticmethod
+    def _shown_ready(pod: dict[str, Any]) -> bool:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
     def _liveness(self, pod: dict[str, Any], state: Container) -> None:
         meta = pod["metadata"]
