@@ -88,8 +88,11 @@ def _shape(job: DecoupledDiLoCoJob, seen: Seen, *, owner: render.Owner, link: ac
         if not stopped:
             return _Shape(desired, plan, None, [], None, (children.key(held),), replacing=held)
         return _Shape(desired, plan, None, [], held, (children.key(held),))
-    if finished:  # a finished job queues nothing and keeps what it has, its finalizers let go (`let_go`)
-        return _Shape(desired, plan, plan.held or plan.waiting, [], None, tuple(keys))
+    if finished:  # a finished job queues nothing and keeps what it has, its finalizers let go (`let_go`);
+        # a slice still queued to grow it is deleted: Kueue would otherwise admit it, quota for nothing.
+        waiting = plan.waiting
+        grow = children.key(waiting) if waiting is not None and slices.sliced(waiting) else None
+        return _Shape(desired, plan, plan.held or plan.waiting, [], None, tuple(k for k in keys if k != grow))
     return _Shape(desired, plan, plan.held or plan.waiting, plan.workloads, None, ())
 
 

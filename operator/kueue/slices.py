@@ -141,11 +141,21 @@ def plan(desired: Mapping[str, Any], live: list[dict[str, Any]], *, generation: 
     out = [_named(desired, held["metadata"]["name"], keep, kept)]
     if any(n > got.get(p, 0) for p, n in want.items()):
         origin = keep.get(SLICE_NAME, held["metadata"]["name"])
-        name = waiting["metadata"]["name"] if waiting is not None else f"{desired['metadata']['name']}-{generation}"
+        name = waiting["metadata"]["name"] if waiting is not None else _fresh(
+            f"{desired['metadata']['name']}-{generation}", {w["metadata"]["name"] for w in live})
         grown = [{**_plain(p), "count": want.get(p["name"], 0)} for p in desired["spec"]["podSets"]]
         out.append(_named(desired, name, {kueue.ELASTIC: "true", SLICE_NAME: origin, REPLACEMENT_FOR:
                                           f"{held['metadata']['namespace']}/{held['metadata']['name']}"}, grown))
     return Slices(held, waiting, out, {p: min(n, want.get(p, n)) for p, n in got.items()})
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or `name-<k>` for the least k free: a Workload queued again whole keeps the name it
+    had (its place in the queue), which may be a slice's of this very generation."""
+    k = 0
+    while (candidate := name if k == 0 else f"{name}-{k}") in taken:
+        k += 1
+    return candidate
 
 
 def _plain(pod_set: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from diloco.operator.kueue import lifecycle, queueing, slices
 from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
-from diloco.spec import DecoupledDiLoCoJob, parse_job
+from diloco.spec import DecoupledDiLoCoJob, home_view, parse_job
 from tests.realapi import kueue as double
 from tests.realapi.kueue_crds import refusals
 
@@ -57,10 +57,26 @@ def variants(example: str) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
+def three_groups() -> dict[str, Any]:
+    """Three elastic groups in one cluster (examples/multicluster.yaml's, all run here): the first
+    Workload's other groups ask for their minimum, so it grows by a slice after it is queued again
+    under a slice's name (which once collided with the grow slice's) and its job finishes with that
+    slice still queued (which must go, not wait for quota it would never use)."""
+    raw = yaml.safe_load((ROOT / "examples" / "multicluster.yaml").read_text())
+    raw["metadata"].setdefault("labels", {})[kueue.QUEUE_LABEL] = "training"
+    raw["spec"].pop("clusters")
+    raw["spec"]["syncer"].pop("expose")
+    for g in raw["spec"]["learnerGroups"]:
+        g.pop("cluster", None)
+        g["minReplicas"] = 1
+    return raw
+
+
 # Every variant in v1beta2 (the version current Kueue stores); in v1beta1 (Kueue before 0.15),
 # which differs only in how the priority class is named, the variant that takes every path.
 CASES = [(example, name, raw, version) for example in EXAMPLES for name, raw in variants(example)
          for version in ("v1beta2", "v1beta1") if version == "v1beta2" or name == "minReplicas on every group"]
+CASES += [("multicluster.yaml", "three groups here, minReplicas on every group", three_groups(), "v1beta2")]
 pytestmark = pytest.mark.slow  # about 0.3 s each: the CEL rules evaluated in Python over whole Workloads
 
 
@@ -165,10 +181,17 @@ def shrunk(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def here(raw: dict[str, Any]) -> DecoupledDiLoCoJob:
+    """The job as this cluster's operator runs it: a multi-cluster job's home view (its remote
+    groups are queued in their own clusters)."""
+    job = parse_job(raw)
+    return job.model_copy(update={"spec": home_view(job.spec)})
+
+
 @pytest.mark.parametrize(("example", "variant", "raw", "version"), CASES, ids=[f"{e}-{v}-{x}" for e, v, _, x in CASES])
 def test_every_workload_slice_and_status_write_passes_kueues_checks(example: str, variant: str, raw: dict[str, Any],
                                                                     version: str) -> None:
-    job = parse_job(raw)
+    job = here(raw)
     owner = render.Owner(job.metadata.name, job.metadata.namespace or "jobs", "7c1b0d9e-1f7e-4a55-9d1c-0d2b8d1c3e11")
     server = Server(version)
     whole = kueue.whole(job)
@@ -195,7 +218,7 @@ def test_every_workload_slice_and_status_write_passes_kueues_checks(example: str
         q = converge(job, server, owner, LATER)
         assert list(server.stored) == [grow["metadata"]["name"]] and q.admitted == whole
         settle(q, server, pods_for(q.admitted))
-        smaller = parse_job(shrunk(raw))  # the job shrinks: the held slice lowered in place
+        smaller = here(shrunk(raw))  # the job shrinks: the held slice lowered in place
         q = converge(smaller, server, owner, LATER)
         assert list(server.stored) == [grow["metadata"]["name"]] and q.replace is None
         assert double.counts(server.stored[grow["metadata"]["name"]]) == kueue.whole(smaller)
