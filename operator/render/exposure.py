@@ -80,21 +80,14 @@ def _load_balancer(meta: dict[str, Any], selector: dict[str, str], source_ranges
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
-MAX_NAME = 63  # a Service's name is a DNS label (RFC 1035)
-
-
 def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
     """An exposing object's name Kubernetes would refuse: the job's name plus `-syncer-exposed`
     (and `-<shard>`) must stay a DNS label."""
     if job.spec.syncer.expose is None:
         return []
-    longest = n.exposed_syncers(job.metadata.name, job.spec.syncer.shards)[-1]
-    if len(longest) <= MAX_NAME:
-        return []
-    room = MAX_NAME - (len(longest) - len(job.metadata.name))
-    return [f"metadata.name: the exposed syncer's Service {longest!r} has {len(longest)} characters, over "
-            f"{MAX_NAME}; with spec.syncer.expose and {job.spec.syncer.shards} shard(s) the job's name must stay "
-            f"within {room}"]
+    shards = job.spec.syncer.shards
+    return n.service_name_problems(job.metadata.name, n.exposed_syncers(job.metadata.name, shards)[-1],
+                                   "the exposed syncer's Service", f"spec.syncer.expose and {shards} shard(s)")
 
 
 def problems(job: DecoupledDiLoCoJob, gateway_api: bool) -> list[str]:

@@ -43,7 +43,6 @@ def name_problems(job: DecoupledDiLoCoJob) -> list[str]:
 
 
 ZONE = "topology.kubernetes.io/zone"
-MAX_SERVICE_NAME = 63  # a Service's name is a DNS label (RFC 1035)
 
 
 def sharded_standby(job: DecoupledDiLoCoJob) -> bool:
@@ -55,13 +54,9 @@ def shard_service_problems(job: DecoupledDiLoCoJob) -> list[str]:
     """A sharded standby's per-shard Service name (`J-syncer-shard-<i>`) must stay a DNS label."""
     if not sharded_standby(job):
         return []
-    longest = n.syncer_shard(job.metadata.name, job.spec.syncer.shards - 1)
-    if len(longest) <= MAX_SERVICE_NAME:
-        return []
-    room = MAX_SERVICE_NAME - (len(longest) - len(job.metadata.name))
-    return [f"metadata.name: the syncer shard's Service {longest!r} has {len(longest)} characters, over "
-            f"{MAX_SERVICE_NAME}; with spec.syncer.standby and {job.spec.syncer.shards} shards the job's name "
-            f"must stay within {room}"]
+    shards = job.spec.syncer.shards
+    return n.service_name_problems(job.metadata.name, n.syncer_shard(job.metadata.name, shards - 1),
+                                   "the syncer shard's Service", f"spec.syncer.standby and {shards} shards")
 
 
 def shard_change_problem(job: DecoupledDiLoCoJob, deployment: Mapping[str, Any] | None,

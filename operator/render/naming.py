@@ -44,6 +44,19 @@ CHECKPOINT_DIR = "/var/lib/diloco/checkpoints"
 MAX_STATEFULSET_NAME = 52
 
 
+MAX_SERVICE_NAME = 63  # a Service's name is a DNS label (RFC 1035)
+
+
+def service_name_problems(job: str, longest: str, what: str, why: str) -> list[str]:
+    """A child Service's longest name (`longest`, the job's name plus a suffix) that Kubernetes would
+    refuse, told with how long the job's name may be: `what` the Service is, `why` it exists."""
+    if len(longest) <= MAX_SERVICE_NAME:
+        return []
+    room = MAX_SERVICE_NAME - (len(longest) - len(job))
+    return [f"metadata.name: {what} {longest!r} has {len(longest)} characters, over {MAX_SERVICE_NAME}; with {why} "
+            f"the job's name must stay within {room}"]
+
+
 def statefulset(job: str, group: str) -> str:
     return f"{job}-{group}"
 

@@ -162,6 +162,24 @@ def test_one_apply_trains_in_three_clusters_through_both_shards(clusters: Cluste
           f"{ {x['name']: (x['reachable'], x['phase'], x['learners']) for x in s['clusters']} }\n{table}")
 
 
+
+def told(c: Clusters, since: float, status: str, reason: str, already: dict[str, int], *,
+         timeout: float) -> dict[str, float]:
+    """Seconds from `since` until ClustersReachable was `status` and until a new `reason` Event was
+    posted on the home job, each the first time it was seen."""
+    seen: dict[str, float] = {}
+
+    def both() -> bool:
+        now = time.monotonic()
+        if "condition" not in seen and condition(c.home, REACHABLE).get("status") == status:
+            seen["condition"] = now - since
+        if "event" not in seen and len(events(c.home, reason)) > already[reason]:
+            seen["event"] = now - since
+        return len(seen) == 2
+
+    wait_for(both, timeout=timeout, period=0.2, what=f"ClustersReachable {status} and a {reason} Event")
+    return seen
+
 def test_a_remote_api_server_down_a_minute_is_a_condition_then_reconciled(clusters: Clusters, job: str) -> None:
     c, lost = clusters, REMOTES[0]
     remote = c.remotes[lost]
@@ -176,17 +194,7 @@ def test_a_remote_api_server_down_a_minute_is_a_condition_then_reconciled(cluste
     remote.plane.pause()
     t0 = time.monotonic()
     try:
-        seen: dict[str, float] = {}
-
-        def noticed() -> bool:
-            now = time.monotonic()
-            if "condition" not in seen and condition(c.home, REACHABLE).get("status") == "False":
-                seen["condition"] = now - t0
-            if "event" not in seen and len(events(c.home, "ClusterUnreachable")) > already["ClusterUnreachable"]:
-                seen["event"] = now - t0
-            return len(seen) == 2
-
-        wait_for(noticed, timeout=30, period=0.2, what="ClustersReachable False and a ClusterUnreachable Event")
+        seen = told(c, t0, "False", "ClusterUnreachable", already, timeout=30)
         cond = condition(c.home, REACHABLE)
         assert cond["reason"] == "ClusterUnreachable" and f"cluster {lost}:" in cond["message"], cond
         entry = next(x for x in status(c.home)["clusters"] if x["name"] == lost)
@@ -202,17 +210,7 @@ def test_a_remote_api_server_down_a_minute_is_a_condition_then_reconciled(cluste
     # Training went on: the outer version rose, and the cut-off cluster's learner pushed to both shards.
     assert late["version"] > during["version"] > start["version"], (start, during, late)
     assert all(late["regions"][(region, i)] > start["regions"][(region, i)] for i in range(SHARDS)), (start, late)
-    back: dict[str, float] = {}
-
-    def returned() -> bool:
-        now = time.monotonic()
-        if "condition" not in back and condition(c.home, REACHABLE).get("status") == "True":
-            back["condition"] = now - t1
-        if "event" not in back and len(events(c.home, "ClusterReachable")) > already["ClusterReachable"]:
-            back["event"] = now - t1
-        return len(back) == 2
-
-    wait_for(returned, timeout=60, period=0.2, what="ClustersReachable True and a ClusterReachable Event")
+    back = told(c, t1, "True", "ClusterReachable", already, timeout=60)
     # Nothing lost: the same part, the same learner process, still training.
     after_job, after_secret = part(remote)
     assert after_job is not None and after_job["metadata"]["uid"] == before_job["metadata"]["uid"]
