@@ -285,7 +285,7 @@ def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = N
     if job.spec.syncer.external is None:
         template = render.syncer_pod_template(job, owner)
         request = topology_request(_annotations(template), {}, gang_count=None, hosts=1)
-        out.append({"name": SYNCER_POD_SET, "count": job.spec.syncer.shards, "template": _template(template),
+        out.append({"name": SYNCER_POD_SET, "count": syncer_pods(job), "template": _template(template),
                     **({"topologyRequest": request} if request else {})})
     return out
 
@@ -334,7 +334,22 @@ def elastic(job: DecoupledDiLoCoJob) -> bool:
 def whole(job: DecoupledDiLoCoJob) -> dict[str, int]:
     """Pods each PodSet asks for when the job runs whole."""
     out = {g.name: g.replicas * g.hosts_per_learner for g in job.spec.learner_groups}
-    return {**out, **({SYNCER_POD_SET: job.spec.syncer.shards} if job.spec.syncer.external is None else {})}
+    return {**out, **({SYNCER_POD_SET: syncer_pods(job)} if job.spec.syncer.external is None else {})}
+
+
+def syncer_pods(job: DecoupledDiLoCoJob) -> int:
+    """The syncer's pods: one per shard, two with a standby (spec.syncer.standby). The standby
+    waits with its requests held on a node, so Kueue must reserve quota for it too."""
+    return job.spec.syncer.shards * (1 if job.spec.syncer.standby is None else 2)
+
+
+def must_be_ready(job: DecoupledDiLoCoJob, counts: Mapping[str, int]) -> dict[str, int]:
+    """The Ready pods each PodSet needs for PodsReady: all it was given, but one syncer per shard,
+    since a standby is never Ready (only its shard's lease holder opens the gRPC port its
+    readiness probe dials: operator/render/job.py) and would otherwise time the job out."""
+    if job.spec.syncer.standby is None or SYNCER_POD_SET not in counts:
+        return dict(counts)
+    return {**counts, SYNCER_POD_SET: min(counts[SYNCER_POD_SET], job.spec.syncer.shards)}
 
 
 def first(job: DecoupledDiLoCoJob, sets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -206,8 +206,8 @@ def settle(queued: Queued, job_pods: list[dict[str, Any]], *, finished: bool, no
     # still admitted it follows the pods (WaitForRecovery as they go); once the quota is given back
     # it is not admitted, so False/WaitForStart (generatePodsReadyCondition), and a job admitted
     # again starts from WaitForStart, which waitForPodsReady.timeout times, not from WaitForRecovery.
-    ready = lifecycle.all_ready(queued.admitted if not kueue.evicted(wl) else slices.given(wl),
-                                job_pods)
+    counts = queued.admitted if not kueue.evicted(wl) else slices.given(wl)
+    ready = lifecycle.all_ready(kueue.must_be_ready(queued.job, counts), job_pods)
     status = lifecycle.pods_ready(wl, ready, now)
     if not kueue.evicted(wl) or not lifecycle.stopped(job_pods):
         return [WorkloadWrite(wl, status)] if status is not None else []

@@ -54,6 +54,10 @@ def variants(example: str) -> list[tuple[str, dict[str, Any]]]:
         g["replicas"] = max(int(g.get("replicas", 1)), 3)
         g["minReplicas"] = 1
     out.append(("minReplicas on every group", every))
+    if "external" not in raw["spec"].get("syncer", {}):  # a standby per shard: Kueue reserves two syncer pods each
+        standby = copy.deepcopy(one)
+        standby["spec"]["syncer"].update(standby={}, checkpoints={"url": f"s3://checkpoints/{example}"})
+        out.append(("minReplicas on one group and a standby", standby))
     return out
 
 

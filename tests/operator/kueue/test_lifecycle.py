@@ -71,6 +71,32 @@ def pod(component: str, group: str | None, ready: bool, name: str = "p") -> dict
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_standby_syncer_reserves_its_quota_and_is_not_waited_for(shards: int) -> None:
+    standby = parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
+                         "metadata": {"name": "demo", "namespace": "jobs"},
+                         "spec": {"learnerGroups": [{"name": "local", "replicas": 2}],
+                                  "syncer": {"fragments": 2, "shards": shards, "standby": {},
+                                             "checkpoints": {"url": "s3://ckpt/demo"}}}})
+    desired = kueue.workload(standby, OWNER, "training")
+    # Each shard's lease holder and its standby both hold a node's worth of requests: Kueue reserves both.
+    syncer = next(p for p in desired["spec"]["podSets"] if p["name"] == kueue.SYNCER_POD_SET)
+    assert syncer["count"] == 2 * shards and kueue.whole(standby)[kueue.SYNCER_POD_SET] == 2 * shards
+    wl = live(desired, *HELD, counts={"local": 2, "syncer": 2 * shards})
+    q = queueing.Queued(standby, kueue.gate(wl, "w", "training"), current=wl, admitted=slices.given(wl))
+    learners = [pod(n.LEARNER, "local", True, f"l{i}") for i in range(2)]
+    holders = [pod(n.SYNCER, None, True, f"s{i}") for i in range(shards)]
+    standbys = [pod(n.SYNCER, None, False, f"s{i}-standby") for i in range(shards)]
+
+    def pods_ready(pods: list[dict[str, Any]]) -> str:
+        (write,) = queueing.settle(q, pods, finished=False, now=NOW)
+        return find(write.status["conditions"], lifecycle.PODS_READY)["status"]
+
+    # A standby is never Ready (its gRPC port opens when it takes the lease): PodsReady waits for the holders.
+    assert pods_ready(learners + holders + standbys) == "True"
+    assert pods_ready(learners + holders[1:] + standbys) == "False"  # a shard with no lease holder Ready
+
+
 def test_pods_ready_follows_kueues_reasons_through_a_loss_and_a_recovery() -> None:
     desired = kueue.workload(job(3, None), OWNER, "training")
     wl = live(desired, *HELD, counts={"local": 3, "syncer": 1})
