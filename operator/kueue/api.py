@@ -10,8 +10,9 @@ from typing import Any
 
 from diloco.operator.kube import ApiError, Kube
 from diloco.operator.kueue import lifecycle
-from diloco.operator.kueue.integration import FINALIZER, KIND, PRIORITY_LABEL, Priority, priority_class
+from diloco.operator.kueue.integration import FINALIZER, KIND
 from diloco.operator.kueue.placement import flavor_names
+from diloco.operator.kueue.priorities import PRIORITY_LABEL, Priority, priority_class
 from diloco.spec import DecoupledDiLoCoJob
 
 

@@ -30,7 +30,7 @@ besides, as Kueue's own job integrations (its JobFramework) do for theirs:
 - priority: the job's `kueue.x-k8s.io/priority-class` label names a WorkloadPriorityClass, else
   the first pod template's priorityClassName a PriorityClass; its value goes into spec.priority;
 - topology-aware scheduling: Kueue's podset annotations (`kueue.x-k8s.io/podset-required-topology`
-  and the others in TOPOLOGY_ANNOTATIONS), on a group's or the syncer's pod template or, for every
+  and the others in topology.ANNOTATIONS), on a group's or the syncer's pod template or, for every
   learner group, on the job itself, become the PodSet's topologyRequest (a group's pods indexed by
   their StatefulSet ordinal, a multi-host group's learners as sub-groups);
 - admission: the flavors Kueue assigned each PodSet (status.admission.podSetAssignments[].flavors)
@@ -38,7 +38,8 @@ besides, as Kueue's own job integrations (its JobFramework) do for theirs:
   tolerations into theirs, with the admission checks' podSetUpdates and, for a topology
   assignment, Kueue's scheduling gate; a clash (a node label the pods already select otherwise)
   keeps the job suspended, as Kueue keeps its own jobs.
-Pure: what the admission puts into the pods is operator/kueue/placement.py; the reads of the
+Pure: the priority is operator/kueue/priorities.py, what the admission puts into the pods
+operator/kueue/placement.py; the reads of the
 cluster-scoped objects above and the Finished write are operator/kueue/api.py.
 """
 
@@ -51,6 +52,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from diloco.operator.kube import KUEUE_GROUP, KUEUE_VERSIONS
+from diloco.operator.kueue import topology
+from diloco.operator.kueue.priorities import Priority, priority_fields
 from diloco.operator.reconcile import drift
 from diloco.operator.render import access, learners
 from diloco.operator.render import job as render
@@ -60,21 +63,8 @@ from diloco.operator.status import conditions as c
 from diloco.spec import DecoupledDiLoCoJob
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass, on the job (Kueue's label)
 KIND = "Workload"
 NEWEST = KUEUE_VERSIONS[0]
-# v1beta1's spec.priorityClassSource values; v1beta2 names (group, kind) instead.
-SOURCES = {"WorkloadPriorityClass": "kueue.x-k8s.io/workloadpriorityclass",
-           "PriorityClass": "scheduling.k8s.io/priorityclass"}
-GROUPS = {"WorkloadPriorityClass": KUEUE_GROUP, "PriorityClass": "scheduling.k8s.io"}
-# Kueue's podset annotations for topology-aware scheduling (apis/kueue/*/topology_types.go) and
-# the PodSetTopologyRequest field each becomes; the first three exclude each other.
-REQUIRED, PREFERRED, UNCONSTRAINED = ("kueue.x-k8s.io/podset-required-topology",
-                                      "kueue.x-k8s.io/podset-preferred-topology",
-                                      "kueue.x-k8s.io/podset-unconstrained-topology")
-SLICE_TOPOLOGY, SLICE_SIZE = "kueue.x-k8s.io/podset-slice-required-topology", "kueue.x-k8s.io/podset-slice-size"
-GROUP_NAME = "kueue.x-k8s.io/podset-group-name"
-TOPOLOGY_ANNOTATIONS = (REQUIRED, PREFERRED, UNCONSTRAINED, SLICE_TOPOLOGY, SLICE_SIZE, GROUP_NAME)
 # What Kueue's integrations put on an admitted job's pods: the PodSet's name, and with a
 # topology assignment a scheduling gate its TopologyUngater lifts, and the Workload's name.
 POD_SET_LABEL, WORKLOAD_ANNOTATION, TOPOLOGY_GATE = "kueue.x-k8s.io/podset", "kueue.x-k8s.io/workload", \
@@ -172,12 +162,12 @@ def problems(job: DecoupledDiLoCoJob) -> list[str]:
             out.append(f"spec.learnerGroups[{i}].name: {g.name!r} is the syncer's PodSet in the job's Kueue "
                        f"Workload; rename the group")
     out += _resource_problems(job)
-    out += _annotation_problems("metadata.annotations", job.metadata.annotations)
+    out += topology.problems("metadata.annotations", job.metadata.annotations)
     for i, g in enumerate(groups):
         for where, found in _template_annotations(f"spec.learnerGroups[{i}]", g.pod, g.template):
-            out += _annotation_problems(where, found)
+            out += topology.problems(where, found)
     for where, found in _template_annotations("spec.syncer", job.spec.syncer.pod, job.spec.syncer.template):
-        out += _annotation_problems(where, found)
+        out += topology.problems(where, found)
     return out
 
 
@@ -215,51 +205,6 @@ def _template_annotations(where: str, pod: Any, template: Any) -> list[tuple[str
     return out
 
 
-def _annotation_problems(where: str, annotations: Mapping[str, str]) -> list[str]:
-    """Kueue's topology annotations that Kueue would refuse (its jobframework's rules)."""
-    out = []
-    given = [k for k in (REQUIRED, PREFERRED, UNCONSTRAINED) if k in annotations]
-    if len(given) > 1:
-        out.append(f"{where}[{given[1]}]: {given[0]} is set too; a PodSet takes one of required, preferred "
-                   "and unconstrained topology")
-    if UNCONSTRAINED in annotations and annotations[UNCONSTRAINED].lower() not in ("true", "false"):
-        out.append(f"{where}[{UNCONSTRAINED}]: {annotations[UNCONSTRAINED]!r} is not true or false")
-    if SLICE_SIZE in annotations and not (annotations[SLICE_SIZE].isdigit() and int(annotations[SLICE_SIZE]) > 0):
-        out.append(f"{where}[{SLICE_SIZE}]: {annotations[SLICE_SIZE]!r} is not a positive integer")
-    for key in (REQUIRED, PREFERRED, SLICE_TOPOLOGY):
-        if key in annotations and not annotations[key]:
-            out.append(f"{where}[{key}]: a topology level (a node label key) is required")
-    return out
-
-
-def topology_request(annotations: Mapping[str, str], fallback: Mapping[str, str], *, gang_count: int | None,
-                     hosts: int) -> dict[str, Any] | None:
-    """A PodSet's topologyRequest from Kueue's annotations (the pod template's, else `fallback`:
-    the job's), as Kueue's jobframework builds it; None when none asks for one. Pods are indexed
-    by their StatefulSet ordinal; a multi-host group (`gang_count` learners of `hosts` pods) has
-    one sub-group per learner, so a slice topology keeps each learner's hosts together."""
-    source = annotations if any(k in annotations for k in TOPOLOGY_ANNOTATIONS) else fallback
-    out: dict[str, Any] = {}
-    if REQUIRED in source:
-        out["required"] = source[REQUIRED]
-    elif PREFERRED in source:
-        out["preferred"] = source[PREFERRED]
-    elif UNCONSTRAINED in source:
-        out["unconstrained"] = source[UNCONSTRAINED].lower() == "true"
-    if SLICE_TOPOLOGY in source:
-        out["podSetSliceRequiredTopology"] = source[SLICE_TOPOLOGY]
-        size = source.get(SLICE_SIZE, "")
-        out["podSetSliceSize"] = int(size) if size.isdigit() else hosts
-    if not out:
-        return None
-    if GROUP_NAME in source and ("required" in out or "preferred" in out):
-        out["podSetGroupName"] = source[GROUP_NAME]
-    out["podIndexLabel"] = n.INDEX
-    if gang_count is not None:
-        out["subGroupIndexLabel"], out["subGroupCount"] = n.LEARNER_INDEX, gang_count
-    return out
-
-
 def _template(template: dict[str, Any]) -> dict[str, Any]:
     """A pod template without its config-hash annotation: a training setting changed on an admitted
     job must not re-queue it (a changed PodSet replaces the Workload), only what Kueue reads."""
@@ -279,50 +224,15 @@ def pod_sets(job: DecoupledDiLoCoJob, owner: Owner, link: access.Link | None = N
         # A multi-host learner's gangs differ only in their index: any one stands for all.
         template = learners.pod_template(job, owner, g, link=link, index=0 if learners.is_gang(g) else None)
         pod_set = {"name": g.name, "count": g.replicas * g.hosts_per_learner, "template": _template(template)}
-        request = topology_request(_annotations(template), job.metadata.annotations,
+        request = topology.request(_annotations(template), job.metadata.annotations,
                                    gang_count=g.replicas if learners.is_gang(g) else None, hosts=g.hosts_per_learner)
         out.append({**pod_set, **({"topologyRequest": request} if request else {})})
     if job.spec.syncer.external is None:
         template = render.syncer_pod_template(job, owner)
-        request = topology_request(_annotations(template), {}, gang_count=None, hosts=1)
+        request = topology.request(_annotations(template), {}, gang_count=None, hosts=1)
         out.append({"name": SYNCER_POD_SET, "count": syncer_pods(job), "template": _template(template),
                     **({"topologyRequest": request} if request else {})})
     return out
-
-
-@dataclass(frozen=True)
-class Priority:
-    """The priority class a Workload names (`kind` WorkloadPriorityClass or PriorityClass) and its value."""
-
-    kind: str
-    name: str
-    value: int
-
-
-def priority_class(job: DecoupledDiLoCoJob) -> tuple[str, str] | None:
-    """(kind, name) of the class whose value is the job's priority in Kueue, as Kueue's
-    integrations choose it: the job's WorkloadPriorityClass label, else the first pod template's
-    PriorityClass (the groups' in order, then the syncer's); None: Kueue's default."""
-    if (name := (job.metadata.labels or {}).get(PRIORITY_LABEL)):
-        return "WorkloadPriorityClass", name
-    shapes = [(g.pod, g.template) for g in job.spec.learner_groups] + [(job.spec.syncer.pod, job.spec.syncer.template)]
-    for pod, template in shapes:
-        name = (template.spec.get("priorityClassName") if template is not None else None) or \
-            (pod.priority_class_name if pod is not None else None)
-        if name:
-            return "PriorityClass", str(name)
-    return None
-
-
-def priority_fields(priority: Priority | None, version: str) -> dict[str, Any]:
-    """The Workload spec's priority fields in `version`'s words."""
-    if priority is None:
-        return {}
-    if version == "v1beta1":
-        return {"priorityClassName": priority.name, "priorityClassSource": SOURCES[priority.kind],
-                "priority": priority.value}
-    return {"priorityClassRef": {"group": GROUPS[priority.kind], "kind": priority.kind, "name": priority.name},
-            "priority": priority.value}
 
 
 def elastic(job: DecoupledDiLoCoJob) -> bool:

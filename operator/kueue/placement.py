@@ -14,9 +14,9 @@ from diloco.operator.kueue.integration import (
     POD_SET_LABEL,
     SYNCER_POD_SET,
     TOPOLOGY_GATE,
-    UNCONSTRAINED,
     WORKLOAD_ANNOTATION,
 )
+from diloco.operator.kueue.topology import UNCONSTRAINED
 from diloco.operator.render import naming as n
 
 

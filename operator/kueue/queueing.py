@@ -17,7 +17,7 @@ from typing import Any
 from diloco.operator.kube import ApiError, Kube
 from diloco.operator.kueue import api as kueue_api
 from diloco.operator.kueue import integration as kueue
-from diloco.operator.kueue import lifecycle, placement, slices
+from diloco.operator.kueue import lifecycle, placement, priorities, slices
 from diloco.operator.reconcile import children
 from diloco.operator.reconcile.actions import Event, WorkloadWrite
 from diloco.operator.render import access
@@ -33,7 +33,7 @@ class Seen:
 
     version: str | None  # the Workload API version served; None: Kueue is not served
     not_served: str = ""  # the API server's word for that
-    priority: kueue.Priority | None = None
+    priority: priorities.Priority | None = None
     missing: str = ""  # why the priority class the job names has no value ("" when it names none)
     flavors: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # the admission's, by name
     unreadable: list[str] = field(default_factory=list)  # flavors the operator may not read

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from diloco.operator.kueue import integration as kueue
+from diloco.operator.kueue import priorities
 from diloco.operator.render import naming as n
 from diloco.operator.status.conditions import find
 from tests.helpers import wait_for
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def queued_job(name: str, replicas: int = 1, priority: str | None = None, **group: Any) -> dict[str, Any]:
     job = tiny_job(name, replicas=replicas)
-    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, **({kueue.PRIORITY_LABEL: priority} if priority else {})}
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, **({priorities.PRIORITY_LABEL: priority} if priority else {})}
     job["spec"]["learnerGroups"][0].update(group)
     return job
 

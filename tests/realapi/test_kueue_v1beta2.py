@@ -21,6 +21,7 @@ import pytest
 
 from diloco.operator.kube import ApiError
 from diloco.operator.kueue import integration as kueue
+from diloco.operator.kueue import priorities
 from diloco.operator.render import naming as n
 from tests.helpers import wait_for
 from tests.realapi.cluster import JOBS, Cluster, real_cluster
@@ -50,7 +51,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 def prioritised_job(name: str) -> dict[str, Any]:
     """Two learners, queued with the priority class's label, created suspended."""
     job: dict[str, Any] = tiny_job(name, replicas=2, suspend=True)
-    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, kueue.PRIORITY_LABEL: "research-high"}
+    job["metadata"]["labels"] = {kueue.QUEUE_LABEL: QUEUE, priorities.PRIORITY_LABEL: "research-high"}
     return job
 
 

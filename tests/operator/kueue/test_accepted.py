@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from diloco.operator.kueue import integration as kueue
-from diloco.operator.kueue import lifecycle, queueing, slices
+from diloco.operator.kueue import lifecycle, priorities, queueing, slices
 from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
@@ -138,8 +138,8 @@ class Server:
 
 def decide(job: DecoupledDiLoCoJob, server: Server, *, owner: render.Owner, stopped: bool = True,
            finished: bool = False) -> queueing.Queued:
-    seen = queueing.Seen(server.version, priority=kueue.Priority("WorkloadPriorityClass", "high", 1000)
-                         if kueue.PRIORITY_LABEL in (job.metadata.labels or {}) else None)
+    seen = queueing.Seen(server.version, priority=priorities.Priority("WorkloadPriorityClass", "high", 1000)
+                         if priorities.PRIORITY_LABEL in (job.metadata.labels or {}) else None)
     q = queueing.decide(job, seen, owner=owner, link=access.link(job, owner.namespace, {}), queue_name="training",
                         live=server.live(), finished=finished, generation=2, stopped=stopped)
     return q

@@ -12,6 +12,7 @@ import pytest
 from diloco.operator.context import Config
 from diloco.operator.failures import capacity
 from diloco.operator.kueue import integration as kueue
+from diloco.operator.kueue import topology
 from diloco.operator.render import naming as n
 from diloco.operator.status.conditions import PODS_UNSCHEDULABLE, find
 from tests.helpers import wait_for
@@ -28,7 +29,7 @@ BLOCK, HOST = "cloud.google.com/gce-topology-block", "kubernetes.io/hostname"
 def manifest(name: str) -> dict[str, Any]:
     return {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
             "metadata": {"name": name, "namespace": NAMESPACE, "labels": {kueue.QUEUE_LABEL: "training"},
-                         "annotations": {kueue.REQUIRED: BLOCK}},
+                         "annotations": {topology.REQUIRED: BLOCK}},
             "spec": {"learnerGroups": [{"name": "gpu", "replicas": 2}], "syncer": {"fragments": 2}}}
 
 

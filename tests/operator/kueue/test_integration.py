@@ -10,7 +10,7 @@ import pytest
 from diloco.operator.context import Config
 from diloco.operator.kueue import api as kueue_api
 from diloco.operator.kueue import integration as kueue
-from diloco.operator.kueue import placement
+from diloco.operator.kueue import placement, priorities, topology
 from diloco.operator.reconcile.children import KUEUE_KINDS, MANAGED_KINDS, PRUNABLE
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
@@ -273,11 +273,11 @@ SPOT = {"metadata": {"name": "spot"}, "spec": {"nodeLabels": {"cloud.google.com/
                  "priority": 1000}),
 ])
 def test_the_workload_speaks_the_served_version_and_carries_the_priority(version: str, want: dict[str, Any]) -> None:
-    got = kueue.workload(job(), OWNER, "q", version=version, priority=kueue.Priority("WorkloadPriorityClass", "high",
+    got = kueue.workload(job(), OWNER, "q", version=version, priority=priorities.Priority("WorkloadPriorityClass", "high",
                                                                                       1000))
     assert got["apiVersion"] == f"kueue.x-k8s.io/{version}"
     assert {k: v for k, v in got["spec"].items() if k not in ("queueName", "podSets")} == want
-    pod_class = kueue.priority_fields(kueue.Priority("PriorityClass", "batch", 5), version)
+    pod_class = priorities.priority_fields(priorities.Priority("PriorityClass", "batch", 5), version)
     assert pod_class == ({"priorityClassName": "batch", "priorityClassSource": "scheduling.k8s.io/priorityclass",
                           "priority": 5} if version == "v1beta1" else
                          {"priorityClassRef": {"group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "batch"},
@@ -286,30 +286,30 @@ def test_the_workload_speaks_the_served_version_and_carries_the_priority(version
 
 def test_the_priority_class_is_the_label_else_the_first_pod_priority_class() -> None:
     labelled = parse_job({**job().model_dump(by_alias=True, exclude_none=True),
-                          "metadata": {"name": "demo", "labels": {kueue.PRIORITY_LABEL: "high"}}})
-    assert kueue.priority_class(labelled) == ("WorkloadPriorityClass", "high")
-    assert kueue.priority_class(job()) is None
+                          "metadata": {"name": "demo", "labels": {priorities.PRIORITY_LABEL: "high"}}})
+    assert priorities.priority_class(labelled) == ("WorkloadPriorityClass", "high")
+    assert priorities.priority_class(job()) is None
     pod = job([TPU, {**GPU, "pod": {"priorityClassName": "from-pod"}}])
-    assert kueue.priority_class(pod) == ("PriorityClass", "from-pod")
+    assert priorities.priority_class(pod) == ("PriorityClass", "from-pod")
     templated = job([{**TPU, "template": {"spec": {"priorityClassName": "from-template"}}}, GPU])
-    assert kueue.priority_class(templated) == ("PriorityClass", "from-template")
+    assert priorities.priority_class(templated) == ("PriorityClass", "from-template")
 
 
 def test_a_new_priority_value_keeps_the_held_workload_a_new_class_replaces_it() -> None:
-    high = kueue.workload(job(), OWNER, "q", priority=kueue.Priority("WorkloadPriorityClass", "high", 1000))
+    high = kueue.workload(job(), OWNER, "q", priority=priorities.Priority("WorkloadPriorityClass", "high", 1000))
     held = {**high, "status": wl(("QuotaReserved", "True"))["status"]}
-    assert not kueue.stale(held, kueue.workload(job(), OWNER, "q", priority=kueue.Priority(
+    assert not kueue.stale(held, kueue.workload(job(), OWNER, "q", priority=priorities.Priority(
         "WorkloadPriorityClass", "high", 2000)))  # the value changes in place (Kueue allows it)
-    assert kueue.stale(held, kueue.workload(job(), OWNER, "q", priority=kueue.Priority(
+    assert kueue.stale(held, kueue.workload(job(), OWNER, "q", priority=priorities.Priority(
         "WorkloadPriorityClass", "low", 10)))
     assert not kueue.stale(held, kueue.workload(job(), OWNER, "q"))  # no class named any more: left as it is
 
 
 def test_topology_requests_from_kueues_annotations() -> None:
-    tpu = {**TPU, "template": {"metadata": {"annotations": {kueue.SLICE_TOPOLOGY: "cloud.google.com/gke-tpu-slice",
-                                                            kueue.REQUIRED: "kubernetes.io/hostname"}}}}
+    tpu = {**TPU, "template": {"metadata": {"annotations": {topology.SLICE_TOPOLOGY: "cloud.google.com/gke-tpu-slice",
+                                                            topology.REQUIRED: "kubernetes.io/hostname"}}}}
     racked = parse_job({**job([tpu, GPU]).model_dump(by_alias=True, exclude_none=True), "metadata": {
-        "name": "demo", "annotations": {kueue.PREFERRED: "cloud.google.com/gce-topology-block"}}})
+        "name": "demo", "annotations": {topology.PREFERRED: "cloud.google.com/gce-topology-block"}}})
     sets = {p["name"]: p for p in kueue.pod_sets(racked, OWNER)}
     # The TPU group's own annotations win; a slice per learner: its 4 hosts, sub-grouped by learner index.
     assert sets["tpu"]["topologyRequest"] == {
@@ -323,9 +323,9 @@ def test_topology_requests_from_kueues_annotations() -> None:
 
 
 @pytest.mark.parametrize(("annotations", "problem"), [
-    ({kueue.REQUIRED: "a", kueue.PREFERRED: "b"}, f"metadata.annotations[{kueue.PREFERRED}]: {kueue.REQUIRED} is set"),
-    ({kueue.SLICE_SIZE: "two"}, f"metadata.annotations[{kueue.SLICE_SIZE}]: 'two' is not a positive integer"),
-    ({kueue.UNCONSTRAINED: "maybe"}, f"metadata.annotations[{kueue.UNCONSTRAINED}]: 'maybe' is not true or false"),
+    ({topology.REQUIRED: "a", topology.PREFERRED: "b"}, f"metadata.annotations[{topology.PREFERRED}]: {topology.REQUIRED} is set"),
+    ({topology.SLICE_SIZE: "two"}, f"metadata.annotations[{topology.SLICE_SIZE}]: 'two' is not a positive integer"),
+    ({topology.UNCONSTRAINED: "maybe"}, f"metadata.annotations[{topology.UNCONSTRAINED}]: 'maybe' is not true or false"),
 ])
 def test_topology_annotations_kueue_would_refuse_are_refused(annotations: dict[str, str], problem: str) -> None:
     bad = parse_job({**job().model_dump(by_alias=True, exclude_none=True),
@@ -381,7 +381,7 @@ def test_a_topology_assignment_gates_the_pods_and_admission_checks_update_them()
     assert problems == []
     gpu = infos["gpu"]
     assert gpu.scheduling_gates == [kueue.TOPOLOGY_GATE]
-    assert gpu.annotations == {kueue.UNCONSTRAINED: "true", kueue.WORKLOAD_ANNOTATION: "diloco-demo-abcde",
+    assert gpu.annotations == {topology.UNCONSTRAINED: "true", kueue.WORKLOAD_ANNOTATION: "diloco-demo-abcde",
                                "cluster-autoscaler.kubernetes.io/consume-provisioning-request": "prov-1"}
     assert gpu.node_selector == {**H100["spec"]["nodeLabels"], "reservation": "r1"}
     placed = placement.place(render.children(job(), OWNER, "t" * 43, started=True, finished=False), infos)
@@ -418,7 +418,7 @@ def test_what_the_operator_may_not_read_is_named_not_a_failed_pass() -> None:
     assert flavors == {} and refused == ['ResourceFlavor h100 cannot be read: resourceflavors "h100" is forbidden']
     assert placement.placement(held, flavors)[1] == []  # not also "not found"
     labelled = parse_job({**job().model_dump(by_alias=True, exclude_none=True),
-                          "metadata": {"name": "demo", "labels": {kueue.PRIORITY_LABEL: "high"}}})
+                          "metadata": {"name": "demo", "labels": {priorities.PRIORITY_LABEL: "high"}}})
     assert kueue_api.lookup_priority(Forbidding(), labelled) == (  # type: ignore[arg-type]
         None, 'WorkloadPriorityClass high cannot be read: workloadpriorityclasses "high" is forbidden')
 
@@ -486,14 +486,14 @@ def test_a_queued_job_on_each_served_version_runs_on_its_admitted_flavor(cluster
                 "metadata": {"name": "high"}, "value": 1000})
     manifest = {"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob",
                 "metadata": {"name": "demo", "namespace": "research",
-                             "labels": {kueue.QUEUE_LABEL: "training", kueue.PRIORITY_LABEL: "high"}},
+                             "labels": {kueue.QUEUE_LABEL: "training", priorities.PRIORITY_LABEL: "high"}},
                 "spec": {"learnerGroups": [{"name": "gpu", "replicas": 2}], "syncer": {"fragments": 2}}}
     with OperatorThread(Config(status_interval=0.5, chaos_interval=0.25, stuck_timeout=1.0, kueue=True)) as op:
         api.create(manifest)
         (w,) = wait_for(lambda: api.list("Workload", "research", n.selector("demo")), what="the job's Workload")
         assert w["apiVersion"] == f"kueue.x-k8s.io/{version}"
         assert {k: v for k, v in w["spec"].items() if k not in ("queueName", "podSets")} == \
-            kueue.priority_fields(kueue.Priority("WorkloadPriorityClass", "high", 1000), version)
+            priorities.priority_fields(priorities.Priority("WorkloadPriorityClass", "high", 1000), version)
         wait_for(lambda: api.get("DecoupledDiLoCoJob", "research", "demo")["spec"].get("suspend") is True,
                  what="the queued job suspended")
         op.ticks(2)
