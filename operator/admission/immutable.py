@@ -34,7 +34,13 @@ FIELDS: dict[str, str] = {
     "syncer.fragmentation": "the checkpoint and the learners hold the started fragment plan",
     "syncer.shards": "each shard's checkpoint holds only the fragments it owns",
     "syncer.external": "a learners-only cluster and one with its own syncer own different children",
+    "syncer.checkpoints.url": "the syncer restores from where its checkpoints are: anywhere else it finds none, and "
+                              "training starts again from Θ₀",
 }
+# Where the syncer's checkpoints are, recorded even when unset ("": its volume), so that a record
+# written before this rule (no key at all) is told apart from a job that started on its volume,
+# and is left alone rather than read as "started with none".
+LOCATION = "syncer.checkpoints.url"
 
 
 def _get(tree: dict[str, Any], path: str) -> Any:
@@ -59,7 +65,8 @@ def values(spec: JobSpec) -> dict[str, Any]:
     job's learners read by, so a later scale-up cannot move their shard boundaries."""
     dumped = spec.model_dump(mode="json", by_alias=True)
     dumped["data"]["shards"] = spec.shard_count
-    return {path: _prune(v) for path in FIELDS if (v := _get(dumped, path)) is not None}
+    out = {path: _prune(v) for path in FIELDS if (v := _get(dumped, path)) is not None}
+    return {**out, LOCATION: out.get(LOCATION, "")}
 
 
 def pinned(job: DecoupledDiLoCoJob) -> DecoupledDiLoCoJob:
@@ -129,7 +136,9 @@ def refused(started_values: dict[str, Any], spec: JobSpec) -> list[str]:
     layout = _layout(started_values, spec)
     out = [layout] if layout else []
     for path, why in FIELDS.items():
-        diff = _leaves(path, started_values.get(path), now.get(path))
+        if path == LOCATION and path not in started_values:
+            continue  # recorded before this rule
+        diff = _leaves(path, started_values.get(path) or None, now.get(path) or None)
         if diff:
             out.append(f"{'; '.join(diff)}: spec.{path} cannot change once the job has started ({why}); "
                        "set it back, or create a new job")
@@ -141,6 +150,8 @@ def restore(body: dict[str, Any], started_values: dict[str, Any]) -> dict[str, A
     out = copy.deepcopy(body)
     spec = out.setdefault("spec", {})
     for path in FIELDS:
+        if path == LOCATION:
+            continue
         *parents, leaf = path.split(".")
         node = spec
         for part in parents:
@@ -151,6 +162,12 @@ def restore(body: dict[str, Any], started_values: dict[str, Any]) -> dict[str, A
             node[leaf] = copy.deepcopy(started_values[path])
         else:
             node.pop(leaf, None)
+    if (location := started_values.get(LOCATION)) is not None:  # the started store, or none (the volume)
+        syncer = spec["syncer"]  # made by the loop above
+        if location:
+            syncer["checkpoints"] = {**(syncer.get("checkpoints") or {}), "url": location}
+        else:
+            syncer.pop("checkpoints", None)
     shards = _started_shards(started_values)
     if shards is not None:  # the learners fit the started layout: groups cut back in order
         for group in spec.get("learnerGroups") or []:

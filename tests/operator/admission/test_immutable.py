@@ -69,6 +69,8 @@ def test_the_values_are_recorded_once_the_job_starts_and_not_before() -> None:
     ({"syncer": {"fragments": 8}}, "spec.syncer.fragments is 8, started with 4"),
     ({"syncer": {"fragments": 4, "shards": 2}}, "spec.syncer.shards is 2, started with 1"),
     ({"managedBy": "kueue.x-k8s.io/multikueue"}, "spec.managedBy is 'kueue.x-k8s.io/multikueue', started with unset"),
+    ({"syncer": {"fragments": 4, "checkpoints": {"url": "s3://ckpt/demo"}}},
+     "spec.syncer.checkpoints.url is 's3://ckpt/demo', started with unset"),
 ])
 def test_a_started_job_refuses_an_immutable_change_and_keeps_its_children(change: dict[str, Any], field: str) -> None:
     b = started(body())
@@ -204,3 +206,29 @@ def test_an_explicit_shard_count_changed_with_a_scale_up_keeps_the_started_learn
     assert job is not None and not problems and job.spec.total_learners == 2 and job.spec.data.shards == 2
     assert any(r.startswith("spec.learnerGroups: 3 learners") for r in refused)
     assert any("spec.data.shards is 3, started with 2" in r for r in refused)
+
+
+def test_the_checkpoints_stay_where_the_syncer_restores_them() -> None:
+    # Moved to another store, or from a store to the volume, the syncer would find no checkpoint and
+    # start again from Θ₀: refused, and the job runs on from the started store (its credentials may change).
+    b = started(body(syncer={"checkpoints": {"url": "s3://ckpt/demo"}}))
+    before = children(b)
+    moved = edit(b, syncer={"checkpoints": {"url": "s3://other/demo", "secretName": "other-keys"}})
+    job, problems, refused = passes._effective(moved)
+    assert job is not None and problems == [] and len(refused) == 1
+    assert refused[0].startswith("spec.syncer.checkpoints.url is 's3://other/demo', started with 's3://ckpt/demo'")
+    assert job.spec.syncer.checkpoints is not None and job.spec.syncer.checkpoints.url == "s3://ckpt/demo"
+    assert job.spec.syncer.checkpoints.secret_name == "other-keys"
+    (to_volume,) = passes._effective(edit(b, syncer={}))[2]
+    assert to_volume.startswith("spec.syncer.checkpoints.url is unset, started with 's3://ckpt/demo'")
+    assert children(edit(b, syncer={})) == before
+    rotated = edit(b, syncer={"checkpoints": {"url": "s3://ckpt/demo", "secretName": "rotated"}})
+    assert passes._effective(rotated)[2] == []
+
+
+def test_a_record_from_before_the_checkpoint_rule_keeps_the_store_it_runs_on() -> None:
+    b = started(body(syncer={"checkpoints": {"url": "s3://ckpt/demo"}}))
+    del b["status"][immutable.FIELD]["fields"][immutable.LOCATION]  # an older operator's record
+    job, problems, refused = passes._effective(b)
+    assert refused == problems == [] and job is not None and job.spec.syncer.checkpoints is not None
+    assert job.spec.syncer.checkpoints.url == "s3://ckpt/demo"
