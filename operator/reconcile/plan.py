@@ -24,7 +24,7 @@ from diloco.operator.failures import capacity, gang_plan, pod_refusals, pods, re
 from diloco.operator.failures import policy as failures
 from diloco.operator.kueue import integration as kueue
 from diloco.operator.kueue import lifecycle, placement, queueing
-from diloco.operator.reconcile import children
+from diloco.operator.reconcile import children, syncer_switch
 from diloco.operator.reconcile.actions import Count, Event, PodDelete, WorkloadWrite
 from diloco.operator.reconcile.observe import Observed, syncer_ready, target
 from diloco.operator.reconcile.regions import remote_regions
@@ -240,6 +240,7 @@ def desired_children(o: Observed, job: DecoupledDiLoCoJob, *, link: access.Link,
         rendered = render.children(job, o.owner, o.token, started=st.started(status), finished=st.finished(status),
                                    blocked=blocker is not None, link=link, outcome=policies.outcome(status),
                                    expose_annotations=config.expose_annotations, peers=config.peers)
+        rendered = syncer_switch.held_back(rendered, job, o.live, o.pods)  # a sharded standby added or removed
     else:
         rendered = render.children(job, o.owner, o.token, started=True, finished=True, link=link,
                                    outcome=policies.outcome(new), peers=config.peers)
