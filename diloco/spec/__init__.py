@@ -336,12 +336,9 @@ def _syncer_problems(spec: JobSpec) -> Iterable[str]:
                "spec.syncer.expose.gateway.name")
     if expose.type != "GRPCRoute" and expose.gateway is not None:
         yield "spec.syncer.expose.gateway: only used with type GRPCRoute; remove it or change the type"
-    if spec.syncer.shards > 1 and expose.type != "LoadBalancer":
-        yield ("spec.syncer.expose.type: a sharded syncer is exposed shard by shard, one LoadBalancer Service "
-               "each; use type LoadBalancer (a GRPCRoute per shard is not built yet) or one shard")
-    elif spec.syncer.shards > 1 and expose.host is None:
+    if spec.syncer.shards > 1 and expose.host is None:
         yield ("spec.syncer.expose.host: a sharded syncer is exposed as shard-<i>.<host>, one name per shard "
-               "(its certificate carries *.<host> or each name); set host")
+               "(its certificate, or the Gateway listener's, carries *.<host> or each name); set host")
     if expose.type != "LoadBalancer" and expose.load_balancer_source_ranges:
         yield ("spec.syncer.expose.loadBalancerSourceRanges: only used with type LoadBalancer; remove it "
                "or restrict access at the Gateway")

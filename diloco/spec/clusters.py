@@ -61,7 +61,7 @@ def cluster_problems(clusters: Sequence[RemoteCluster], groups: Sequence[Placed]
                "itself; name the remote clusters in the home job, the one that runs the syncer")
     elif not exposed:
         yield ("spec.syncer.expose: learners in spec.clusters dial the syncer from outside this cluster; expose "
-               "it (type LoadBalancer with a host, or GRPCRoute), with TLS")
+               "it (type LoadBalancer or GRPCRoute, with a host), with TLS")
 
 
 def pinned(spec: dict[str, Any], shard_count: int, offsets: Sequence[int]) -> dict[str, Any]:

@@ -74,6 +74,9 @@ class Gateway(Model):
     name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253)
     namespace: str | None = Field(None, pattern=DNS_LABEL, max_length=63)  # default: the job's
     section_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63)
+    # The listener's port, which other clusters' learners dial (the exposed address's port):
+    # 443, an HTTPS listener's usual one.
+    port: int = Field(443, ge=1, le=65535)
 
 
 class ExposeTLS(Model):

@@ -1,6 +1,7 @@
 """An in-cluster syncer made reachable from other clusters: a LoadBalancer Service or a GRPCRoute,
-or for a sharded syncer one LoadBalancer Service per shard (`J-syncer-exposed-<i>`, dialled as
-`shard-<i>.<host>`).
+or for a sharded syncer one of either per shard (`J-syncer-exposed-<i>`, dialled as
+`shard-<i>.<host>`; a shard's GRPCRoute sends to a ClusterIP Service of the same name that
+selects that shard's pods).
 
 A separate object from the job's ClusterIP Service `J-syncer`, so that only the gRPC port
 leaves the cluster (metrics stay inside) and removing `spec.syncer.expose` removes exactly
@@ -17,6 +18,8 @@ from typing import Any
 from diloco.contract import SYNCER_GRPC_PORT
 from diloco.operator.render import naming as n
 from diloco.spec import DecoupledDiLoCoJob
+
+GRPC_PORT = {"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
 
 
 def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
@@ -47,18 +50,35 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
                 for i in range(shards)]
     gateway = expose.gateway
     assert gateway is not None, "spec validation requires a gateway for GRPCRoute"
-    assert shards == 1, "spec validation exposes a sharded syncer through LoadBalancer Services only"
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
     if gateway.section_name:
         parent["sectionName"] = gateway.section_name
+    if shards == 1:
+        return [_route(meta(n.exposed_syncer(job_name)), parent, n.syncer(job_name), expose.host)]
+    assert expose.host is not None, "spec validation requires a host for a sharded syncer's exposure"
+    out = []
+    for i, host in enumerate(n.exposed_hosts(expose.host, shards)):
+        name = n.exposed_syncer(job_name, i)
+        # The shard's own backend: a route to the headless J-syncer would spread a shard's pushes over all shards.
+        out += [_backend(meta(name), shard_selector(job, i)), _route(meta(name), parent, name, host)]
+    return out
+
+
+def _route(meta: dict[str, Any], parent: dict[str, Any], backend: str, host: str | None) -> dict[str, Any]:
+    """A GRPCRoute from the Gateway's listener `parent` to Service `backend`'s gRPC port."""
     route: dict[str, Any] = {"parentRefs": [parent],
-                             "rules": [{"backendRefs": [{"name": n.syncer(job_name), "port": SYNCER_GRPC_PORT}]}]}
-    if expose.host:
-        route["hostnames"] = [expose.host]
-    return [{"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
-             "metadata": meta(n.exposed_syncer(job_name)), "spec": route}]
+                             "rules": [{"backendRefs": [{"name": backend, "port": SYNCER_GRPC_PORT}]}]}
+    if host:
+        route["hostnames"] = [host]
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute", "metadata": meta, "spec": route}
+
+
+def _backend(meta: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
+    """A ClusterIP Service of one shard's gRPC port, which its GRPCRoute sends to."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta,
+            "spec": {"selector": selector, "ports": [GRPC_PORT]}}
 
 
 def shard_selector(job: DecoupledDiLoCoJob, shard: int) -> dict[str, str]:
@@ -72,9 +92,7 @@ def shard_selector(job: DecoupledDiLoCoJob, shard: int) -> dict[str, str]:
 
 def _load_balancer(meta: dict[str, Any], selector: dict[str, str], source_ranges: list[str]) -> dict[str, Any]:
     """A LoadBalancer Service of the gRPC port only (metrics stay inside the cluster)."""
-    spec: dict[str, Any] = {
-        "type": "LoadBalancer", "selector": selector,
-        "ports": [{"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}]}
+    spec: dict[str, Any] = {"type": "LoadBalancer", "selector": selector, "ports": [GRPC_PORT]}
     if source_ranges:
         spec["loadBalancerSourceRanges"] = list(source_ranges)
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
@@ -103,13 +121,15 @@ def addresses(job: DecoupledDiLoCoJob, live: Mapping[tuple[str, str], Any]) -> l
     """Where other clusters dial the syncer, one host:port per shard in shard order (what a
     learner there passes as --syncer, comma-joined): `expose.host`, or `shard-<i>.<host>` for a
     sharded syncer; else the load balancer's address once the cloud has assigned one (read from
-    `live`, the job's children by (kind, name)); [] while unknown. A GRPCRoute's is its host
-    alone: the port is its Gateway listener's."""
+    `live`, the job's children by (kind, name)); [] while unknown. A GRPCRoute's port is its
+    Gateway listener's (`expose.gateway.port`)."""
     expose = job.spec.syncer.expose
     if expose is None:
         return []
     if expose.type == "GRPCRoute":
-        return [expose.host] if expose.host else []
+        port = expose.gateway.port if expose.gateway is not None else SYNCER_GRPC_PORT
+        return [_host_port(h, port) for h in n.exposed_hosts(expose.host, job.spec.syncer.shards)] \
+            if expose.host else []
     if expose.host:
         return [_host_port(h) for h in n.exposed_hosts(expose.host, job.spec.syncer.shards)]
     service = live.get(("Service", n.exposed_syncer(job.metadata.name)))  # unsharded: spec validation needs a host
@@ -118,5 +138,5 @@ def addresses(job: DecoupledDiLoCoJob, live: Mapping[tuple[str, str], Any]) -> l
     return [_host_port(host)] if host else []
 
 
-def _host_port(host: str) -> str:
-    return f"[{host}]:{SYNCER_GRPC_PORT}" if ":" in host else f"{host}:{SYNCER_GRPC_PORT}"
+def _host_port(host: str, port: int = SYNCER_GRPC_PORT) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -163,9 +163,10 @@ def test_syncer_shards_cut_every_slot_and_are_exposed_one_name_each() -> None:
     assert (syncer.shards, syncer.plan_size) == (5, 20)  # each slot's 1/P of the model cut in 5
     assert problems(minimal(syncer={"shards": 2, "expose": {"tls": {"enabled": False}}}))[0].startswith(
         "spec.syncer.expose.host: a sharded syncer is exposed as shard-<i>.<host>")
-    assert problems(minimal(syncer={"shards": 2, "expose": {"type": "GRPCRoute", "host": "s.example.com",
-                                                            "gateway": {"name": "g"}, "tls": {"enabled": False}}})
-                    )[0].startswith("spec.syncer.expose.type: a sharded syncer is exposed shard by shard")
+    routed = {"type": "GRPCRoute", "gateway": {"name": "g"}, "tls": {"enabled": False}}
+    assert problems(minimal(syncer={"shards": 2, "expose": routed}))[0].startswith(
+        "spec.syncer.expose.host: a sharded syncer is exposed as shard-<i>.<host>")
+    assert parse_job(minimal(syncer={"shards": 2, "expose": {**routed, "host": "s.example.com"}}))
     assert parse_job(minimal(syncer={"shards": 2, "expose": {"host": "s.example.com", "tls": {"enabled": False}}}))
     assert problems(minimal(syncer={"shards": 0}))[0].startswith("spec.syncer.shards:")
 

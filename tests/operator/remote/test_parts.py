@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 from diloco.operator.remote import parts
+from diloco.operator.render import exposure
 from diloco.spec import KIND, parse_job
 
 ENDPOINTS = ["shard-0.syncer.example.com:50051", "shard-1.syncer.example.com:50051"]
@@ -72,3 +73,14 @@ def test_an_object_of_the_same_name_that_is_not_this_home_jobs_is_not_ours() -> 
     by_hand["metadata"]["annotations"] = {}
     assert not parts.owned(by_hand, h)
     assert not parts.owned({**by_hand, "metadata": {"annotations": {parts.HOME_UID: "uid-of-an-older-home-job"}}}, h)
+
+
+def test_a_syncer_behind_a_gateway_is_dialled_at_its_listeners_port_shard_by_shard() -> None:
+    routed = home_job(syncer={"shards": 2, "expose": {"type": "GRPCRoute", "host": "syncer.example.com",
+                                                      "gateway": {"name": "edge", "namespace": "gateways"},
+                                                      "tls": {"secretName": "syncer-tls"}}})
+    endpoints = exposure.addresses(routed, {})
+    assert endpoints == ["shard-0.syncer.example.com:443", "shard-1.syncer.example.com:443"]
+    job = parts.desired_job(parts.Home(routed, "uid-1", "s3cret", b"CA PEM", endpoints), routed.spec.clusters[0])
+    external = parse_job(job).spec.syncer.external  # what the remote operator validates
+    assert external is not None and external.addresses == endpoints

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from diloco.operator.reconcile.children import plan, stamped
 from diloco.operator.render import access, exposure, learners
 from diloco.operator.render import job as render
@@ -232,7 +234,27 @@ def test_grpc_route_attaches_to_the_gateway() -> None:
         "rules": [{"backendRefs": [{"name": "demo-syncer", "port": 50051}]}]}
     assert exposure.problems(routed, gateway_api=False)[0].startswith("spec.syncer.expose.type: GRPCRoute needs")
     assert exposure.problems(routed, gateway_api=True) == []
-    assert exposure.addresses(routed, {}) == ["syncer.us.example.com"]
+    assert exposure.addresses(routed, {}) == ["syncer.us.example.com:443"]  # the listener's port (expose.gateway.port)
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_a_sharded_syncer_gets_a_grpc_route_and_a_backend_per_shard(standby: bool) -> None:
+    gateway = {"name": "edge", "sectionName": "grpc", "port": 8443}
+    store = {"checkpoints": {"url": "s3://ckpt/demo"}, "standby": {}} if standby else {}
+    routed = job(syncer={"fragments": 4, "shards": 2, **store, "expose": {
+        "type": "GRPCRoute", "host": "syncer.us.example.com", "gateway": gateway, "tls": {"enabled": False}}})
+    objs = by_key(render.children(routed, OWNER, TOKEN, started=True, finished=False))
+    for i in range(2):
+        name = f"demo-syncer-exposed-{i}"
+        route, backend = objs[("GRPCRoute", name)], objs[("Service", name)]
+        assert route["spec"]["hostnames"] == [f"shard-{i}.syncer.us.example.com"]
+        assert route["spec"]["rules"] == [{"backendRefs": [{"name": name, "port": 50051}]}]
+        # Each route reaches its own shard's pods only (a takeover's new holder, with a standby).
+        assert backend["spec"]["selector"] == exposure.shard_selector(routed, i)
+        assert "type" not in backend["spec"] and [p["port"] for p in backend["spec"]["ports"]] == [50051]
+    assert ("GRPCRoute", "demo-syncer-exposed") not in objs
+    assert exposure.addresses(routed, {}) == ["shard-0.syncer.us.example.com:8443",
+                                              "shard-1.syncer.us.example.com:8443"]
 
 
 def test_exposed_address_is_the_host_or_the_load_balancers() -> None:
