@@ -52,3 +52,4 @@ class Observation:
     unschedulable: tuple[capacity.Waiting, ...] = ()  # pods waiting for capacity, longest first
     image_stuck: str | None = None  # a whole group unable to pull its image (failures.image_stuck)
     finished: tuple[str, ...] = ()  # learners that reached spec.training.steps and exited 0 (operator/status/steps.py)
+    syncer_switch: tuple[str, ...] = ()  # old syncer pods a sharded standby's change waits for (reconcile/syncer_switch.py)

@@ -304,7 +304,8 @@ def status_events(old: dict[str, Any], new: dict[str, Any], *, gate: kueue.Gate 
                   ended: st.Ending | None) -> tuple[Event, ...]:
     """The status's news as Events, in order, each told once: Kueue's trouble (its default
     integrations taking the job's children among it), edits to immutable
-    fields refused, the job's end, a pod waiting for capacity, a standby syncer's takeover."""
+    fields refused, the job's end, a pod waiting for capacity, a standby syncer's takeover, a sharded
+    standby's change waiting for the old syncers to stop."""
     before = old.get("conditions") or []
     waiting = capacity.started_waiting(before, new["conditions"])
     took_over = st.takeover(old, new)
@@ -317,6 +318,8 @@ def status_events(old: dict[str, Any], new: dict[str, Any], *, gate: kueue.Gate 
         Event(ended.reason, ended.message, warning=not ended.succeeded) if ended is not None else None,
         Event(capacity.WAITING, waiting["message"], warning=True) if waiting is not None else None,
         Event(*took_over, warning=True) if took_over is not None else None,
+        Event(st.SYNCER_SWITCHING, (c.find(new["conditions"], c.RUNNING) or {}).get("message", ""))
+        if _running_reason(new) == st.SYNCER_SWITCHING != _running_reason(old) else None,
     )
     return tuple(e for e in told if e is not None)
 
@@ -362,7 +365,8 @@ def _observation(o: Observed, job: DecoupledDiLoCoJob, *, job_pods: list[dict[st
         syncer_ready=ready_syncer, syncer_restarts=pods.restarts(syncer_pods), syncer=view, syncer_error=error,
         exposed_address=",".join(exposure.addresses(job, live)), blocker=blocker,
         unschedulable=tuple(capacity.waiting(mine, now, o.config.gate_grace)),
-        image_stuck=failures.image_stuck(mine, now, o.config.image_pull_grace), finished=steps.finished(job.spec, mine))
+        image_stuck=failures.image_stuck(mine, now, o.config.image_pull_grace), finished=steps.finished(job.spec, mine),
+        syncer_switch=tuple(syncer_switch.waiting_for(job, live, job_pods)))
 
 
 def _force_delete(pod: dict[str, Any], ref: dict[str, Any], timeout: float) -> PodDelete:

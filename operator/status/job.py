@@ -29,6 +29,8 @@ from diloco.operator.status import conditions as c
 from diloco.operator.status import goodput, progress, steps
 from diloco.spec import JobSpec, JobStatus, Phase
 
+SYNCER_SWITCHING = "SyncerSwitching"  # Running's reason while a sharded standby's change waits for the old pods
+
 
 def rfc3339(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -192,6 +194,10 @@ def _running(obs: Observation, *, running: bool, syncer_ready: bool, ready: int,
     up = running and syncer_ready and ready > 0 and obs.blocker is None
     if running and obs.blocker is not None:
         return False, obs.blocker.reason, obs.blocker.message
+    if running and not syncer_ready and obs.syncer_switch:
+        return False, SYNCER_SWITCHING, (f"the sharded syncer's standby changed: its new syncers start once "
+                                         f"{', '.join(obs.syncer_switch)} are gone (each old one writes its final "
+                                         f"checkpoint as it stops); {ready} of {desired} learners ready")
     if running and not syncer_ready and obs.syncer_error:
         return False, "SyncerUnreachable", (f"the syncer at {obs.syncer_endpoint} did not answer its Status RPC "
                                             f"({obs.syncer_error}); {ready} of {desired} learners ready")

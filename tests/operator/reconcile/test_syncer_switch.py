@@ -7,9 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from diloco.operator.reconcile import children, syncer_switch
+from diloco.operator.reconcile.actions import Event
 from diloco.operator.reconcile.plan import plan
 from diloco.operator.render import naming as n
-from tests.operator.reconcile.test_plan import T0, applied, body, kinds, learner, observed, view
+from diloco.operator.status import conditions as c
+from diloco.operator.status import job as st
+from tests.operator.reconcile.test_plan import T0, applied, body, condition, kinds, learner, observed, view
 
 SHARDED = {"fragments": 4, "shards": 2, "checkpoints": {"url": "s3://ckpt/demo"}}
 STANDBY = {**SHARDED, "standby": {}}
@@ -37,12 +40,17 @@ def test_a_standby_added_to_a_running_sharded_syncer_starts_after_the_old_shards
     def desired(live: dict[children.Key, Any], pods: list[dict[str, Any]]) -> Any:
         return plan(observed(body(status, syncer=STANDBY), live=live, pods=learners + pods, syncer=(view(), "")), T0)
 
-    # The StatefulSet goes; the shards' pairs wait while either of its pods is left.
+    # The StatefulSet goes; the shards' pairs wait while either of its pods is left, and the job says so.
     p = desired(live, old_pods)
     assert STATEFULSET in kinds(p.children.delete) and not PAIRS & kinds(p.children.apply)
+    assert condition(p, c.RUNNING) == ("False", st.SYNCER_SWITCHING)
+    (told,) = [e for e in p.events if isinstance(e, Event) and e.reason == st.SYNCER_SWITCHING]
+    assert "pod demo-syncer-0, pod demo-syncer-1 are gone" in told.message
+    status = p.status
     gone = {k: v for k, v in live.items() if k != STATEFULSET}
     p = desired(gone, old_pods[1:])  # one shard's pod still writing its final checkpoint
     assert not PAIRS & kinds(p.children.apply)
+    assert not [e for e in p.events if isinstance(e, Event) and e.reason == st.SYNCER_SWITCHING]  # told once
     assert syncer_switch.waiting_for(p_job(STANDBY), gone, old_pods[1:]) == ["pod demo-syncer-1"]
     p = desired(gone, [])
     assert kinds(p.children.apply) >= PAIRS
