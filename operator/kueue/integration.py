@@ -6,7 +6,8 @@ for this CRD, so the operator does it for jobs labelled `kueue.x-k8s.io/queue-na
 the chart's `kueue.enabled` turns it on: Config.kueue). The Workload, `diloco-<job>-<uid hash>`
 owned by the job, has one PodSet per learner group (replicas x hostsPerLearner pods, the group's
 learner pod template: resources, nodeSelector, tolerations) and one for the syncer (one pod per
-shard; none in a learners-only cluster), so Kueue reserves quota for the whole job at once.
+shard, two with a standby; none in a learners-only cluster), so Kueue reserves quota for the
+whole job at once.
 
 Why the operator writes `spec.suspend` (as Kueue's own job reconciler does) rather than holding
 the pods back in rendering: `spec.suspend` is already what every part of the operator reads (what
@@ -38,9 +39,9 @@ besides, as Kueue's own job integrations (its JobFramework) do for theirs:
   tolerations into theirs, with the admission checks' podSetUpdates and, for a topology
   assignment, Kueue's scheduling gate; a clash (a node label the pods already select otherwise)
   keeps the job suspended, as Kueue keeps its own jobs.
-Pure: the priority is operator/kueue/priorities.py, what the admission puts into the pods
-operator/kueue/placement.py; the reads of the
-cluster-scoped objects above and the Finished write are operator/kueue/api.py.
+Pure: the priority is operator/kueue/priorities.py, the topology annotations
+operator/kueue/topology.py, what the admission puts into the pods operator/kueue/placement.py;
+the reads of the cluster-scoped objects above and the Finished write are operator/kueue/api.py.
 """
 
 from __future__ import annotations
