@@ -161,7 +161,8 @@ def test_grpc_route_exposure_follows_the_spec(api: Kube, controllers: Controller
                   "tls": {"enabled": False}}
         api.create(manifest(home_spec(expose=expose)))
         wait_for(lambda: ("GRPCRoute", "mc-syncer-exposed") in children_of(api), what="the GRPCRoute")
-        wait_for(lambda: status(api).get("syncer", {}).get("exposedAddress") == "syncer.example.test", what="its host")
+        wait_for(lambda: status(api).get("syncer", {}).get("exposedAddress") == "syncer.example.test:443",
+                 what="its host and the listener's port")
         api.patch(JOB, NAMESPACE, "mc", {"spec": {"syncer": {"expose": {"type": "LoadBalancer", "gateway": None}}}})
         wait_for(lambda: ("Service", "mc-syncer-exposed") in children_of(api)
                  and ("GRPCRoute", "mc-syncer-exposed") not in children_of(api), what="a LoadBalancer instead")
