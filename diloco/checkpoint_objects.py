@@ -61,7 +61,10 @@ def _filesystem(url: str) -> tuple[Any, str]:
     import fsspec
 
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        # No listings cache: a standby lists the prefix once, then reads objects another process
+        # writes; s3fs answers a read of a key missing from a cached listing "not found" without
+        # asking, so every checkpoint written since looked torn and none was ever restored.
+        fs, root = fsspec.core.url_to_fs(url, use_listings_cache=False)
     except ImportError as exc:
         raise StoreUnavailable(f"checkpoints at {url}: {exc} (pip install 'decoupled-diloco[cloud]' for "
                                "s3:// and gs://)") from None

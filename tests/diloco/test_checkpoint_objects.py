@@ -131,3 +131,20 @@ def test_any_fsspec_url_and_shards(tmp_path: Path) -> None:
     assert loaded is not None and deserialize(bytes(store.fs.cat_file(str(loaded.path))))[1]["versions"] == [1, 1]
     assert isinstance(open_store(tmp_path), CheckpointStore) and isinstance(open_store(f"file://{tmp_path}"), CheckpointStore)
     assert shard_location("s3://b/j", 0, 1) == "s3://b/j" and shard_location("s3://b/j/", 2, 4) == "s3://b/j/shard-2"
+
+
+def test_a_reader_that_listed_before_sees_what_another_process_wrote_since(bucket: Bucket) -> None:
+    """A standby lists the prefix (no manifest yet), then follows the checkpoints another
+    process writes: each new one is read, never taken for torn because a listing was cached."""
+    import fsspec
+
+    writer = ObjectCheckpointStore(f"{bucket.url}/followed")
+    writer.fs = fsspec.filesystem("s3", skip_instance_cache=True)  # another process's client
+    writer.fs.pipe_file(f"{writer.root}/syncer.lease", b"{}")  # the holder's lease, there before any checkpoint
+    reader = open_store(f"{bucket.url}/followed")
+    assert isinstance(reader, ObjectCheckpointStore)
+    assert reader.newest() is None  # no manifest yet: lists the prefix (the lease alone)
+    for i in range(1, 5):
+        writer.save(*state(i))
+    loaded, skipped = reader.load_latest()
+    assert skipped == [] and loaded is not None and loaded.sequence == 4 == reader.newest()
