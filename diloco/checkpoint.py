@@ -26,7 +26,8 @@ import math
 import os
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Protocol
@@ -52,11 +53,13 @@ class Loaded:
     meta: dict[str, object]
 
 
-def write_into(directory: int, name: str, data: bytes) -> None:
+def write_into(directory: int, name: str, data: bytes,
+               commit: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext) -> None:
     """Write `data` to a temporary name in the open `directory`, fsync, rename it over `name`,
     fsync the directory: after a crash `name` holds either its old contents or all of `data`.
     Every step names the directory by its descriptor, so a path swapped mid-write (a volume
-    remounted or replaced) cannot split one write over two directories."""
+    remounted or replaced) cannot split one write over two directories. The rename happens
+    inside `commit()`, which may refuse it by raising (a fenced writer: `CheckpointStore.fence`)."""
     tmp = f".{name}.tmp-{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644, dir_fd=directory)
@@ -64,7 +67,8 @@ def write_into(directory: int, name: str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+        with commit():
+            os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
         os.fsync(directory)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -173,12 +177,48 @@ def disk_bytes(state_bytes: int, keep: int = KEEP) -> int:
     return state_bytes * (keep + 1)
 
 
+WRITER = "WRITER"  # who may write checkpoints here now, where a standby shares the store (`fence`)
+
+
+class FencedOut(OSError):
+    """Another syncer fenced this store (it took the lease over): this one writes nothing more."""
+
+
 class CheckpointStore:
     """A directory of numbered checkpoints; keeps the newest `keep`."""
 
     def __init__(self, directory: str | Path, keep: int = KEEP):
         self.dir = Path(directory)
         self.keep = keep
+        self.writer: str | None = None  # set by `fence`: then a save commits only while it is ours
+
+    def fence(self, writer: str) -> None:
+        """Make `writer` the only one whose saves commit here from now on: a save of the syncer
+        that held the lease before, still in flight when it was frozen, fails at its commit."""
+        with self._locked():
+            write_atomically(self.dir / WRITER, writer.encode())
+        self.writer = writer
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The directory's `.lock`, exclusively: what `swap` and a fenced commit hold."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield
+
+    @contextlib.contextmanager
+    def _ours(self) -> Iterator[None]:
+        """Hold the lock and check we still write here (a no-op without a standby)."""
+        if self.writer is None:
+            yield
+            return
+        with self._locked():
+            now = self.read_file(WRITER)
+            if now is not None and now.decode(errors="replace") != self.writer:
+                raise FencedOut(f"{self.dir}: syncer {now.decode(errors='replace')} writes these checkpoints "
+                                "now (it took the lease over); this one commits nothing more")
+            yield
 
     @property
     def location(self) -> str:
@@ -205,9 +245,7 @@ class CheckpointStore:
         "" for absent): a compare-and-swap under an exclusive lock on the directory's `.lock`,
         which every syncer sharing the directory (one host, or a filesystem with working locks)
         takes. Returns the new version token, None when refused."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        with self._locked():
             if self.read_versioned(name)[1] != expect:
                 return None
             write_atomically(self.dir / name, data)
@@ -225,7 +263,8 @@ class CheckpointStore:
         return sorted(found, reverse=True)
 
     def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> Path:
-        """Write the next checkpoint atomically; raise OSError (disk full, read-only) untouched.
+        """Write the next checkpoint atomically; raise OSError (disk full, read-only) untouched,
+        FencedOut when another syncer fenced the store since this one did.
         The directory is opened once, so a save lands whole in one directory or fails."""
         data = serialize(arrays, meta)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -237,7 +276,7 @@ class CheckpointStore:
                         os.unlink(tmp, dir_fd=directory)
             seqs = sorted((int(m.group(1)) for n in names if (m := FILE_NAME.match(n))), reverse=True)
             name = f"ckpt-{(seqs[0] if seqs else 0) + 1:012d}.ddck"
-            write_into(directory, name, data)
+            write_into(directory, name, data, self._ours)
             for seq in seqs[self.keep - 1 :]:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"ckpt-{seq:012d}.ddck", dir_fd=directory)
@@ -278,3 +317,5 @@ class Store(Protocol):
     def read_versioned(self, name: str) -> tuple[bytes | None, str]: ...
 
     def swap(self, name: str, data: bytes, expect: str) -> str | None: ...
+
+    def fence(self, writer: str) -> None: ...

@@ -24,6 +24,7 @@ from diloco.checkpoint import (
     KEEP,
     CheckpointError,
     CheckpointStore,
+    FencedOut,
     Loaded,
     Store,
     deserialize,
@@ -85,6 +86,7 @@ class ObjectCheckpointStore:
     def __init__(self, url: str, keep: int = KEEP):
         self.url, self.keep = url.rstrip("/"), keep
         self.fs, self.root = _filesystem(self.url)
+        self.writer: str | None = None  # set by `fence`: then a save commits only while it is ours
 
     @property
     def location(self) -> str:
@@ -167,25 +169,72 @@ class ObjectCheckpointStore:
             return []
         return sorted((int(m.group(1)) for n in names if (m := FILE_NAME.match(str(n).rsplit("/", 1)[-1]))), reverse=True)
 
-    def _manifest(self) -> tuple[list[dict[str, Any]] | None, str, str | None]:
+    def _manifest(self) -> tuple[list[dict[str, Any]] | None, str, str | None, str | None]:
         """(the committed checkpoints, newest first; the manifest's version token; what is wrong
-        with it). None when there is no manifest, or one that does not parse."""
+        with it; the syncer that fenced it). None when there is no manifest, or one that does
+        not parse."""
         raw, token = self.read_versioned(MANIFEST)
         if raw is None:
-            return None, token, None
+            return None, token, None, None
         try:
             doc = json.loads(raw)
-            entries = doc["checkpoints"]
+            entries, writer = doc["checkpoints"], doc.get("writer")
             if doc.get("format") != MANIFEST_FORMAT or not isinstance(entries, list) or not all(
                     isinstance(e, dict) and isinstance(e.get("name"), str) and FILE_NAME.match(e["name"])
-                    and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str) for e in entries):
+                    and isinstance(e.get("bytes"), int) and isinstance(e.get("sha256"), str) for e in entries) or not (
+                    writer is None or isinstance(writer, str)):
                 raise ValueError("unexpected fields")
         except (ValueError, KeyError, TypeError) as exc:
-            return None, token, f"{MANIFEST}: unreadable ({exc}); falling back to listing the checkpoints"
-        return entries, token, None
+            return None, token, f"{MANIFEST}: unreadable ({exc}); falling back to listing the checkpoints", None
+        return entries, token, None, writer
+
+    def _commit(self, entries: list[dict[str, Any]], writer: str | None, expect: str) -> str | None:
+        """Swap in a manifest naming `entries` (and the syncer that writes here); None if refused."""
+        doc = {"format": MANIFEST_FORMAT, "checkpoints": entries, **({"writer": writer} if writer else {})}
+        return self.swap(MANIFEST, json.dumps(doc, sort_keys=True).encode(), expect)
+
+    def fence(self, writer: str) -> None:
+        """Make `writer` the only one whose saves commit here from now on. The manifest is
+        rewritten naming it: a save of the syncer that held the lease before, still in flight
+        when it was frozen, read the manifest before this and loses its compare-and-swap; one
+        that reads it after sees another writer and stops."""
+        while True:
+            entries, token, _, _ = self._manifest()
+            if self._commit(self._verified_listing() if entries is None else entries, writer, token) is not None:
+                self.writer = writer
+                return
+
+    def _verified_listing(self) -> list[dict[str, Any]]:
+        """Without a readable manifest: the listed objects that verify, as manifest entries (what
+        `load_latest` would fall back to), so a fence written over no manifest loses none."""
+        entries = []
+        for seq in self._listed()[: self.keep]:
+            name = f"ckpt-{seq:012d}.ddck"
+            try:
+                data = bytes(self.fs.cat_file(self._key(name)))
+                deserialize(data)
+            except (CheckpointError, OSError):
+                continue
+            entries.append({"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        return entries
+
+    def _create(self, name: str, data: bytes) -> None:
+        """Write a new object, never over an existing one (S3: If-None-Match), so an object is
+        only ever its one writer's and a writer that fails may delete what it wrote."""
+        if self._s3():
+            try:
+                self.fs.pipe_file(self._key(name), data, mode="create")
+                return
+            except (OSError, ValueError) as exc:
+                if not _precondition_failed(exc):
+                    raise
+        elif not self.fs.exists(self._key(name)):
+            self.fs.pipe_file(self._key(name), data)
+            return
+        raise FileExistsError(f"{self.url}/{name} exists already: another syncer writes this store")
 
     def newest(self) -> int | None:
-        entries, _, _ = self._manifest()
+        entries, _, _, _ = self._manifest()
         if entries is None:
             listed = self._listed()
             return listed[0] if listed else None
@@ -193,21 +242,24 @@ class ObjectCheckpointStore:
 
     def save(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, object]) -> PurePath:
         """Write the next checkpoint object, then the manifest naming it (the commit), then prune.
-        Raises OSError when the store refuses (or the manifest moved under us: another writer)."""
+        Raises OSError when the store refuses (or the manifest moved under us: another writer),
+        FencedOut when another syncer fenced the store since this one did."""
         data = serialize(arrays, meta)
-        entries, token, _ = self._manifest()
+        entries, token, _, writer = self._manifest()
+        if self.writer is not None and writer not in (None, self.writer):
+            raise FencedOut(f"{self.url}: syncer {writer} writes these checkpoints now (it took the lease "
+                            "over); this one commits nothing more")
         seqs = self._listed()
         committed = [int(FILE_NAME.match(e["name"]).group(1)) for e in entries or []]  # type: ignore[union-attr]
         seq = max([0, *seqs, *committed]) + 1
         name = f"ckpt-{seq:012d}.ddck"
-        self.fs.pipe_file(self._key(name), data)
+        self._create(name, data)
         entry = {"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         kept = [entry, *(entries or [])][: self.keep]
-        doc = json.dumps({"format": MANIFEST_FORMAT, "checkpoints": kept}, sort_keys=True).encode()
-        if self.swap(MANIFEST, doc, token) is None:
+        if self._commit(kept, self.writer or writer, token) is None:
             with contextlib.suppress(OSError):
                 self.fs.rm_file(self._key(name))
-            raise OSError(f"{self.url}/{MANIFEST} changed while this syncer wrote {name}: another syncer writes "
+            raise FencedOut(f"{self.url}/{MANIFEST} changed while this syncer wrote {name}: another syncer writes "
                           "this store (this one lost its lease)")
         names = {e["name"] for e in kept}
         for old in seqs:  # older than ours and not committed: superseded, or a dead writer's debris
@@ -220,7 +272,7 @@ class ObjectCheckpointStore:
         """The newest committed checkpoint that verifies (or None), and one line per one skipped.
         With no readable manifest, every listed object is a candidate, newest first."""
         skipped: list[str] = []
-        entries, _, problem = self._manifest()
+        entries, _, problem, _ = self._manifest()
         if problem is not None:
             skipped.append(problem)
         if entries is None:

@@ -15,6 +15,9 @@ compare-and-swap (S3's conditional PUT; a lock file in a directory: diloco/check
   renewal land, so the old holder has stopped by then (clocks that run at nearly the same rate
   are all this assumes; a frozen process, SIGSTOP or a long pause, resumes with an expired lease
   and publishes nothing until a renewal succeeds, which a takeover makes impossible).
+- **Fencing at the store:** a new holder first fences the checkpoint store for itself
+  (`Store.fence`: the manifest, or a directory's `WRITER`, names it), so a checkpoint the old
+  holder had in flight when it was frozen fails at its commit instead of landing after the takeover.
 - **Fencing at the learners:** the epoch is part of the syncer's incarnation
   (`diloco/contract.py` `leased_incarnation`); a learner refuses a Join from an epoch below one it
   has joined, so even a publish that slipped past the clock check could not pull it back.
@@ -139,7 +142,6 @@ def follow(lease: LeaderLease, stop: threading.Event, restore: Callable[[], T | 
     poll = poll if poll is not None else min(1.0, lease.seconds / 8)
     seen_token: str | None = None
     seen_at = lease.clock()
-    ready: T | None = None
     ready_seq: int | None = None
     announced = False
     while not stop.is_set():
@@ -160,15 +162,29 @@ def follow(lease: LeaderLease, stop: threading.Event, restore: Callable[[], T | 
                 took = lease.acquire(record, token)
                 if not took:
                     seen_token = None  # someone else swapped first: watch the new version
+            if took:  # fence first: the restore then sees the last checkpoint the old holder commits
+                return (restore(), record is not None and bool(record.holder)) if _fence(lease, stop, poll) else None
             newest = lease.store.newest()
-            if took or newest != ready_seq:
-                ready, ready_seq = restore(), newest
-            if took:
-                return ready, record is not None and bool(record.holder)
+            if newest != ready_seq:  # read and verify each new one: a bad one shows before a takeover
+                restore()
+                ready_seq = newest
         except OSError as exc:
             log.warning("standby: cannot read %s: %s; retrying", lease.store.location, exc)
         stop.wait(poll)
     return None
+
+
+def _fence(lease: LeaderLease, stop: threading.Event, poll: float) -> bool:
+    """Fence the store for the new holder (`Store.fence`), retrying until it lands or we are
+    stopped: a checkpoint the old holder has in flight must not commit after the takeover."""
+    while True:
+        try:
+            lease.store.fence(lease.holder)
+            return True
+        except OSError as exc:
+            log.warning("cannot fence %s for this syncer: %s; retrying", lease.store.location, exc)
+        if stop.wait(poll):
+            return False
 
 
 def keep(lease: LeaderLease, stop: threading.Event, on_lost: Callable[[], None]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from diloco.checkpoint import Store
+from diloco.checkpoint import FencedOut, Store
 from diloco.core.codecs import CodecError, decode_tensors
 from diloco.syncer.acceptance import Refused
 from diloco.syncer.durable.lease import PublishLease
@@ -120,6 +120,9 @@ class Persistence:
         held = time.monotonic() - started
         try:
             path = self.store.save(arrays, meta)
+        except FencedOut as exc:  # frozen past its lease mid-save: the new holder's checkpoints stand
+            log.error("checkpoint not committed: %s", exc)
+            return False
         except OSError as exc:
             self.metrics.checkpoint_errors.inc()
             log.error("checkpoint failed in %s: %s; the previous checkpoint is intact, training goes on",

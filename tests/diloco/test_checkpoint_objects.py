@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diloco.checkpoint import CheckpointStore, deserialize
+from diloco.checkpoint import CheckpointStore, FencedOut, deserialize
 from diloco.checkpoint_objects import MANIFEST, ObjectCheckpointStore, open_store, shard_location
 from tests.s3_server import Bucket, s3_bucket
 
@@ -122,6 +122,25 @@ def test_a_directory_has_the_same_compare_and_swap(tmp_path: Path) -> None:
     assert data == b"a" and store.swap("lease", b"c", token) and not store.swap("lease", b"d", token)
 
 
+def test_a_directory_fenced_mid_save_commits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory both syncers share: the old holder's save, frozen before its rename, fails
+    once the standby fenced the directory, and leaves no file behind."""
+    old, new = CheckpointStore(tmp_path), CheckpointStore(tmp_path)
+    old.fence("old/1")
+    old.save(*state(1))
+    real = old._ours
+
+    def fenced_before_the_rename() -> object:
+        new.fence("new/2")
+        return real()
+
+    monkeypatch.setattr(old, "_ours", fenced_before_the_rename)
+    with pytest.raises(FencedOut, match="new/2"):
+        old.save(*state(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "WRITER", "ckpt-000000000001.ddck"]
+    assert new.save(*state(3)).name == "ckpt-000000000002.ddck"
+
+
 def test_any_fsspec_url_and_shards(tmp_path: Path) -> None:
     """memory:// stands in for any fsspec store (gs:// goes through the same calls with gcsfs)."""
     store = open_store("memory://diloco-test/ckpt")
@@ -148,3 +167,62 @@ def test_a_reader_that_listed_before_sees_what_another_process_wrote_since(bucke
         writer.save(*state(i))
     loaded, skipped = reader.load_latest()
     assert skipped == [] and loaded is not None and loaded.sequence == 4 == reader.newest()
+
+
+def test_a_save_in_flight_when_the_standby_fences_the_store_commits_nothing(
+        store: ObjectCheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old holder is frozen mid-save (its object written, its manifest not yet); the standby
+    takes the lease over, fences the store and checkpoints. Resumed, the old one's commit fails,
+    its object is gone, the new holder's checkpoint stands, and its next save writes nothing."""
+    store.fence("old/1")
+    store.save(*state(1))
+    new = ObjectCheckpointStore(store.url)
+    real = store._create
+
+    def frozen_after_writing(name: str, data: bytes) -> None:
+        real(name, data)
+        new.fence("new/2")
+        new.save(*state(5))
+
+    monkeypatch.setattr(store, "_create", frozen_after_writing)
+    with pytest.raises(OSError, match="another syncer"):
+        store.save(*state(2))
+    monkeypatch.undo()
+    loaded, skipped = store.load_latest()
+    assert skipped == [] and loaded is not None and loaded.meta["versions"] == [5, 5]
+    assert objects(store) == ["MANIFEST.json", "ckpt-000000000001.ddck", "ckpt-000000000003.ddck"]
+    with pytest.raises(FencedOut, match="new/2 writes these checkpoints now"):
+        store.save(*state(3))
+    assert objects(store) == ["MANIFEST.json", "ckpt-000000000001.ddck", "ckpt-000000000003.ddck"]
+
+
+def test_a_fenced_writer_never_overwrites_the_new_holders_object_of_the_same_name(
+        store: ObjectCheckpointStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frozen after it chose its object's name; the new holder writes that name first. The old
+    one's write is refused (S3's If-None-Match), and it deletes nothing of the new holder's."""
+    store.fence("old/1")
+    store.save(*state(1))
+    new = ObjectCheckpointStore(store.url)
+    real = store._listed
+
+    def frozen_after_listing() -> list[int]:
+        listed = real()
+        new.fence("new/2")
+        new.save(*state(5))  # ckpt-2: the name the old one is about to write
+        return listed
+
+    monkeypatch.setattr(store, "_listed", frozen_after_listing)
+    with pytest.raises(FileExistsError, match="another syncer"):
+        store.save(*state(2))
+    monkeypatch.undo()
+    loaded, skipped = new.load_latest()
+    assert skipped == [] and loaded is not None and loaded.sequence == 2 and loaded.meta["versions"] == [5, 5]
+
+
+def test_fencing_a_store_without_a_readable_manifest_keeps_its_checkpoints(store: ObjectCheckpointStore) -> None:
+    store.save(*state(1))
+    store.save(*state(2))
+    store.write_file(MANIFEST, b"{not json")
+    store.fence("new/2")
+    loaded, skipped = store.load_latest()
+    assert skipped == [] and loaded is not None and loaded.meta["versions"] == [2, 2]

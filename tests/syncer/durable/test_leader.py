@@ -6,7 +6,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from diloco.checkpoint import CheckpointStore
+import numpy as np
+import pytest
+
+from diloco.checkpoint import CheckpointStore, FencedOut
 from diloco.contract import incarnation_epoch, incarnation_host, leased_incarnation
 from diloco.syncer.durable import leader
 
@@ -73,6 +76,20 @@ def test_follow_waits_for_the_lease_period_then_takes_over(tmp_path: Path) -> No
     assert leader.follow(standby, stop, restore, poll=1.0) == ("model", True)
     assert standby.epoch == 2 and polls["n"] >= 5 + 4  # not before 4 s of silence after the last renewal
     assert restored  # the checkpoint it takes over from was read when it took over
+    assert store.read_file("WRITER") == b"b/2"  # and the store fenced for it first
+
+
+def test_a_takeover_fences_the_old_holders_saves(tmp_path: Path) -> None:
+    old = CheckpointStore(tmp_path)
+    active = leader.LeaderLease(old, "a/1", 60.0)
+    assert active.acquire(None, "")
+    old.fence(active.holder)
+    old.save({"param/w": np.zeros(4, np.float32)}, {"versions": [1]})
+    active.release()
+    standby = leader.LeaderLease(CheckpointStore(tmp_path), "b/2", 60.0)
+    assert leader.follow(standby, threading.Event(), lambda: None, poll=0.01) == (None, False)
+    with pytest.raises(FencedOut, match="b/2"):
+        old.save({"param/w": np.ones(4, np.float32)}, {"versions": [2]})
 
 
 def test_the_epoch_rides_in_the_incarnation() -> None:
