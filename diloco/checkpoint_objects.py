@@ -74,19 +74,13 @@ def _filesystem(url: str) -> tuple[Any, str]:
     return fs, str(root).rstrip("/")
 
 
-class ObjectCheckpointStore:
-    """Checkpoints as objects under an fsspec URL, committed by a manifest written last.
+class ObjectFiles:
+    """Small objects under an fsspec URL, a compare-and-swap over them (`swap`) and a create that
+    never overwrites (`_create`): what the checkpoints' manifest and the leader lease stand on."""
 
-    Each checkpoint is one object written in one request (S3 and GCS make a finished upload
-    visible whole or not at all); then `MANIFEST.json` is replaced, naming the newest `keep`
-    with their sizes and SHA-256, and only then are older objects deleted. The manifest is
-    replaced with a compare-and-swap where the store has one (S3's If-Match), so a writer that
-    lost the store to another (a fenced syncer) fails instead of overwriting its successor's."""
-
-    def __init__(self, url: str, keep: int = KEEP):
-        self.url, self.keep = url.rstrip("/"), keep
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
         self.fs, self.root = _filesystem(self.url)
-        self.writer: str | None = None  # set by `fence`: then a save commits only while it is ours
 
     @property
     def location(self) -> str:
@@ -94,8 +88,6 @@ class ObjectCheckpointStore:
 
     def _key(self, name: str) -> str:
         return f"{self.root}/{name}"
-
-    # -- small objects, and a compare-and-swap over them ------------------------------------
 
     def read_file(self, name: str) -> bytes | None:
         try:
@@ -160,7 +152,35 @@ class ObjectCheckpointStore:
         """Whether `swap` is atomic in the store (a lease needs it)."""
         return self._s3()
 
-    # -- checkpoints ---------------------------------------------------------------------------
+    def _create(self, name: str, data: bytes) -> None:
+        """Write a new object, never over an existing one (S3: If-None-Match), so an object is
+        only ever its one writer's and a writer that fails may delete what it wrote."""
+        if self._s3():
+            try:
+                self.fs.pipe_file(self._key(name), data, mode="create")
+                return
+            except (OSError, ValueError) as exc:
+                if not _precondition_failed(exc):
+                    raise
+        elif not self.fs.exists(self._key(name)):
+            self.fs.pipe_file(self._key(name), data)
+            return
+        raise FileExistsError(f"{self.url}/{name} exists already: another syncer writes this store")
+
+
+class ObjectCheckpointStore(ObjectFiles):
+    """Checkpoints as objects under an fsspec URL, committed by a manifest written last.
+
+    Each checkpoint is one object written in one request (S3 and GCS make a finished upload
+    visible whole or not at all); then `MANIFEST.json` is replaced, naming the newest `keep`
+    with their sizes and SHA-256, and only then are older objects deleted. The manifest is
+    replaced with a compare-and-swap where the store has one (S3's If-Match), so a writer that
+    lost the store to another (a fenced syncer) fails instead of overwriting its successor's."""
+
+    def __init__(self, url: str, keep: int = KEEP):
+        super().__init__(url)
+        self.keep = keep
+        self.writer: str | None = None  # set by `fence`: then a save commits only while it is ours
 
     def _listed(self) -> list[int]:
         try:
@@ -217,21 +237,6 @@ class ObjectCheckpointStore:
                 continue
             entries.append({"name": name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
         return entries
-
-    def _create(self, name: str, data: bytes) -> None:
-        """Write a new object, never over an existing one (S3: If-None-Match), so an object is
-        only ever its one writer's and a writer that fails may delete what it wrote."""
-        if self._s3():
-            try:
-                self.fs.pipe_file(self._key(name), data, mode="create")
-                return
-            except (OSError, ValueError) as exc:
-                if not _precondition_failed(exc):
-                    raise
-        elif not self.fs.exists(self._key(name)):
-            self.fs.pipe_file(self._key(name), data)
-            return
-        raise FileExistsError(f"{self.url}/{name} exists already: another syncer writes this store")
 
     def newest(self) -> int | None:
         entries, _, _, _ = self._manifest()
