@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from diloco.contract import REFUSED_WITHOUT_WORK
+from diloco.contract import ALTERNATE, REFUSED_WITHOUT_WORK
 from diloco.operator.status.job import RegionView, SyncerView
 
 log = logging.getLogger("diloco.operator")
@@ -59,15 +59,21 @@ class SyncerClients:
 
         replies = []
         addresses = syncer_addresses(target.address)  # every shard of a sharded syncer, in order
-        # Each shard checked for its own name (shard-<i>.<host>), or every one for the one name.
-        for address, name in zip(addresses, server_names(target.server_name, addresses), strict=True):
-            channel = self._channel((namespace, job, address, target.ca, name))
-            try:
-                replies.append(rpc.SyncerStub(channel).Status(pb.StatusRequest(), metadata=auth_metadata(target.token),
-                                                              timeout=TIMEOUT))
-            except grpc.RpcError as exc:
-                log.debug("syncer %s: Status failed: %s", address, exc.code())
-                return None, exc.code().name
+        # Each shard checked for its own name (shard-<i>.<host>), or every one for the one name;
+        # a shard whose standby runs in another cluster is asked at either syncer (a|b), in turn.
+        for shard, name in zip(addresses, server_names(target.server_name, addresses), strict=True):
+            code = ""
+            for address in shard.split(ALTERNATE):
+                channel = self._channel((namespace, job, address, target.ca, name))
+                try:
+                    replies.append(rpc.SyncerStub(channel).Status(
+                        pb.StatusRequest(), metadata=auth_metadata(target.token), timeout=TIMEOUT))
+                    break
+                except grpc.RpcError as exc:
+                    log.debug("syncer %s: Status failed: %s", address, exc.code())
+                    code = exc.code().name
+            else:
+                return None, code
         reply = aggregate(replies)
         regions = tuple(RegionView(region=r.region, learners=int(r.learners), active_learners=int(r.active_learners),
                                    tokens_merged=int(r.tokens_merged), bytes_received=int(r.bytes_received),

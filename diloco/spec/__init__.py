@@ -16,8 +16,8 @@ from pydantic.alias_generators import to_camel
 
 from diloco.contract import LearnerId
 from diloco.spec import clusters as _clusters
-from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
-from diloco.spec.clusters import KUBECONFIG_KEY, RemoteCluster  # noqa: F401
+from diloco.spec.base import ALTERNATES, DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.clusters import KUBECONFIG_KEY, RemoteCluster, shard_hosts  # noqa: F401
 from diloco.spec.copies import GroupData, copy_problems, group_data, path_field  # noqa: F401
 
 # Re-exported: diloco.spec is the one place the job spec is imported from.
@@ -285,7 +285,8 @@ def _cross_field_problems(spec: JobSpec) -> Iterable[str]:
     yield from _shard_problems(spec)
     yield from _syncer_problems(spec)
     yield from _clusters.cluster_problems(spec.clusters, spec.learner_groups, external=spec.syncer.external is not None,
-                                          exposed=spec.syncer.expose is not None)
+                                          exposed=spec.syncer.expose is not None,
+                                          standby=spec.syncer.standby.cluster if spec.syncer.standby else None)
     yield from copy_problems(spec.data, spec.learner_groups)
 
 
@@ -375,6 +376,7 @@ _PATTERNS = {
     DNS_LABEL: "is not a DNS label (lower-case letters, digits and '-')",
     DNS_SUBDOMAIN: "is not a DNS name (lower-case letters, digits, '-' and '.')",
     HOST_PORT: "is not host:port (e.g. syncer.example.com:50051)",
+    ALTERNATES: "is not host:port, nor host:port|host:port (a shard's syncer and its standby in another cluster)",
 }
 
 

@@ -14,7 +14,7 @@ from pydantic import Field, model_validator
 from diloco.core.choices import Adoption, Codec, MergeMethod  # names only: no numba on the spec's import
 from diloco.core.fragments import Method
 from diloco.core.rounds import StalePolicy
-from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
+from diloco.spec.base import ALTERNATES, DNS_LABEL, DNS_SUBDOMAIN, HOST_PORT, Model
 from diloco.spec.pod import PodOverlay, PodTemplate, Resources
 
 DEFAULT_SYNCER_IMAGE = "ghcr.io/decoupled-diloco/syncer:0.1.0"
@@ -46,8 +46,10 @@ class ExternalSyncer(Model):
 
     # host:port of an unsharded syncer; or `endpoints`, one per shard in shard order (what the
     # home operator writes for a sharded one: docs/MULTI_CLUSTER.md). Exactly one of the two.
-    endpoint: str | None = Field(None, pattern=HOST_PORT, max_length=261)
-    endpoints: list[Annotated[str, Field(pattern=HOST_PORT, max_length=261)]] = Field(
+    # A shard whose standby runs in another cluster (spec.syncer.standby.cluster) is named by
+    # both members, `host:port|host:port`: learners try the other while one is unreachable.
+    endpoint: str | None = Field(None, pattern=ALTERNATES, max_length=523)
+    endpoints: list[Annotated[str, Field(pattern=ALTERNATES, max_length=523)]] = Field(
         default_factory=list, max_length=64)
     # A Secret in the job's namespace: key `token` holds a copy of the home job's `<job>-token`;
     # an optional key `ca.crt`, the CA of the syncer's certificate, turns TLS on.
@@ -126,6 +128,23 @@ class Standby(Model):
     # a zone outage from taking both (a one-zone cluster leaves the standby Pending); Preferred
     # schedules it anyway.
     zone_anti_affinity: Literal["Required", "Preferred"] = "Required"
+    # A home job of several clusters (spec.clusters): the standby runs in this one of them, one
+    # syncer a shard there and one here, instead of two here, so the job survives the home
+    # cluster's loss. Both need the store (spec.syncer.checkpoints) and the certificate.
+    cluster: str | None = Field(None, pattern=DNS_LABEL, max_length=40)
+    # With `cluster`: where every other cluster dials the standby (shard-<i>.<host> when sharded),
+    # exposed there as spec.syncer.expose says for the home syncer.
+    host: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
+    # The other member of each shard's pair when it runs in another cluster: one host:port per
+    # shard, in shard order. The home operator writes it into each cluster's part (from `cluster`
+    # and `host`); one syncer a shard then runs here, and learners dial both.
+    peers: list[Annotated[str, Field(pattern=HOST_PORT, max_length=261)]] = Field(default_factory=list,
+                                                                                  max_length=64)
+
+    @property
+    def elsewhere(self) -> bool:
+        """The pair's other member runs in another cluster: one syncer a shard here."""
+        return self.cluster is not None or bool(self.peers)
 
 
 class Syncer(Model):
@@ -218,6 +237,16 @@ class Syncer(Model):
         if self.standby is not None and self.external is not None:
             raise ValueError("spec.syncer.standby: the syncer is external (spec.syncer.external); configure the "
                              "standby in the cluster that runs it")
+        standby = self.standby
+        if standby is not None and (standby.cluster is None) != (standby.host is None):
+            raise ValueError("spec.syncer.standby: `cluster` (the cluster that runs the standby) and `host` (where "
+                             "the other clusters dial it) go together; set both, or neither")
+        if standby is not None and standby.cluster is not None and standby.peers:
+            raise ValueError("spec.syncer.standby.peers: written by the home operator from `cluster` and `host`; "
+                             "remove it from the home job")
+        if standby is not None and standby.peers and len(standby.peers) != self.shards:
+            raise ValueError(f"spec.syncer.standby.peers: {len(standby.peers)} address(es) for a syncer of "
+                             f"{self.shards} shard(s); name each shard's other member, in shard order")
         return self
 
     @property

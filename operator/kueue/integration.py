@@ -249,18 +249,21 @@ def whole(job: DecoupledDiLoCoJob) -> dict[str, int]:
 
 
 def syncer_pods(job: DecoupledDiLoCoJob) -> int:
-    """The syncer's pods: one per shard, two with a standby (spec.syncer.standby). The standby
+    """The syncer's pods here: one per shard, two with a standby (spec.syncer.standby). The standby
     waits with its requests held on a node, so Kueue must reserve quota for it too."""
-    return job.spec.syncer.shards * (1 if job.spec.syncer.standby is None else 2)
+    return job.spec.syncer.shards * render.syncer_members(job)
 
 
 def must_be_ready(job: DecoupledDiLoCoJob, counts: Mapping[str, int]) -> dict[str, int]:
     """The Ready pods each PodSet needs for PodsReady: all it was given, but one syncer per shard,
     since a standby is never Ready (only its shard's lease holder opens the gRPC port its
-    readiness probe dials: operator/render/job.py) and would otherwise time the job out."""
-    if job.spec.syncer.standby is None or SYNCER_POD_SET not in counts:
+    readiness probe dials: operator/render/job.py) and would otherwise time the job out; none
+    where each shard's other member runs in another cluster (either may be the one standing by)."""
+    standby = job.spec.syncer.standby
+    if standby is None or SYNCER_POD_SET not in counts:
         return dict(counts)
-    return {**counts, SYNCER_POD_SET: min(counts[SYNCER_POD_SET], job.spec.syncer.shards)}
+    ready = 0 if standby.elsewhere else min(counts[SYNCER_POD_SET], job.spec.syncer.shards)
+    return {**counts, SYNCER_POD_SET: ready}
 
 
 def first(job: DecoupledDiLoCoJob, sets: list[dict[str, Any]]) -> list[dict[str, Any]]:

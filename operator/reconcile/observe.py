@@ -85,7 +85,8 @@ def target(config: Config, job: DecoupledDiLoCoJob, owner: render.Owner, secrets
     # A sharded syncer is dialled shard by shard, by the pods' names or, with a standby, the
     # shards' Services (the config's override, for tests, maps the one Service of an unsharded syncer).
     sharded = job.spec.syncer.shards > 1
-    address = found.address if external or sharded else config.syncer_address(owner.name, owner.namespace)
+    address = found.address if external or sharded else \
+        access.paired(job, config.syncer_address(owner.name, owner.namespace))
     ca = access.value(secrets.get(found.ca_secret), n.CA_KEY) if found.ca_secret else None
     return Target(address, token, ca, found.server_name)
 
@@ -98,6 +99,12 @@ def syncer_ready(job: DecoupledDiLoCoJob, live: dict[children.Key, Any]) -> bool
                    for i in range(job.spec.syncer.shards))
     kind = "Deployment" if job.spec.syncer.shards == 1 else "StatefulSet"  # one pod per shard
     return _ready(live.get((kind, n.syncer(job.metadata.name)))) >= job.spec.syncer.shards
+
+
+def paired(job: DecoupledDiLoCoJob) -> bool:
+    """Each shard's standby pair has its other member in another cluster (spec.syncer.standby.peers):
+    whichever holds the lease serves, so the syncer is asked wherever it is, not only once ready here."""
+    return job.spec.syncer.standby is not None and bool(job.spec.syncer.standby.peers)
 
 
 def _ready(workload: dict[str, Any] | None) -> int:
@@ -141,7 +148,7 @@ def observe(ctx: Context, body: dict[str, Any], now: float) -> Observed:
     probed = access.secret_blocker(job, secrets) is None and job.spec.syncer.external is not None
     # An external syncer is asked before any learner exists: a token it refuses would only make
     # them crash-loop. The job's own, once it is ready.
-    answer: Probe = ctx.syncers.status(namespace, name, dial) if probed or (
+    answer: Probe = ctx.syncers.status(namespace, name, dial) if probed or paired(job) or (
         job.spec.syncer.external is None and syncer_ready(job, live)) else (None, "")
     q = queueing.read(ctx.api, job, owner=owner, link=link(job, owner, secrets), queue_name=queue, live=live,
                       generation=int(meta.get("generation") or 0)) if queue is not None else None
@@ -161,5 +168,7 @@ def read_remotes(ctx: Context, whole: DecoupledDiLoCoJob, status: dict[str, Any]
     left = [(c, ns) for c, ns in remote_sync.recorded(status) if c.name not in named]
     if not wanted and not left:
         return (), ()
-    seen = remote_sync.read(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, [*wanted, *left], name)
+    standby = whole.spec.syncer.standby.cluster if whole.spec.syncer.standby is not None else None
+    seen = remote_sync.read(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, [*wanted, *left], name,
+                            standby)
     return tuple(seen[:len(wanted)]), tuple(seen[len(wanted):])

@@ -26,7 +26,7 @@ from diloco.operator.kueue import integration as kueue
 from diloco.operator.kueue import lifecycle, placement, queueing
 from diloco.operator.reconcile import children, syncer_switch
 from diloco.operator.reconcile.actions import Count, Event, PodDelete, WorkloadWrite
-from diloco.operator.reconcile.observe import Observed, syncer_ready, target
+from diloco.operator.reconcile.observe import Observed, paired, syncer_ready, target
 from diloco.operator.reconcile.regions import remote_regions
 from diloco.operator.remote.health import Write
 from diloco.operator.render import access, exposure, learners, policies
@@ -358,7 +358,7 @@ def _observation(o: Observed, job: DecoupledDiLoCoJob, *, job_pods: list[dict[st
     ready = {g.name: learners.ready_learners(g, job_pods) for g in job.spec.learner_groups}
     view, error = o.syncer
     # An external syncer was asked before the learners were rendered; the job's own, once ready.
-    ready_syncer = view is not None if o.probed else syncer_ready(job, live)
+    ready_syncer = view is not None if o.probed or paired(job) else syncer_ready(job, live)
     syncer_pods = [x for x in job_pods if (x["metadata"].get("labels") or {}).get(n.COMPONENT) == n.SYNCER]
     return st.Observation(
         now=now, ready=ready, syncer_endpoint=target(o.config, job, owner, o.secrets, o.token).address,

@@ -17,6 +17,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
+from diloco.contract import ALTERNATE
 from diloco.operator.render import naming as n
 from diloco.spec import DecoupledDiLoCoJob
 
@@ -106,9 +107,18 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     # A sharded syncer's shards are dialled by their in-cluster names and checked for the names
     # other clusters dial: shard-<i>.<host>, one per shard.
     names = n.exposed_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
-    return Link(n.syncer_addresses(name, namespace, syncer.shards, standby=syncer.standby is not None),
+    return Link(paired(job, n.syncer_addresses(name, namespace, syncer.shards, standby=syncer.standby is not None)),
                 n.token_secret(name),
                 expose.tls.secret_name if expose is not None and tls else None, ",".join(names) or None)
+
+
+def paired(job: DecoupledDiLoCoJob, addresses: str) -> str:
+    """`addresses` (one a shard, comma-separated) with each shard's other syncer where the standby
+    pair's other member runs in another cluster (spec.syncer.standby.peers): `here|there`, tried in turn."""
+    standby = job.spec.syncer.standby
+    if standby is None or not standby.peers:
+        return addresses
+    return ",".join(f"{a}{ALTERNATE}{p}" for a, p in zip(addresses.split(","), standby.peers, strict=True))
 
 
 def refused(job: DecoupledDiLoCoJob, to: Link, code: str) -> Blocker | None:

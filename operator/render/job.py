@@ -50,6 +50,13 @@ def sharded_standby(job: DecoupledDiLoCoJob) -> bool:
     return job.spec.syncer.shards > 1 and job.spec.syncer.standby is not None
 
 
+def syncer_members(job: DecoupledDiLoCoJob) -> int:
+    """Syncer pods a shard here: two with a standby, one without, and one when the standby pair's
+    other member runs in another cluster (spec.syncer.standby.peers)."""
+    standby = job.spec.syncer.standby
+    return 2 if standby is not None and not standby.elsewhere else 1
+
+
 def shard_service_problems(job: DecoupledDiLoCoJob) -> list[str]:
     """A sharded standby's per-shard Service name (`J-syncer-shard-<i>`) must stay a DNS label."""
     if not sharded_standby(job):
@@ -231,7 +238,7 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: int | str | N
     }
     shard_label = {n.SHARD: str(shard)} if isinstance(shard, int) else {}
     apart = apart_by_zone(owner, standby.zone_anti_affinity, shard if isinstance(shard, int) else None) \
-        if standby is not None else None
+        if standby is not None and not standby.elsewhere else None  # the other member is in another cluster
     return overlay.shape({
         "metadata": {"labels": {**n.labels(owner.name, n.SYNCER), **shard_label},
                      "annotations": {n.CONFIG_HASH: syncer_config_hash(job)}},
@@ -293,7 +300,7 @@ def syncer_deployment(job: DecoupledDiLoCoJob, owner: Owner) -> dict[str, Any]:
         "spec": {
             # With a standby (spec.syncer.standby) two pods, in two zones: the lease in the
             # checkpoint store says which one serves (syncer/durable/leader.py).
-            "replicas": 1 if job.spec.syncer.standby is None else 2,
+            "replicas": syncer_members(job),
             # One writer of the checkpoint volume, ever: the old pod stops before the new starts.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": n.selector(owner.name, n.SYNCER)},
@@ -312,7 +319,7 @@ def syncer_shard_deployment(job: DecoupledDiLoCoJob, owner: Owner, shard: int) -
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": _shard_meta(owner, shard),
         "spec": {
-            "replicas": 2,
+            "replicas": syncer_members(job),
             "strategy": {"type": "Recreate"},  # as the unsharded syncer's: old pods stop before new start
             "selector": {"matchLabels": n.shard_selector(owner.name, shard)},
             "template": _syncer_template(job, owner, shard),

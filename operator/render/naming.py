@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from diloco.contract import COORDINATOR_PORT, SYNCER_GRPC_PORT, LearnerId
-from diloco.spec import API_VERSION, KIND
+from diloco.spec import API_VERSION, KIND, shard_hosts
 
 MANAGER = "diloco-operator"  # field manager for server-side apply and the managed-by label
 JOB = "diloco.dev/job"
@@ -98,7 +98,7 @@ def exposed_syncers(job: str, shards: int) -> list[str]:
 def exposed_hosts(host: str, shards: int) -> list[str]:
     """The names other clusters dial (and the syncer's certificate carries), in shard order:
     `expose.host`, or for a sharded syncer `shard-<i>.<host>` (covered by a `*.<host>` certificate)."""
-    return [host] if shards == 1 else [f"shard-{i}.{host}" for i in range(shards)]
+    return shard_hosts(host, shards)
 
 
 def syncer_shard_pod(job: str, shard: int) -> str:

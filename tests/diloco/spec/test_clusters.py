@@ -70,3 +70,40 @@ def test_clusters_are_named_once_used_and_reached_through_an_exposed_syncer() ->
     assert "spec.clusters: cluster name 'eu' is used twice; names must be unique" in problems(twice)
     hidden = home(syncer={"shards": 2})
     assert problems(hidden)[0].startswith("spec.syncer.expose: learners in spec.clusters dial the syncer from outside")
+
+
+STANDBY = {**EXPOSED, "checkpoints": {"url": "s3://ckpt/j"},
+           "standby": {"cluster": "eu", "host": "standby.example.com", "leaseSeconds": 4}}
+STANDBY_AT = ["shard-0.standby.example.com:50051", "shard-1.standby.example.com:50051"]
+
+
+def test_a_standby_in_another_cluster_pairs_one_syncer_a_shard_here_with_one_there() -> None:
+    spec = parse_job(home(syncer=STANDBY)).spec
+    view = home_view(spec)
+    standby = view.syncer.standby
+    assert standby is not None and standby.peers == STANDBY_AT and standby.cluster is None and standby.host is None
+    assert standby.lease_seconds == 4 and view.syncer.expose == spec.syncer.expose
+    # The standby's cluster runs its groups and each shard's other syncer, exposed at the standby's host.
+    eu = remote_spec(spec, "eu", endpoints=ENDPOINTS, token_secret="j-syncer")
+    assert eu.syncer.external is None and eu.syncer.standby is not None and eu.syncer.standby.peers == ENDPOINTS
+    assert eu.syncer.expose is not None and eu.syncer.expose.host == "standby.example.com"
+    assert eu.syncer.checkpoints == spec.syncer.checkpoints and [g.name for g in eu.learner_groups] == ["eu"]
+    assert eu.syncer.remote_regions == ["us-central2", "asia-southeast1"]
+    # Every other cluster's learners dial both syncers of each shard.
+    asia = remote_spec(spec, "asia", endpoints=ENDPOINTS, token_secret="j-syncer")
+    assert asia.syncer.external is not None
+    assert asia.syncer.external.addresses == [f"{e}|{s}" for e, s in zip(ENDPOINTS, STANDBY_AT, strict=True)]
+    for part in (eu, asia, view):  # the same plan, data and training everywhere, as for any part
+        assert (part.syncer.plan_size, part.shard_count, part.training) == (8, 6, spec.training)
+
+
+@pytest.mark.parametrize(("standby", "says"), [
+    ({"cluster": "mars", "host": "s.example.com"}, "spec.syncer.standby.cluster: 'mars' is not in spec.clusters"),
+    ({"cluster": "eu"}, "spec.syncer.standby: `cluster` (the cluster that runs the standby) and `host`"),
+    ({"host": "s.example.com"}, "spec.syncer.standby: `cluster` (the cluster that runs the standby) and `host`"),
+    ({"cluster": "eu", "host": "s.example.com", "peers": ["a:1", "b:2"]}, "spec.syncer.standby.peers: written by"),
+    ({"peers": ["a:1"]}, "spec.syncer.standby.peers: 1 address(es) for a syncer of 2 shard(s)"),
+])
+def test_a_standby_elsewhere_is_named_whole(standby: dict[str, Any], says: str) -> None:
+    found = problems(home(syncer={**STANDBY, "standby": standby}))
+    assert any(p.startswith(says) for p in found), found

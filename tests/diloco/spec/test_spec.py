@@ -127,7 +127,8 @@ def test_learners_only_clusters_must_place_their_shards() -> None:
         "spec.syncer.expose: the syncer is external (spec.syncer.external), so there is none here to expose; "
         "remove one of the two"]
     assert problems(minimal(syncer={"external": {"endpoint": "https://x", "tokenSecret": "Home"}})) == [
-        "spec.syncer.external.endpoint: 'https://x' is not host:port (e.g. syncer.example.com:50051)",
+        "spec.syncer.external.endpoint: 'https://x' is not host:port, nor host:port|host:port (a shard's "
+        "syncer and its standby in another cluster)",
         "spec.syncer.external.tokenSecret: 'Home' is not a DNS name (lower-case letters, digits, '-' and '.')"]
 
 

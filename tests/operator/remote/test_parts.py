@@ -84,3 +84,19 @@ def test_a_syncer_behind_a_gateway_is_dialled_at_its_listeners_port_shard_by_sha
     job = parts.desired_job(parts.Home(routed, "uid-1", "s3cret", b"CA PEM", endpoints), routed.spec.clusters[0])
     external = parse_job(job).spec.syncer.external  # what the remote operator validates
     assert external is not None and external.addresses == endpoints
+
+
+def test_the_standbys_cluster_gets_the_job_token_as_its_own_and_the_others_dial_both_syncers() -> None:
+    h = home(syncer={"shards": 2, "checkpoints": {"url": "s3://ckpt/big"},
+                     "standby": {"cluster": "eu", "host": "standby.example.com"},
+                     "expose": {"host": "syncer.example.com", "tls": {"secretName": "syncer-tls"}}})
+    eu, asia = h.job.spec.clusters
+    secret = parts.desired_secret(h, eu)  # read by eu's operator as its job's own token
+    assert secret["metadata"]["name"] == "big-token" and parts.secret_name("big", standby=True) == "big-token"
+    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == {"token": b"s3cret"}
+    standby = parse_job(parts.desired_job(h, eu)).spec.syncer
+    assert standby.external is None and standby.standby is not None and standby.standby.peers == ENDPOINTS
+    assert parts.desired_secret(h, asia)["metadata"]["name"] == "big-syncer"
+    external = parse_job(parts.desired_job(h, asia)).spec.syncer.external
+    assert external is not None and external.addresses == [
+        f"{e}|shard-{i}.standby.example.com:50051" for i, e in enumerate(ENDPOINTS)]

@@ -11,13 +11,14 @@ import pytest
 
 from diloco.contract import SyncerArgs
 from diloco.operator.context import Config
+from diloco.operator.kueue import integration as kueue
 from diloco.operator.reconcile import observe
 from diloco.operator.reconcile.observe import target
 from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
 from diloco.spec import parse_job
-from tests.operator.render.test_job import OWNER, TOKEN, by_key, job, kinds
+from tests.operator.render.test_job import OWNER, TOKEN, by_key, job, kinds, learner_container
 
 STORE = {"url": "s3://bucket/jobs/demo", "secretName": "s3-creds"}
 
@@ -245,3 +246,28 @@ def test_a_name_too_long_for_a_shards_service_is_refused() -> None:
 
 def test_syncer_args_accept_a_url() -> None:
     assert SyncerArgs("c.yaml", checkpoint_dir="s3://b/p").argv()[-2:] == ["--checkpoint-dir", "s3://b/p"]
+
+
+PEERS = ["shard-0.standby.example.com:50051", "shard-1.standby.example.com:50051"]
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_a_standby_in_another_cluster_leaves_one_syncer_a_shard_here_dialled_with_its_peer(shards: int) -> None:
+    """spec.syncer.standby.peers (the home view of a standby in another cluster, or that cluster's
+    part): one pod a shard, nothing to keep apart here, learners and the operator dialling both."""
+    peers = PEERS[:shards] if shards > 1 else ["standby.example.com:50051"]
+    j = job(syncer={"checkpoints": STORE, "standby": {"peers": peers}, "shards": shards, "fragments": 4})
+    objs = by_key(render.children(j, OWNER, TOKEN, started=True, finished=False))
+    workloads = [objs[("Deployment", n.syncer_shard("demo", i))] for i in range(shards)] if shards > 1 else \
+        [objs[("Deployment", "demo-syncer")]]
+    for w in workloads:
+        assert w["spec"]["replicas"] == 1 and "affinity" not in w["spec"]["template"]["spec"]
+    args = learner_container(list(objs.values()), "us")["args"]
+    dialled = args[args.index("--syncer") + 1].split(",")
+    assert [d.split("|")[1] for d in dialled] == peers and all(d.split("|")[0].endswith(".svc:50051") for d in dialled)
+    assert target(Config(), j, OWNER, {}, TOKEN).address.split(",") == dialled
+    # Kueue reserves this cluster's syncer pods only, and waits for none of them to be Ready
+    # (whichever member of a pair stands by, here or there, is not).
+    assert kueue.whole(j)[kueue.SYNCER_POD_SET] == shards
+    assert kueue.must_be_ready(j, kueue.whole(j))[kueue.SYNCER_POD_SET] == 0
+    assert observe.paired(j) and not observe.paired(sharded_standby())
