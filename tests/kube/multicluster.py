@@ -77,7 +77,7 @@ class Tls:
         return secret(name, {"tls.crt": self.cert, "tls.key": self.key, "ca.crt": self.ca}, "kubernetes.io/tls")
 
 
-def tls_for(host: str) -> Tls:
+def tls_for(host: str, *also: str) -> Tls:
     now = dt.datetime.now(dt.UTC)
     ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "diloco-test-ca")])
@@ -88,7 +88,8 @@ def tls_for(host: str) -> Tls:
                    .not_valid_after(now + dt.timedelta(hours=1))
                    .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
         if not ca:
-            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in (host, *also)]),
+                                            critical=False)
         return builder.sign(ca_key, hashes.SHA256())
 
     pem = serialization.Encoding.PEM

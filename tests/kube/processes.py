@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from diloco.contract import READY_PREFIX, Event
+from diloco.contract import ALTERNATE, READY_PREFIX, Event
 from diloco.operator.kube import Kube
 from tests.kube.controllers import Runtime
 
@@ -88,12 +88,15 @@ class ProcessRuntime(Runtime):
         return f"127.0.0.1:{self.ports[address]}"
 
     def _mapped(self, address: str) -> bool:
-        return address in self.hosts or re.fullmatch(r"[\w.-]+\.svc:\d+", address) is not None
+        """`address`, or each of its alternates (`a|b`: a shard's syncer and its standby elsewhere), is ours to map."""
+        return all(a in self.hosts or re.fullmatch(r"[\w.-]+\.svc:\d+", a) is not None for a in address.split(ALTERNATE))
 
     def dial(self, address: str) -> str:
         """Where a process here reaches `address` (a Service's, a pod's under a headless Service,
-        or one of `hosts`), one by one for a comma-separated list; any other address as it is."""
-        return ",".join(self.hosts.get(a) or (self.local(a) if self._mapped(a) else a) for a in address.split(","))
+        or one of `hosts`), one by one for a comma-separated list and each shard's alternates;
+        any other address as it is."""
+        return ",".join(ALTERNATE.join(self.hosts.get(a) or (self.local(a) if self._mapped(a) else a)
+                                       for a in shard.split(ALTERNATE)) for shard in address.split(","))
 
     def _container_port(self, pod: dict[str, Any], container: dict[str, Any], port: dict[str, Any]) -> int:
         """The local port for a container port: a Service's stable one if a Service targets it."""
@@ -227,8 +230,9 @@ class ProcessRuntime(Runtime):
         for arg in [*container["command"], *container.get("args", [])]:
             arg = self._local_path(re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg), mounts)
             if all(self._mapped(a) for a in arg.split(",")):
-                if all(a in self.hosts for a in arg.split(",")):
-                    resolved = [a.rsplit(":", 1)[0] for a in arg.split(",")]
+                first = [a.split(ALTERNATE)[0] for a in arg.split(",")]  # a shard's first syncer
+                if all(a in self.hosts for a in first):
+                    resolved = [a.rsplit(":", 1)[0] for a in first]
                 arg = self.dial(arg)
             argv.append(ports.get(arg, arg) if argv and argv[-1].endswith("port") else arg)
         if resolved and "--tls-ca" in argv and "--tls-server-name" not in argv:

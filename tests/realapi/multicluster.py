@@ -9,11 +9,17 @@ home cluster's kubeconfig Secret for it is built from that chart's own ServiceAc
 (`<fullname>-home-token`), the remote's CA and its URL: the home operator writes there with the
 documented Role and nothing more.
 
-What stands in for the network between them: the home syncer's shards are exposed (one
-LoadBalancer Service each) as `shard-<i>.<HOST>:50051`, which no DNS resolves here; each remote
-runtime maps those names to the local ports of the home shards' Services (ProcessRuntime.hosts),
-and the operators' Status RPCs go through the same mapping (`Dialled`), the certificate checked
-for the name dialled, as after a DNS lookup.
+The job checkpoints to a bucket (moto's S3 server, tests/s3_server.py; its credentials in a
+Secret in the home and standby clusters) and has a standby syncer in cluster west
+(spec.syncer.standby.cluster): one syncer a shard at home and one in west, racing for each
+shard's lease in the bucket.
+
+What stands in for the network between them: each shard's two syncers are exposed (one
+LoadBalancer Service each) as `shard-<i>.<HOST>:50051` (home) and `shard-<i>.<STANDBY_HOST>:50051`
+(west), which no DNS resolves here; every other cluster's runtime maps those names to the local
+ports of those Services (ProcessRuntime.hosts), and the operators' Status RPCs go through the
+same mapping (`Dialled`), the certificate (one for both hosts) checked for the name dialled, as
+after a DNS lookup.
 """
 
 from __future__ import annotations
@@ -41,11 +47,16 @@ from tests.kube.multicluster import Tls, tls_for
 from tests.kube.processes import ProcessRuntime
 from tests.realapi.cluster import JOBS, PEERING, SYSTEM, Cluster, real_cluster
 from tests.realapi.controlplane import ControlPlane
+from tests.s3_server import Bucket, s3_bucket
 
 NAME = "mc"
 HOST = "syncer.mc.test"  # spec.syncer.expose.host: shard i is dialled at shard-<i>.<HOST>:50051
+STANDBY_HOST = "standby.mc.test"  # spec.syncer.standby.host: shard i's standby at shard-<i>.<STANDBY_HOST>:50051
 SHARDS = 2
 REMOTES = ("east", "west")
+STANDBY = "west"  # spec.syncer.standby.cluster
+STORE_SECRET = f"{NAME}-store"  # the bucket's credentials, in the home and standby clusters
+LEASE_SECONDS = 4.0  # spec.syncer.standby.leaseSeconds: a takeover within seconds
 REGIONS = {"home": "us-central1", "east": "europe-west4", "west": "asia-southeast1"}  # by cluster
 HOME_ACCOUNT = f"{PEERING}-home"  # multiCluster.remoteAccess's ServiceAccount (and `-token` Secret)
 HOME_USER = f"system:serviceaccount:{SYSTEM}:{HOME_ACCOUNT}"  # the home operator, as a remote sees it
@@ -57,9 +68,9 @@ def kubeconfig_secret(remote: str) -> str:
     return f"{remote}-kubeconfig"
 
 
-def exposed(shard: int) -> str:
-    """Where a learner of another cluster dials shard `shard`."""
-    return f"shard-{shard}.{HOST}:{SYNCER_GRPC_PORT}"
+def exposed(shard: int, host: str = HOST) -> str:
+    """Where a learner of another cluster dials shard `shard` (at home, or its standby's at STANDBY_HOST)."""
+    return f"shard-{shard}.{host}:{SYNCER_GRPC_PORT}"
 
 
 @dataclass
@@ -67,6 +78,7 @@ class Clusters:
     home: Cluster
     remotes: dict[str, Cluster]
     tls: Tls
+    bucket: Bucket
 
     def all(self) -> dict[str, Cluster]:
         return {"home": self.home, **self.remotes}
@@ -119,6 +131,7 @@ def login_secret(remote: str, cluster: Cluster) -> dict[str, Any]:
 def three_clusters(folder: Path) -> Iterator[Clusters]:
     fast = {"status_interval": 1.0, "operator_kube": own_login}
     with ExitStack() as stack:
+        bucket = stack.enter_context(s3_bucket(NAME))
         remotes = {name: stack.enter_context(real_cluster(
             folder / name, first_cpu=i + 1, **fast,
             chart_values={"multiCluster": {"remoteAccess": {"enabled": True, "namespaces": [JOBS]}}}))
@@ -127,35 +140,42 @@ def three_clusters(folder: Path) -> Iterator[Clusters]:
             folder / "home", peers=Peers(operator_namespace=SYSTEM), **fast,
             chart_values={"multiCluster": {"home": {"enabled": True,
                                                     "kubeconfigSecrets": [kubeconfig_secret(r) for r in REMOTES]}}}))
-        for i in range(SHARDS):  # the home load balancers' addresses, as the remotes' DNS would give them
-            local = home.runtime.local(f"{n.exposed_syncer(NAME, i)}.{JOBS}.svc:{SYNCER_GRPC_PORT}")
-            # The shard's pod name under the headless Service reaches the same port (one pod
-            # behind both), however early the home operator dials it.
-            home.runtime.ports[f"{n.syncer_shard_pod(NAME, i)}.{n.syncer(NAME)}.{JOBS}.svc:{SYNCER_GRPC_PORT}"] = \
-                home.runtime.ports[f"{n.exposed_syncer(NAME, i)}.{JOBS}.svc:{SYNCER_GRPC_PORT}"]
-            for r in remotes.values():
-                r.runtime.hosts[exposed(i)] = local
+        standby = remotes[STANDBY]
+        for i in range(SHARDS):  # both syncers' load balancers' addresses, as the other clusters' DNS would give them
+            service = f"{n.exposed_syncer(NAME, i)}.{JOBS}.svc:{SYNCER_GRPC_PORT}"
+            local, there = home.runtime.local(service), standby.runtime.local(service)
+            for r in (home, *remotes.values()):
+                if r is not home:
+                    r.runtime.hosts[exposed(i)] = local
+                if r is not standby:
+                    r.runtime.hosts[exposed(i, STANDBY_HOST)] = there
         for c in (home, *remotes.values()):
             c.operator.ctx.syncers = Dialled(c.runtime)  # before any job: no pass has dialled yet
         for name, r in remotes.items():
             home.admin.create(login_secret(name, r))
-        tls = tls_for(f"*.{HOST}")  # every shard's name, shard-<i>.<HOST>
-        home.admin.create({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
-                           "metadata": {"name": TLS_SECRET, "namespace": JOBS},
-                           "data": {k: base64.b64encode(v).decode() for k, v in
-                                    (("tls.crt", tls.cert), ("tls.key", tls.key), ("ca.crt", tls.ca))}})
-        yield Clusters(home, remotes, tls)
+        tls = tls_for(f"*.{HOST}", f"*.{STANDBY_HOST}")  # every shard's names, at home and the standby's
+        for c in (home, standby):  # what each syncer of a pair needs in its own cluster: its certificate, the store
+            c.admin.create({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+                            "metadata": {"name": TLS_SECRET, "namespace": JOBS},
+                            "data": {k: base64.b64encode(v).decode() for k, v in
+                                     (("tls.crt", tls.cert), ("tls.key", tls.key), ("ca.crt", tls.ca))}})
+            c.admin.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": STORE_SECRET, "namespace": JOBS},
+                            "stringData": bucket.env})
+        yield Clusters(home, remotes, tls, bucket)
 
 
-def home_job() -> dict[str, Any]:
-    """The one object applied: a learner in each cluster, a syncer of two shards exposed with TLS."""
+def home_job(store: str) -> dict[str, Any]:
+    """The one object applied: a learner in each cluster, a syncer of two shards exposed with TLS,
+    checkpointing to `store`, each shard's standby in cluster west."""
     groups = [{"name": cluster, "region": region, "replicas": 1, **({"cluster": cluster} if cluster != "home" else {})}
               for cluster, region in REGIONS.items()]
     return {"apiVersion": "diloco.dev/v1alpha1", "kind": KIND, "metadata": {"name": NAME, "namespace": JOBS},
             "spec": {"clusters": [{"name": r, "kubeconfigSecret": kubeconfig_secret(r)} for r in REMOTES],
                      "learnerGroups": groups,
-                     "syncer": {"fragments": 2, "shards": SHARDS, "checkpointIntervalSeconds": 5,
-                                "expose": {"type": "LoadBalancer", "host": HOST, "tls": {"secretName": TLS_SECRET}}},
+                     "syncer": {"fragments": 2, "shards": SHARDS, "checkpointIntervalSeconds": 2,
+                                "expose": {"type": "LoadBalancer", "host": HOST, "tls": {"secretName": TLS_SECRET}},
+                                "checkpoints": {"url": store, "secretName": STORE_SECRET},
+                                "standby": {"cluster": STANDBY, "host": STANDBY_HOST, "leaseSeconds": LEASE_SECONDS}},
                      "model": dict(TINY_MODEL),
                      # A bound for the Progress column, far beyond what the module trains.
                      "training": {"batchSize": 8, "warmupSteps": 10, "decaySteps": 5000,
@@ -178,8 +198,10 @@ def events(c: Cluster, reason: str) -> list[dict[str, Any]]:
 
 
 def part(c: Cluster) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A remote cluster's part: its job and Secret, as its admin reads them."""
-    return c.admin.get(KIND, JOBS, NAME), c.admin.get("Secret", JOBS, n.syncer(NAME))
+    """A remote cluster's part: its job and Secret (`J-syncer`, or in the standby's cluster the job's
+    own token, `J-token`), as its admin reads them."""
+    return c.admin.get(KIND, JOBS, NAME), \
+        c.admin.get("Secret", JOBS, n.syncer(NAME)) or c.admin.get("Secret", JOBS, n.token_secret(NAME))
 
 
 def job_token(c: Clusters) -> str:
@@ -188,13 +210,21 @@ def job_token(c: Clusters) -> str:
 
 
 def shard_replies(c: Clusters, token: str) -> list[pb.StatusReply]:
-    """Every shard's Status RPC, dialled as a remote learner dials it (shard-<i>.<HOST>, TLS):
-    read from the syncer itself, with or without any API server."""
-    hosts = c.remotes[REMOTES[0]].runtime.hosts
+    """Every shard's Status RPC, dialled as a learner of the third cluster dials it (shard-<i>.<HOST>,
+    else its standby at shard-<i>.<STANDBY_HOST>, TLS): read from whichever syncer holds the shard's
+    lease, with or without any API server."""
+    hosts = c.remotes["east"].runtime.hosts
     replies = []
     for i in range(SHARDS):
-        with channel(hosts[exposed(i)], c.tls.ca, exposed(i).rsplit(":", 1)[0]) as ch:
-            replies.append(rpc.SyncerStub(ch).Status(pb.StatusRequest(), metadata=auth_metadata(token), timeout=5.0))
+        for k, address in enumerate((exposed(i), exposed(i, STANDBY_HOST))):
+            try:
+                with channel(hosts[address], c.tls.ca, address.rsplit(":", 1)[0]) as ch:
+                    replies.append(rpc.SyncerStub(ch).Status(pb.StatusRequest(), metadata=auth_metadata(token),
+                                                             timeout=5.0))
+                break
+            except grpc.RpcError:
+                if k:
+                    raise
     return replies
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -40,10 +41,13 @@ from tests.realapi.multicluster import (
     HOME_ACCOUNT,
     HOME_ROLE_VERBS,
     HOME_USER,
+    LEASE_SECONDS,
     NAME,
     REGIONS,
     REMOTES,
     SHARDS,
+    STANDBY,
+    STANDBY_HOST,
     Clusters,
     audit,
     condition,
@@ -100,7 +104,7 @@ def job(clusters: Clusters) -> str:
             wait_for(lambda name=name: part(c.remotes[name]) == (None, None), timeout=60,
                      what=f"the earlier job's part in {name} gone")
         manifest = Path(c.home.plane.folder).parent / "home-job.yaml"
-        manifest.write_text(yaml.safe_dump(home_job()))
+        manifest.write_text(yaml.safe_dump(home_job(c.bucket.url)))
         t0 = time.monotonic()
         c.home.kubectl("apply", "-f", str(manifest))
         trains(c, 240)
@@ -117,17 +121,31 @@ def test_one_apply_trains_in_three_clusters_through_both_shards(clusters: Cluste
         svc = c.home.admin.get("Service", JOBS, n.exposed_syncer(job, i))
         assert svc is not None and svc["spec"]["type"] == "LoadBalancer", svc
     assert c.home.admin.get("StatefulSet", JOBS, n.statefulset(job, "home")) is not None
-    # Each remote runs its part, written by the home operator: a learners-only job dialling both
-    # shards by name, and the job's token and the syncer's CA in Secret <job>-syncer.
+    # Each remote runs its part, written by the home operator: east a learners-only job dialling
+    # both syncers of each shard by name (home's, then the standby's in west), with the job's token
+    # and the syncer's CA in Secret <job>-syncer; west its learner and each shard's standby, paired
+    # with the home syncers, with the job's token as its own (<job>-token).
     for name in REMOTES:
         remote, secret = part(c.remotes[name])
         assert remote is not None and secret is not None, name
         assert remote["metadata"]["labels"]["diloco.dev/home-job"] == f"{JOBS}.{job}"
-        assert remote["spec"]["syncer"]["external"]["endpoints"] == [exposed(i) for i in range(SHARDS)]
         assert [g["name"] for g in remote["spec"]["learnerGroups"]] == [name]
-        assert set(secret["data"]) == {"token", "ca.crt"}
         assert remote["status"]["phase"] == "Running" and remote["status"]["learners"] == "1/1", remote["status"]
-        assert not c.remotes[name].admin.list("StatefulSet", JOBS, n.selector(job, n.SYNCER))  # learners only
+        syncers = c.remotes[name].admin.list("Deployment", JOBS, n.selector(job, n.SYNCER))
+        if name == STANDBY:
+            assert remote["spec"]["syncer"]["standby"]["peers"] == [exposed(i) for i in range(SHARDS)]
+            assert remote["spec"]["syncer"]["expose"]["host"] == STANDBY_HOST and "external" not in remote["spec"]["syncer"]
+            assert secret["metadata"]["name"] == n.token_secret(job) and set(secret["data"]) == {"token"}
+            assert sorted((d["metadata"]["name"], d["spec"]["replicas"]) for d in syncers) == \
+                [(n.syncer_shard(job, i), 1) for i in range(SHARDS)]
+        else:
+            assert remote["spec"]["syncer"]["external"]["endpoints"] == \
+                [f"{exposed(i)}|{exposed(i, STANDBY_HOST)}" for i in range(SHARDS)]
+            assert set(secret["data"]) == {"token", "ca.crt"} and not syncers  # learners only
+    # One syncer a shard at home too (its pair's other member is west's).
+    assert sorted((d["metadata"]["name"], d["spec"]["replicas"]) for d in
+                  c.home.admin.list("Deployment", JOBS, n.selector(job, n.SYNCER))) == \
+        [(n.syncer_shard(job, i), 1) for i in range(SHARDS)]
     # The home cluster's kubeconfig Secrets log in with the remote Role and nothing more: no
     # listing there, no Secret outside the jobs' namespace.
     for name in REMOTES:
@@ -228,6 +246,64 @@ def test_a_remote_api_server_down_a_minute_is_a_condition_then_reconciled(cluste
           f" -> {[late['regions'][(region, i)] for i in range(SHARDS)]}); condition: {cond['message'][:150]!r}; "
           f"resumed: True after "
           f"{back['condition']:.1f} s, ClusterReachable Event after {back['event']:.1f} s")
+
+
+def test_the_syncers_cluster_lost_the_standbys_in_another_cluster_take_over(clusters: Clusters, job: str) -> None:
+    """Issue 62: each shard's standby in another cluster. The cluster holding the shards' leases
+    loses its syncers (SIGKILL, as with the cluster: no final checkpoint, no handover); the other
+    cluster's syncers take the leases from the bucket and serve, every region's learners find them
+    (each dials both), the home status names them, and training goes on: nothing merged lost."""
+    c = clusters
+    token = job_token(c)
+    both = {"home": c.home, STANDBY: c.remotes[STANDBY]}
+
+    def pods(where: str) -> list[dict[str, Any]]:
+        return both[where].admin.list("Pod", JOBS, n.selector(job, n.SYNCER))
+
+    def holders() -> list[str]:
+        return ((status(c.home).get("syncer") or {}).get("active") or "").split(",")
+
+    def held_in(where: str) -> bool:
+        names = {p["metadata"]["name"] for p in pods(where)}
+        return len(holders()) == SHARDS and set(holders()) <= names
+
+    lost = wait_for(lambda: next((w for w in both if held_in(w)), None), timeout=60, period=0.5,
+                    what="every shard's lease held in one cluster, named in the home status")
+    (rest,) = set(both) - {lost}
+    before = progress(c, token)
+    epoch, takeovers = status(c.home)["syncer"]["leaseEpoch"], status(c.home)["syncer"].get("takeovers") or 0
+    already = len(events(c.home, "SyncerTakeover"))
+    victims = pods(lost)
+    t0 = time.monotonic()
+    for pod in victims:
+        both[lost].runtime.kill(pod, signal.SIGKILL)
+    seen: dict[str, float] = {}
+
+    def taken() -> bool:
+        now = time.monotonic()
+        if "status" not in seen and held_in(rest):
+            seen["status"] = now - t0
+        if "event" not in seen and len(events(c.home, "SyncerTakeover")) > already:
+            seen["event"] = now - t0
+        return len(seen) == 2
+
+    wait_for(taken, timeout=60, period=0.2, what=f"the home status naming {rest}'s syncers and a SyncerTakeover Event")
+    after = status(c.home)["syncer"]
+    assert after["leaseEpoch"] >= epoch + SHARDS and after["takeovers"] >= takeovers + SHARDS, after
+    # Every region's learner pushes on to both shards, now served from the other cluster, and the
+    # outer version never went back (what was merged before the kill is in the bucket's checkpoint
+    # or handed back by the learners that held it).
+    wait_for(lambda: all(progress(c, token)["regions"].get((region, i), 0) > before["regions"][(region, i)]
+                         for region in REGIONS.values() for i in range(SHARDS)), timeout=90, period=1.0,
+             what=f"every region pushing to both shards through {rest}'s syncers")
+    pushed = time.monotonic() - t0
+    late = progress(c, token)
+    assert late["version"] >= before["version"], (before, late)
+    trains(c, 60, "the home status whole again")
+    print(f"\nthe {lost} cluster's syncers SIGKILLed: {rest}'s took every shard's lease; the home status named them "
+          f"after {seen['status']:.1f} s, a SyncerTakeover Event after {seen['event']:.1f} s, every region pushing to "
+          f"both shards again after {pushed:.1f} s (lease {LEASE_SECONDS:.0f} s); outer version {before['version']} "
+          f"-> {late['version']}")
 
 
 def test_a_hand_edit_of_a_remote_part_is_put_back(clusters: Clusters, job: str) -> None:
