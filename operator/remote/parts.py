@@ -4,9 +4,10 @@ A remote part is two objects in the cluster's namespace: the learners-only job c
 job (diloco/spec/clusters.py `remote_spec`), dialling every shard of the home syncer at its
 exposed address, and Secret `J-syncer` with the home job's token and the syncer's CA, which that
 job names. In the cluster that runs the standby (spec.syncer.standby.cluster) the job runs each
-shard's other syncer, and the Secret is `J-token`, the one that cluster's operator reads as
-the job's own token: the home job's, so that every learner's token is good at both syncers. Both carry labels naming the home job, so an operator (or a person) there can tell
-who owns them; the remote cluster's own operator runs the job as any learners-only job.
+shard's other syncer, and the Secret is `J-token`, which that cluster's operator reads as the
+job's own token: the home job's, so that every learner's token is good at both syncers. Both
+objects carry labels naming the home job, so an operator (or a person) there can tell who owns
+them; the remote cluster's own operator runs the job as any job of its own.
 """
 
 from __future__ import annotations
