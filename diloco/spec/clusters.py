@@ -124,8 +124,7 @@ def remote_part(s: dict[str, Any], cluster: str, *, endpoints: list[str], token_
     """What cluster `cluster` runs, from the pinned spec: its groups, learners-only, dialling the home
     syncer's shards at `endpoints` (and the standby's, where it runs in another cluster) with the
     token (and CA) in its Secret `token_secret`; or, in the standby's cluster, its groups and one
-    syncer a shard paired with the home syncer's at `endpoints` (its token: the home job's, which
-    the home operator writes as this job's own)."""
+    syncer a shard paired with the home syncer's at `endpoints`, with that token as its own."""
     mine = [{k: v for k, v in g.items() if k != "cluster"} for g in s["learnerGroups"] if g.get("cluster") == cluster]
     rest = {k: v for k, v in s.items() if k not in ("clusters", "managedBy")}
     if _standby_cluster(s) == cluster:
@@ -133,7 +132,7 @@ def remote_part(s: dict[str, Any], cluster: str, *, endpoints: list[str], token_
         others = [g for g in s["learnerGroups"] if g.get("cluster") != cluster]
         expose = {**syncer["expose"], "host": syncer["standby"]["host"]}
         return {**rest, "learnerGroups": mine, "syncer": {
-            **syncer, "standby": _paired(syncer["standby"], endpoints), "expose": expose,
+            **syncer, "standby": _paired(syncer["standby"], endpoints), "expose": expose, "tokenSecret": token_secret,
             "remoteRegions": _regions(others, syncer.get("remoteRegions") or [])}}
     if _standby_cluster(s) is not None:
         endpoints = [f"{home}{ALTERNATE}{standby}" for home, standby in zip(endpoints, standby_addresses(s), strict=True)]

@@ -151,7 +151,8 @@ class Syncer(Model):
     # The learner plans fragments and adopts published ones; codec and block size reach it at Join.
     READ_BY_LEARNERS: ClassVar[tuple[str, ...]] = ("fragments", "fragmentation", "shards", "adoption")
     # Pod settings, and exposure (its TLS files show in the syncer's pod template itself).
-    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose", "checkpoint_storage")
+    NOT_READ_BY_SYNCER: ClassVar[tuple[str, ...]] = ("image", "resources", "expose", "checkpoint_storage",
+                                                     "token_secret")
 
     quorum: int = Field(1, ge=1)  # K = 1: a round closes with any one learner (paper default)
     grace_window: GraceWindow = Field(default_factory=GraceWindow)
@@ -219,6 +220,10 @@ class Syncer(Model):
     pod: PodOverlay | None = None  # labels, env, volumes, a service account ... (spec/pod.py)
     template: PodTemplate | None = None  # a pod template merged last: sidecars, affinity ... (spec/pod.py)
     external: ExternalSyncer | None = None
+    # A Secret in the job's namespace whose key `token` is the job's token, instead of the one
+    # the operator generates (`<job>-token`): how a standby's cluster (spec.syncer.standby.cluster)
+    # gets the home job's, so every learner's token is good at both syncers of a shard.
+    token_secret: str | None = Field(None, pattern=DNS_SUBDOMAIN, max_length=253)
     expose: Expose | None = None
     # Regions of learner groups in other clusters that use this syncer: its status and metrics
     # then break them out by name instead of counting them as "other".
@@ -237,6 +242,9 @@ class Syncer(Model):
         if self.standby is not None and self.external is not None:
             raise ValueError("spec.syncer.standby: the syncer is external (spec.syncer.external); configure the "
                              "standby in the cluster that runs it")
+        if self.token_secret is not None and self.external is not None:
+            raise ValueError("spec.syncer.tokenSecret: the syncer is external; its token is "
+                             "spec.syncer.external.tokenSecret's, remove this one")
         standby = self.standby
         if standby is not None and (standby.cluster is None) != (standby.host is None):
             raise ValueError("spec.syncer.standby: `cluster` (the cluster that runs the standby) and `host` (where "

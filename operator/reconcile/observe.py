@@ -112,11 +112,13 @@ def _ready(workload: dict[str, Any] | None) -> int:
 
 
 def _token(ctx: Context, job: DecoupledDiLoCoJob, owner: render.Owner, secrets: access.Secrets) -> str:
-    """The job's token: the home job's copy in a learners-only cluster; else kept from the job's
-    own Secret once it exists, generated only the first time."""
+    """The job's token: the home job's copy in a learners-only cluster, or where the job names a
+    Secret holding it (spec.syncer.tokenSecret: a standby's cluster); else kept from the job's own
+    Secret once it exists, generated only the first time."""
     ext = job.spec.syncer.external
-    if ext is not None:
-        raw = access.value(secrets.get(ext.token_secret), n.TOKEN_KEY)
+    given = ext.token_secret if ext is not None else job.spec.syncer.token_secret
+    if given is not None:
+        raw = access.value(secrets.get(given), n.TOKEN_KEY)
         return raw.decode("utf-8", "replace").strip() if raw else ""
     raw = access.value(ctx.api.get("Secret", owner.namespace, n.token_secret(owner.name)), n.TOKEN_KEY)
     return raw.decode() if raw else token_urlsafe(32)
@@ -168,7 +170,5 @@ def read_remotes(ctx: Context, whole: DecoupledDiLoCoJob, status: dict[str, Any]
     left = [(c, ns) for c, ns in remote_sync.recorded(status) if c.name not in named]
     if not wanted and not left:
         return (), ()
-    standby = whole.spec.syncer.standby.cluster if whole.spec.syncer.standby is not None else None
-    seen = remote_sync.read(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, [*wanted, *left], name,
-                            standby)
+    seen = remote_sync.read(ctx.api, ctx.remotes, ctx.config.peers.operator_namespace, [*wanted, *left], name)
     return tuple(seen[:len(wanted)]), tuple(seen[len(wanted):])

@@ -33,7 +33,6 @@ class Seen:
     job: dict[str, Any] | None = None  # the part's job and Secret as read (None: absent)
     secret: dict[str, Any] | None = None
     credentials_gone: bool = False  # its kubeconfig Secret is deleted: the home job lets the part go
-    secret_name: str = ""  # the part's Secret read (operator/remote/parts.py secret_name)
 
     @property
     def reachable(self) -> bool:
@@ -76,14 +75,14 @@ def removals(home_name: str, home_uid: str, seen: Seen) -> tuple[Write, ...]:
     """A cluster the home job no longer names (or a home job being deleted): its part goes, job first."""
     return tuple(Write(seen.cluster.name, seen.kube, "delete", kind, seen.namespace, name)
                  for kind, name, live in ((KIND, home_name, seen.job),
-                                          ("Secret", seen.secret_name or parts.secret_name(home_name), seen.secret))
+                                          ("Secret", parts.secret_name(home_name), seen.secret))
                  if live is not None and ((live.get("metadata") or {}).get("annotations") or {}).get(parts.HOME_UID)
                  == home_uid)
 
 
 def conflict(home: parts.Home, seen: Seen) -> str:
     """Objects of the part's names there that are not this home job's are never overwritten."""
-    theirs = [f"{kind} {seen.namespace}/{home.name if kind == KIND else seen.secret_name or parts.secret_name(home.name)}"
+    theirs = [f"{kind} {seen.namespace}/{home.name if kind == KIND else parts.secret_name(home.name)}"
               for kind, live in ((KIND, seen.job), ("Secret", seen.secret)) if not parts.owned(live, home)]
     return (f"{' and '.join(theirs)} there belong to someone else (no {parts.HOME_UID} of this job); delete or "
             "rename them, or name another namespace in spec.clusters") if theirs else ""

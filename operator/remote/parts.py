@@ -3,11 +3,11 @@
 A remote part is two objects in the cluster's namespace: the learners-only job cut from the home
 job (diloco/spec/clusters.py `remote_spec`), dialling every shard of the home syncer at its
 exposed address, and Secret `J-syncer` with the home job's token and the syncer's CA, which that
-job names. In the cluster that runs the standby (spec.syncer.standby.cluster) the job runs each
-shard's other syncer, and the Secret is `J-token`, which that cluster's operator reads as the
-job's own token: the home job's, so that every learner's token is good at both syncers. Both
-objects carry labels naming the home job, so an operator (or a person) there can tell who owns
-them; the remote cluster's own operator runs the job as any job of its own.
+job names (in the cluster that runs the standby, spec.syncer.standby.cluster, the job runs each
+shard's other syncer with that token as its own, spec.syncer.tokenSecret, so that every
+learner's token is good at both syncers). Both carry labels naming the home job, so an operator
+(or a person) there can tell who owns them; the remote cluster's own operator runs the job as
+any job of its own.
 """
 
 from __future__ import annotations
@@ -48,15 +48,10 @@ def namespace_of(home: Home, cluster: RemoteCluster) -> str:
     return cluster.namespace or home.namespace
 
 
-def secret_name(job: str, *, standby: bool = False) -> str:
-    """The remote part's Secret: the home job's token (and the syncer's CA) for its learners; in
-    the standby's cluster, the token as that job's own."""
-    return n.token_secret(job) if standby else n.syncer(job)
-
-
-def runs_standby(home: Home, cluster: RemoteCluster) -> bool:
-    standby = home.job.spec.syncer.standby
-    return standby is not None and standby.cluster == cluster.name
+def secret_name(job: str) -> str:
+    """The remote part's Secret: the home job's token (and the syncer's CA) for its learners (and,
+    in the standby's cluster, its syncers)."""
+    return n.syncer(job)
 
 
 def labels(home: Home, cluster: RemoteCluster) -> dict[str, str]:
@@ -76,12 +71,11 @@ def desired_job(home: Home, cluster: RemoteCluster) -> dict[str, Any]:
 
 
 def desired_secret(home: Home, cluster: RemoteCluster) -> dict[str, Any]:
-    standby = runs_standby(home, cluster)
     data = {n.TOKEN_KEY: home.token.encode()}
-    if home.ca and not standby:  # the standby's learners trust the CA of its own certificate's Secret
+    if home.ca:
         data[n.CA_KEY] = home.ca
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": secret_name(home.name, standby=standby), "namespace": namespace_of(home, cluster),
+            "metadata": {"name": secret_name(home.name), "namespace": namespace_of(home, cluster),
                          "labels": labels(home, cluster), "annotations": {HOME_UID: home.uid}},
             "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}}
 

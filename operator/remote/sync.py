@@ -44,10 +44,8 @@ def describe(exc: Exception) -> str:
 
 
 def read_one(home_api: Kube, clients: Clients, operator_namespace: str | None, cluster: RemoteCluster,
-             namespace: str, name: str, standby: str | None = None) -> Seen:
-    """One cluster's part as it is there now (`standby`: the cluster that runs the standby syncer,
-    whose part's Secret is the job's own token)."""
-    secret_name = parts.secret_name(name, standby=cluster.name == standby)
+             namespace: str, name: str) -> Seen:
+    """One cluster's part as it is there now."""
     if operator_namespace is None:
         return Seen(cluster, namespace, problem=NO_NAMESPACE)
     try:
@@ -58,20 +56,19 @@ def read_one(home_api: Kube, clients: Clients, operator_namespace: str | None, c
                     secret is None)
     try:
         return Seen(cluster, namespace, kube, job=kube.get(KIND, namespace, name),
-                    secret=kube.get("Secret", namespace, secret_name), secret_name=secret_name)
+                    secret=kube.get("Secret", namespace, parts.secret_name(name)))
     except Exception as exc:  # every failure of a remote cluster is that cluster's problem
-        return Seen(cluster, namespace, kube, problem=describe(exc), secret_name=secret_name)
+        return Seen(cluster, namespace, kube, problem=describe(exc))
 
 
 def read(home_api: Kube, clients: Clients, operator_namespace: str | None,
-         wanted: Iterable[tuple[RemoteCluster, str]], name: str, standby: str | None = None) -> list[Seen]:
+         wanted: Iterable[tuple[RemoteCluster, str]], name: str) -> list[Seen]:
     """Every (cluster, namespace) in `wanted`, read at once."""
     wanted = list(wanted)
     if not wanted:
         return []
     with ThreadPoolExecutor(max_workers=min(len(wanted), 8), thread_name_prefix="diloco-remote") as pool:
-        return list(pool.map(lambda w: read_one(home_api, clients, operator_namespace, w[0], w[1], name, standby),
-                             wanted))
+        return list(pool.map(lambda w: read_one(home_api, clients, operator_namespace, w[0], w[1], name), wanted))
 
 
 def write(w: Write) -> str:
@@ -118,9 +115,8 @@ def release(home_api: Kube, clients: Clients, operator_namespace: str | None, bo
     still holds the deletion back): a cluster that cannot be reached keeps the home job (and its
     finalizer) until it answers, or until its kubeconfig Secret is deleted, which gives its part up."""
     meta = body["metadata"]
-    standby = (((body.get("spec") or {}).get("syncer") or {}).get("standby") or {}).get("cluster")
     done, waiting = [], []
-    for seen in read(home_api, clients, operator_namespace, wanted, meta["name"], standby):
+    for seen in read(home_api, clients, operator_namespace, wanted, meta["name"]):
         if seen.credentials_gone:
             done.append(f"cluster {seen.cluster.name}: its kubeconfig Secret is gone; its part is left as it is")
         elif not seen.reachable:

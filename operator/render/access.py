@@ -59,6 +59,8 @@ def referenced(job: DecoupledDiLoCoJob) -> list[tuple[str, tuple[str, ...], str]
     out: list[tuple[str, tuple[str, ...], str]] = []
     if syncer.external is not None:
         out.append((syncer.external.token_secret, (n.TOKEN_KEY,), "spec.syncer.external.tokenSecret"))
+    if syncer.token_secret is not None:
+        out.append((syncer.token_secret, (n.TOKEN_KEY,), "spec.syncer.tokenSecret"))
     expose = syncer.expose
     if expose is not None and expose.tls.enabled and expose.tls.secret_name:
         out.append((expose.tls.secret_name, (n.TLS_CERT_KEY, n.TLS_KEY_KEY, n.CA_KEY),
@@ -108,7 +110,7 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     # other clusters dial: shard-<i>.<host>, one per shard.
     names = n.exposed_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
     return Link(paired(job, n.syncer_addresses(name, namespace, syncer.shards, standby=syncer.standby is not None)),
-                n.token_secret(name),
+                syncer.token_secret or n.token_secret(name),
                 expose.tls.secret_name if expose is not None and tls else None, ",".join(names) or None)
 
 

@@ -102,7 +102,8 @@ def children(job: DecoupledDiLoCoJob, owner: Owner, token: str, *, started: bool
     external = spec.syncer.external is not None
     out = [config_map(job, owner)]
     if not external:
-        out += [token_secret(owner, token), policies.network_policy(job, owner, peers)]
+        own = [token_secret(owner, token)] if spec.syncer.token_secret is None else []  # else one the job names
+        out += [*own, policies.network_policy(job, owner, peers)]
         out += [policies.retained(spec, claim) for claim in checkpoint_claims(spec, owner)]
     if blocked:
         return out
@@ -195,7 +196,7 @@ def _syncer_template(job: DecoupledDiLoCoJob, owner: Owner, shard: int | str | N
     """The syncer's pod template; `shard` is its --shard (None when unsharded; a number for a
     sharded syncer with a standby, whose pods carry it as the label `diloco.dev/shard` too)."""
     pod_security, container_security = parts.security()
-    volumes, mounts = parts.common_volumes(owner, n.token_secret(owner.name))
+    volumes, mounts = parts.common_volumes(owner, job.spec.syncer.token_secret or n.token_secret(owner.name))
     store = job.spec.syncer.checkpoints
     if store is None and shard is None:  # a sharded syncer's pods get theirs from the StatefulSet's claim template
         volumes.append({"name": n.CHECKPOINT_VOLUME,

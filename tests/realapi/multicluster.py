@@ -144,6 +144,10 @@ def three_clusters(folder: Path) -> Iterator[Clusters]:
         for i in range(SHARDS):  # both syncers' load balancers' addresses, as the other clusters' DNS would give them
             service = f"{n.exposed_syncer(NAME, i)}.{JOBS}.svc:{SYNCER_GRPC_PORT}"
             local, there = home.runtime.local(service), standby.runtime.local(service)
+            # The shard's own Service reaches the same port (one pod behind both), however early a
+            # learner there dials it.
+            for c in (home, standby):
+                c.runtime.ports[f"{n.syncer_shard(NAME, i)}.{JOBS}.svc:{SYNCER_GRPC_PORT}"] = c.runtime.ports[service]
             for r in (home, *remotes.values()):
                 if r is not home:
                     r.runtime.hosts[exposed(i)] = local
@@ -198,10 +202,8 @@ def events(c: Cluster, reason: str) -> list[dict[str, Any]]:
 
 
 def part(c: Cluster) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A remote cluster's part: its job and Secret (`J-syncer`, or in the standby's cluster the job's
-    own token, `J-token`), as its admin reads them."""
-    return c.admin.get(KIND, JOBS, NAME), \
-        c.admin.get("Secret", JOBS, n.syncer(NAME)) or c.admin.get("Secret", JOBS, n.token_secret(NAME))
+    """A remote cluster's part: its job and Secret, as its admin reads them."""
+    return c.admin.get(KIND, JOBS, NAME), c.admin.get("Secret", JOBS, n.syncer(NAME))
 
 
 def job_token(c: Clusters) -> str:

@@ -9,9 +9,9 @@ on the home cluster runs a learner in each cluster (pods as local processes) aga
 of two shards exposed as shard-<i>.<host> with TLS, every learner pushing to both shards; each
 shard's standby runs in cluster west (issue 62), one syncer a shard there and one at home, racing
 for the shard's lease in a bucket. Then: the cluster holding the leases loses its syncers (the
-other cluster's take over, every region pushing on); a remote API server paused for 60 s (a condition and an Event on the home job within
-seconds, training on, its part reconciled and nothing lost when it answers); a hand edit of a
-remote part put back; the home API server paused (the remote learners train on, read from the
+other cluster's take over, every region pushing on); a remote API server paused for 60 s (a
+condition and an Event on the home job within seconds, training on, its part reconciled and
+nothing lost when it answers); a hand edit of a remote part put back; the home API server paused (the remote learners train on, read from the
 syncer itself); and the home job deleted (the remote parts gone within seconds, no Secret
 left). The measured figures are printed (`-s`); docs/DEVELOPMENT.md quotes them.
 
@@ -123,10 +123,10 @@ def test_one_apply_trains_in_three_clusters_through_both_shards(clusters: Cluste
         svc = c.home.admin.get("Service", JOBS, n.exposed_syncer(job, i))
         assert svc is not None and svc["spec"]["type"] == "LoadBalancer", svc
     assert c.home.admin.get("StatefulSet", JOBS, n.statefulset(job, "home")) is not None
-    # Each remote runs its part, written by the home operator: east a learners-only job dialling
-    # both syncers of each shard by name (home's, then the standby's in west), with the job's token
-    # and the syncer's CA in Secret <job>-syncer; west its learner and each shard's standby, paired
-    # with the home syncers, with the job's token as its own (<job>-token).
+    # Each remote runs its part, written by the home operator, with the job's token and the
+    # syncer's CA in Secret <job>-syncer: east a learners-only job dialling both syncers of each
+    # shard by name (home's, then the standby's in west); west its learner and each shard's
+    # standby, paired with the home syncers, on that token (spec.syncer.tokenSecret).
     for name in REMOTES:
         remote, secret = part(c.remotes[name])
         assert remote is not None and secret is not None, name
@@ -137,7 +137,8 @@ def test_one_apply_trains_in_three_clusters_through_both_shards(clusters: Cluste
         if name == STANDBY:
             assert remote["spec"]["syncer"]["standby"]["peers"] == [exposed(i) for i in range(SHARDS)]
             assert remote["spec"]["syncer"]["expose"]["host"] == STANDBY_HOST and "external" not in remote["spec"]["syncer"]
-            assert secret["metadata"]["name"] == n.token_secret(job) and set(secret["data"]) == {"token"}
+            assert remote["spec"]["syncer"]["tokenSecret"] == n.syncer(job) and set(secret["data"]) == {"token", "ca.crt"}
+            assert c.remotes[name].admin.get("Secret", JOBS, n.token_secret(job)) is None  # none of its own
             assert sorted((d["metadata"]["name"], d["spec"]["replicas"]) for d in syncers) == \
                 [(n.syncer_shard(job, i), 1) for i in range(SHARDS)]
         else:

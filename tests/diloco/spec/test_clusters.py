@@ -89,6 +89,7 @@ def test_a_standby_in_another_cluster_pairs_one_syncer_a_shard_here_with_one_the
     assert eu.syncer.expose is not None and eu.syncer.expose.host == "standby.example.com"
     assert eu.syncer.checkpoints == spec.syncer.checkpoints and [g.name for g in eu.learner_groups] == ["eu"]
     assert eu.syncer.remote_regions == ["us-central2", "asia-southeast1"]
+    assert eu.syncer.token_secret == "j-syncer"  # the home job's token, as its syncers' own
     # Every other cluster's learners dial both syncers of each shard.
     asia = remote_spec(spec, "asia", endpoints=ENDPOINTS, token_secret="j-syncer")
     assert asia.syncer.external is not None

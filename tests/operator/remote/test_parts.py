@@ -86,17 +86,15 @@ def test_a_syncer_behind_a_gateway_is_dialled_at_its_listeners_port_shard_by_sha
     assert external is not None and external.addresses == endpoints
 
 
-def test_the_standbys_cluster_gets_the_job_token_as_its_own_and_the_others_dial_both_syncers() -> None:
+def test_the_standbys_cluster_runs_its_syncers_on_the_home_token_and_the_others_dial_both() -> None:
     h = home(syncer={"shards": 2, "checkpoints": {"url": "s3://ckpt/big"},
                      "standby": {"cluster": "eu", "host": "standby.example.com"},
                      "expose": {"host": "syncer.example.com", "tls": {"secretName": "syncer-tls"}}})
     eu, asia = h.job.spec.clusters
-    secret = parts.desired_secret(h, eu)  # read by eu's operator as its job's own token
-    assert secret["metadata"]["name"] == "big-token" and parts.secret_name("big", standby=True) == "big-token"
-    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == {"token": b"s3cret"}
     standby = parse_job(parts.desired_job(h, eu)).spec.syncer
     assert standby.external is None and standby.standby is not None and standby.standby.peers == ENDPOINTS
-    assert parts.desired_secret(h, asia)["metadata"]["name"] == "big-syncer"
+    # Its syncers' token is the home job's, from the part's Secret: good at both syncers of a shard.
+    assert standby.token_secret == parts.secret_name("big") == parts.desired_secret(h, eu)["metadata"]["name"]
     external = parse_job(parts.desired_job(h, asia)).spec.syncer.external
     assert external is not None and external.addresses == [
         f"{e}|shard-{i}.standby.example.com:50051" for i, e in enumerate(ENDPOINTS)]

@@ -17,7 +17,7 @@ from diloco.operator.reconcile.observe import target
 from diloco.operator.render import access
 from diloco.operator.render import job as render
 from diloco.operator.render import naming as n
-from diloco.spec import parse_job
+from diloco.spec import SpecError, parse_job
 from tests.operator.render.test_job import OWNER, TOKEN, by_key, job, kinds, learner_container
 
 STORE = {"url": "s3://bucket/jobs/demo", "secretName": "s3-creds"}
@@ -271,3 +271,22 @@ def test_a_standby_in_another_cluster_leaves_one_syncer_a_shard_here_dialled_wit
     assert kueue.whole(j)[kueue.SYNCER_POD_SET] == shards
     assert kueue.must_be_ready(j, kueue.whole(j))[kueue.SYNCER_POD_SET] == 0
     assert observe.paired(j) and not observe.paired(sharded_standby())
+
+
+def test_a_job_may_name_the_secret_that_holds_its_token() -> None:
+    """spec.syncer.tokenSecret (a standby's cluster gets the home job's token so): no token
+    Secret of its own, its syncers and learners mount the named one, a missing one blocks the pods."""
+    j = job(syncer={"tokenSecret": "home-token"})
+    objs = by_key(render.children(j, OWNER, TOKEN, started=True, finished=False,
+                                  link=access.link(j, "research", {})))
+    assert ("Secret", n.token_secret("demo")) not in objs
+    token_volumes = [v["secret"]["secretName"] for o in objs.values() if o["kind"] in ("Deployment", "StatefulSet")
+                     for v in o["spec"]["template"]["spec"]["volumes"] if v.get("name") == "token"]
+    assert token_volumes and set(token_volumes) == {"home-token"}
+    blocker = access.secret_blocker(j, {"home-token": None})
+    assert blocker is not None and "Secret home-token (spec.syncer.tokenSecret) does not exist" in blocker.message
+    assert access.secret_blocker(j, {"home-token": {"data": {"token": "dA=="}}}) is None
+    with pytest.raises(SpecError, match=r"spec\.syncer\.tokenSecret: the syncer is external"):
+        parse_job({"apiVersion": "diloco.dev/v1alpha1", "kind": "DecoupledDiLoCoJob", "metadata": {"name": "d"},
+                   "spec": {"learnerGroups": [{"name": "a", "replicas": 1, "shardOffset": 0}], "data": {"shards": 2},
+                            "syncer": {"tokenSecret": "t", "external": {"endpoint": "s:1", "tokenSecret": "u"}}}})
