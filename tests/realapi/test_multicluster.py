@@ -303,7 +303,13 @@ def test_the_syncers_cluster_lost_the_standbys_in_another_cluster_take_over(clus
     # Every region's learner pushes on to both shards, now served from the other cluster, and the
     # outer version never went back (what was merged before the kill is in the bucket's checkpoint
     # or handed back by the learners that held it).
-    wait_for(lambda: all(progress(c, token)["regions"].get((region, i), 0) > before["regions"][(region, i)]
+    # The new holders count contributions from their own start: compare with what they said first.
+    def answering() -> dict[str, Any] | None:
+        now = progress(c, token)
+        return now if now["version"] >= 0 else None
+
+    serving = wait_for(answering, timeout=30, period=0.5, what=f"{rest}'s syncers answering Status")
+    wait_for(lambda: all(progress(c, token)["regions"].get((region, i), 0) > serving["regions"].get((region, i), 0)
                          for region in REGIONS.values() for i in range(SHARDS)), timeout=90, period=1.0,
              what=f"every region pushing to both shards through {rest}'s syncers")
     pushed = time.monotonic() - t0
