@@ -28,6 +28,7 @@ from diloco.wire import channel, pb, push, push_header, rpc, seed_chunks
 log = logging.getLogger("diloco.learner")
 # What a syncer that is gone, frozen, fenced or a standby answers: try its other address.
 UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+RETIRE_SECONDS = 120.0  # a failed-over channel's life: past the longest call timeout here (60 s)
 
 
 class Driven(Protocol):
@@ -88,7 +89,13 @@ def failover(client: Driven, route: int) -> None:
         old, client.address = client.channel, client.addresses[client.route % len(client.addresses)]
         client.channel = channel(client.address, *client.tls)
         client.stub = rpc.SyncerStub(client.channel)
-    old.close()
+    # Not closed now: another thread may have just read the old stub, and a call on a closed
+    # channel raises ValueError, not an RpcError its loop handles; the subscriber died of it once
+    # (its learner saw no new version of that shard again, every push refused as stale). A call
+    # on the old channel fails on its own (UNAVAILABLE) and its loop retries on the new stub.
+    retire = threading.Timer(RETIRE_SECONDS, old.close)
+    retire.daemon = True
+    retire.start()
     log.info("syncer unreachable; trying %s", client.address)
 
 

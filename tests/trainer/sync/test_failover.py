@@ -7,10 +7,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import grpc
 import pytest
 
 from diloco.trainer.sync import client as client_mod
 from diloco.trainer.sync.client import SyncerClient
+from diloco.trainer.sync.transport import UNREACHABLE
+from diloco.wire import pb
 
 
 def test_failover_moves_once_per_route_and_wraps() -> None:
@@ -30,6 +33,20 @@ def test_failover_moves_once_per_route_and_wraps() -> None:
         assert (single.address, single.route) == ("127.0.0.1:1", 0)  # one address: nothing to move to
     finally:
         single.close()
+
+
+def test_a_call_on_the_stub_read_before_a_failover_fails_as_unreachable() -> None:
+    """Another thread read the stub just before the failover: its call fails as an RpcError its
+    loop handles (UNAVAILABLE), never with ValueError('Channel closed'), which killed the subscriber."""
+    c = SyncerClient("127.0.0.1:1|127.0.0.1:2", "t" * 32, "us-0", "us")
+    try:
+        old = c.stub
+        c.failover(0)
+        with pytest.raises(grpc.RpcError) as err:
+            old.Status(pb.StatusRequest(), timeout=5)
+        assert err.value.code().name in UNREACHABLE
+    finally:
+        c.close()
 
 
 def test_a_join_from_a_lower_lease_epoch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
