@@ -175,13 +175,15 @@ class Cluster(kmock.KubernetesEmulator):
             elif isinstance(patch, list):
                 new = dicts.patch_dict(current, patch)
             else:
+                # A resourceVersion in the patch is a precondition on either half, as on a real
+                # server: read before the status write drops the patch's metadata.
+                expected = (patch.get("metadata") or {}).get("resourceVersion")
+                if expected and expected != current["metadata"]["resourceVersion"]:
+                    raise _error(409, "Conflict", "the object has been modified")
                 if sub == "status":
                     patch = {"status": patch.get("status")}
                 elif has_status:
                     patch = {k: v for k, v in patch.items() if k != "status"}
-                expected = (patch.get("metadata") or {}).get("resourceVersion")
-                if expected and expected != current["metadata"]["resourceVersion"]:
-                    raise _error(409, "Conflict", "the object has been modified")
                 new = dicts.patch_dict(current, patch)
         except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
             raise _error(422, "Invalid", str(exc)) from None
