@@ -132,17 +132,20 @@ def workload(event: kopf.RawEvent, body: kopf.Body, memo: Any, **_: Any) -> None
 
 def register(registry: kopf.OperatorRegistry, config: Config) -> None:
     """Attach the handlers to `registry` (a fresh one per operator run in tests)."""
+    # A pass that raised (its API server away a moment, a write that lost a race) is tried again
+    # at the next refresh, not after kopf's default minute: the job catches up once the server answers.
+    retry = config.status_interval
     kopf.on.login(registry=registry)(login)
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)
     for decorator in (kopf.on.create, kopf.on.resume):
-        decorator(*RESOURCE, registry=registry, id="apply", when=ours)(apply_job)
-    kopf.on.update(*RESOURCE, registry=registry, id="apply", field="spec", when=ours)(apply_job)
+        decorator(*RESOURCE, registry=registry, id="apply", when=ours, backoff=retry)(apply_job)
+    kopf.on.update(*RESOURCE, registry=registry, id="apply", field="spec", when=ours, backoff=retry)(apply_job)
     kopf.on.delete(*RESOURCE, registry=registry, id="forget", optional=True, when=ours)(forget)
     kopf.timer(*RESOURCE, registry=registry, id="refresh", interval=config.status_interval,
-               initial_delay=min(1.0, config.status_interval), when=ours)(apply_job)
+               initial_delay=min(1.0, config.status_interval), when=ours, backoff=retry)(apply_job)
     kopf.timer(*RESOURCE, registry=registry, id="chaos", interval=config.chaos_interval,
-               when=chaos_enabled)(chaos)
+               when=chaos_enabled, backoff=config.chaos_interval)(chaos)
     kopf.on.event("", "v1", "pods", registry=registry, id="job-pods", labels=OURS)(job_pod)
     if config.kueue:  # Kueue's decisions acted on as they are written (the chart grants watch on workloads)
         kopf.on.event(group=WORKLOADS[0], plural=WORKLOADS[1], registry=registry, id="kueue-workloads",
