@@ -17,8 +17,9 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from diloco.contract import ALTERNATE, SYNCER_GRPC_PORT
+from diloco.contract import ALTERNATE
 from diloco.spec.base import DNS_LABEL, DNS_SUBDOMAIN, Model
+from diloco.spec.syncer import Expose
 
 KUBECONFIG_KEY = "kubeconfig"  # the key of a remote cluster's Secret that holds its kubeconfig
 
@@ -89,8 +90,7 @@ def standby_addresses(s: dict[str, Any]) -> list[str]:
     """Where the other clusters dial a standby that runs in another cluster (spec.syncer.standby
     `cluster` and `host`), one host:port a shard: exposed there as the home syncer is here."""
     syncer = s["syncer"]
-    expose = syncer.get("expose") or {}
-    port = (expose.get("gateway") or {}).get("port", 443) if expose.get("type") == "GRPCRoute" else SYNCER_GRPC_PORT
+    port = Expose.model_validate(syncer.get("expose") or {}).port
     return [f"{h}:{port}" for h in shard_hosts(syncer["standby"]["host"], int(syncer.get("shards", 1)))]
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
+from diloco.contract import SYNCER_GRPC_PORT
 from diloco.core.choices import Adoption, Codec, MergeMethod  # names only: no numba on the spec's import
 from diloco.core.fragments import Method
 from diloco.core.rounds import StalePolicy
@@ -99,6 +100,11 @@ class Expose(Model):
     load_balancer_source_ranges: list[str] = Field(default_factory=list, max_length=64)  # CIDRs
     gateway: Gateway | None = None  # GRPCRoute only
     tls: ExposeTLS = Field(default_factory=ExposeTLS)
+
+    @property
+    def port(self) -> int:
+        """The port other clusters dial: a GRPCRoute's Gateway listener's, else the syncer's own."""
+        return self.gateway.port if self.type == "GRPCRoute" and self.gateway is not None else SYNCER_GRPC_PORT
 
 
 class CheckpointLocation(Model):

@@ -19,7 +19,7 @@ from typing import Any
 
 from diloco.contract import ALTERNATE
 from diloco.operator.render import naming as n
-from diloco.spec import DecoupledDiLoCoJob
+from diloco.spec import DecoupledDiLoCoJob, shard_hosts
 
 Secrets = dict[str, dict[str, Any] | None]  # name -> the Secret as read, None when it does not exist
 
@@ -108,7 +108,7 @@ def link(job: DecoupledDiLoCoJob, namespace: str, secrets: Secrets) -> Link:
     tls = expose is not None and expose.tls.enabled
     # A sharded syncer's shards are dialled by their in-cluster names and checked for the names
     # other clusters dial: shard-<i>.<host>, one per shard.
-    names = n.exposed_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
+    names = shard_hosts(expose.host, syncer.shards) if expose is not None and tls and expose.host else []
     return Link(paired(job, n.syncer_addresses(name, namespace, syncer.shards, standby=syncer.standby is not None)),
                 syncer.token_secret or n.token_secret(name),
                 expose.tls.secret_name if expose is not None and tls else None, ",".join(names) or None)

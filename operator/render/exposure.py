@@ -17,7 +17,7 @@ from typing import Any
 
 from diloco.contract import SYNCER_GRPC_PORT
 from diloco.operator.render import naming as n
-from diloco.spec import DecoupledDiLoCoJob
+from diloco.spec import DecoupledDiLoCoJob, shard_hosts
 
 GRPC_PORT = {"name": "grpc", "port": SYNCER_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP", "appProtocol": "grpc"}
 
@@ -59,7 +59,7 @@ def exposed(job: DecoupledDiLoCoJob, namespace: str, owner_uid: str,
         return [_route(meta(n.exposed_syncer(job_name)), parent, n.syncer(job_name), expose.host)]
     assert expose.host is not None, "spec validation requires a host for a sharded syncer's exposure"
     out = []
-    for i, host in enumerate(n.exposed_hosts(expose.host, shards)):
+    for i, host in enumerate(shard_hosts(expose.host, shards)):
         name = n.exposed_syncer(job_name, i)
         # The shard's own backend: a route to the headless J-syncer would spread a shard's pushes over all shards.
         out += [_backend(meta(name), shard_selector(job, i)), _route(meta(name), parent, name, host)]
@@ -126,12 +126,10 @@ def addresses(job: DecoupledDiLoCoJob, live: Mapping[tuple[str, str], Any]) -> l
     expose = job.spec.syncer.expose
     if expose is None:
         return []
-    if expose.type == "GRPCRoute":
-        port = expose.gateway.port if expose.gateway is not None else SYNCER_GRPC_PORT
-        return [_host_port(h, port) for h in n.exposed_hosts(expose.host, job.spec.syncer.shards)] \
-            if expose.host else []
     if expose.host:
-        return [_host_port(h) for h in n.exposed_hosts(expose.host, job.spec.syncer.shards)]
+        return [_host_port(h, expose.port) for h in shard_hosts(expose.host, job.spec.syncer.shards)]
+    if expose.type == "GRPCRoute":
+        return []
     service = live.get(("Service", n.exposed_syncer(job.metadata.name)))  # unsharded: spec validation needs a host
     ingress = (((service or {}).get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
     host = next((i.get("hostname") or i.get("ip") for i in ingress if i.get("hostname") or i.get("ip")), None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from diloco.contract import COORDINATOR_PORT, SYNCER_GRPC_PORT, LearnerId
-from diloco.spec import API_VERSION, KIND, shard_hosts
+from diloco.spec import API_VERSION, KIND
 
 MANAGER = "diloco-operator"  # field manager for server-side apply and the managed-by label
 JOB = "diloco.dev/job"
@@ -93,12 +93,6 @@ def exposed_syncer(job: str, shard: int | None = None) -> str:
 def exposed_syncers(job: str, shards: int) -> list[str]:
     """Every exposing object's name: one, or one per shard in shard order."""
     return [exposed_syncer(job)] if shards == 1 else [exposed_syncer(job, i) for i in range(shards)]
-
-
-def exposed_hosts(host: str, shards: int) -> list[str]:
-    """The names other clusters dial (and the syncer's certificate carries), in shard order:
-    `expose.host`, or for a sharded syncer `shard-<i>.<host>` (covered by a `*.<host>` certificate)."""
-    return shard_hosts(host, shards)
 
 
 def syncer_shard_pod(job: str, shard: int) -> str:
