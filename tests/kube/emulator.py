@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import secrets
 import threading
+import time
 import uuid
 import warnings
 from typing import Any
@@ -71,6 +72,11 @@ def _error(status: int, reason: str, message: str) -> kmock.KubernetesError:
 class Cluster(kmock.KubernetesEmulator):
     _rv: int = attrs.field(default=0, init=False)
     _log: dict[Any, list[tuple[int, dict[str, Any]]]] = attrs.field(factory=dict, init=False)
+    # Until this time.monotonic(), every request for an object answers 503, as a server that is
+    # away a moment behind its load balancer (`ClusterThread.unavailable`); `refused` counts them
+    # by User-Agent.
+    away_until: float = attrs.field(default=0.0, init=False)
+    refused: dict[str, int] = attrs.field(factory=dict, init=False)
 
     def register_builtin_and_crd(self) -> None:
         with warnings.catch_warnings():  # kmock 0.8 reads its bundle with a deprecated importlib call
@@ -91,6 +97,10 @@ class Cluster(kmock.KubernetesEmulator):
         writes = (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE)
         if res is None or res.plural is None:
             return await super()._handle(request)  # discovery
+        if time.monotonic() < self.away_until:
+            agent = request.headers.get("User-Agent", "")
+            self.refused[agent] = self.refused.get(agent, 0) + 1
+            raise _error(503, "ServiceUnavailable", "the server is currently unable to handle the request")
         # Reads are served here directly: kmock's generic reaction matching costs ~50 ms a request.
         if request.action == kmock.action.LIST:
             return aiohttp.web.json_response(await self._serve_list(request))
@@ -329,6 +339,11 @@ class ClusterThread:
             self.url = str(server.url).rstrip("/")
             self._ready.set()
             await self._stop.wait()
+
+    def unavailable(self, seconds: float) -> None:
+        """Every request for an object answers 503 for `seconds` from now."""
+        assert self.cluster is not None
+        self.cluster.away_until = time.monotonic() + seconds
 
     def writes(self, agent: str | None = None, plurals: set[str] | None = None) -> list[Any]:
         """Requests that changed (or tried to change) objects, by client and resource."""
