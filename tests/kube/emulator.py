@@ -5,7 +5,7 @@ metadata.namespace empty, replays ADDED events after a list, and merges every PA
 subclass adds what the operator depends on: resourceVersions (watches resume from the list's
 version), uid/generation/creationTimestamp, generateName, label selectors, the status
 subresource split, server-side apply that creates, no-op patches that change nothing, delete
-preconditions, and graceful pod deletion (Terminating until the kubelet or a force delete).
+and resourceVersion preconditions, a moment's outage (503s), and graceful pod deletion (Terminating until the kubelet or a force delete).
 It runs on its own thread and event loop, so synchronous tests and kopf's thread can use it.
 """
 
